@@ -1,0 +1,144 @@
+"""Draft length from measurements: pick k each step to maximise expected tokens per second.
+
+With a_i the chance that draft position i is accepted once all before it were, a step with k drafts
+emits E(k) = 1 + a_0 + a_0 a_1 + ... + a_0..a_{k-1} tokens and costs C(k) = verify(k + 1) + draft(k)
+seconds. The policy picks argmax_k E(k) / C(k) over 0..k_max; k = 0 is a plain decoding step, so a
+drafter that keeps missing is switched off, and retried after a pause that doubles on each miss,
+which bounds what a wrong guess can cost.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class CostModel:
+    """Seconds per target forward by tokens scored (verify(T)), and seconds per drafted token."""
+
+    def __init__(self, verify_table: dict[int, float] | None = None, draft_per_token_s: float = 0.0):
+        # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
+        self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
+        self.draft_per_token_s = draft_per_token_s
+        self._drafted = False
+
+    def verify_s(self, T: int) -> float:
+        keys = sorted(self.table)
+        if T in self.table:
+            return self.table[T]
+        lo = max((t for t in keys if t < T), default=keys[0])
+        hi = min((t for t in keys if t > T), default=keys[-1])
+        if lo == hi:
+            lo, hi = (keys[-2], keys[-1]) if len(keys) > 1 and T > keys[-1] else (keys[0], keys[0])
+            if lo == hi:
+                return self.table[lo]
+        slope = (self.table[hi] - self.table[lo]) / (hi - lo)
+        return max(self.table[lo] + slope * (T - lo), 1e-9)
+
+    def draft_s(self, k: int) -> float:
+        return k * self.draft_per_token_s
+
+    def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
+        old = self.table.get(T)
+        self.table[T] = seconds if old is None else (1 - weight) * old + weight * seconds
+
+    def observe_draft(self, k: int, seconds: float, weight: float = 0.2) -> None:
+        if k <= 0:
+            return
+        per = seconds / k
+        self.draft_per_token_s = per if not self._drafted else (1 - weight) * self.draft_per_token_s + weight * per
+        self._drafted = True
+
+
+class DraftLengthPolicy:
+    """Per-request choice of k from per-position acceptance and the cost model.
+
+    When no k > 0 pays, speculation pauses for `cooldown` plain steps; each pause that ends in
+    another miss doubles the next one (up to max_cooldown), and any accepted draft resets it.
+    After a pause half the evidence is forgotten, so estimates move back towards the prior and a
+    short draft is tried again.
+    """
+
+    def __init__(self, k_max: int, costs: CostModel, adaptive: bool = True, prior: float = 0.5,
+                 prior_weight: float = 1.0, decay: float = 0.95, cooldown: int = 8, max_cooldown: int = 256):
+        self.k_max = k_max
+        self.costs = costs
+        self.adaptive = adaptive
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.tried = [0.0] * k_max
+        self.accepted = [0.0] * k_max
+        self.first_cooldown, self.max_cooldown = cooldown, max_cooldown
+        self.next_cooldown = cooldown
+        self.paused = 0
+
+    def acceptance(self) -> list[float]:
+        """a_i for i < k_max, smoothed towards a_{i-1} (towards the prior for i = 0)."""
+        out, base = [], self.prior
+        for a, t in zip(self.accepted, self.tried):
+            base = (a + self.prior_weight * base) / (t + self.prior_weight)
+            out.append(base)
+        return out
+
+    def best_k(self) -> int:
+        """argmax_k E(k) / C(k) for the current estimates."""
+        best_k, best_rate = 0, 1.0 / self.costs.verify_s(1)
+        expected, reach = 1.0, 1.0
+        for k, a in enumerate(self.acceptance(), start=1):
+            reach *= a
+            expected += reach
+            rate = expected / (self.costs.verify_s(k + 1) + self.costs.draft_s(k))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def choose(self) -> int:
+        if not self.adaptive or self.k_max == 0:
+            return self.k_max
+        if self.paused > 0:
+            self.paused -= 1
+            if self.paused == 0:
+                self.tried = [t * 0.5 for t in self.tried]
+                self.accepted = [a * 0.5 for a in self.accepted]
+            return 0
+        k = self.best_k()
+        if k == 0:
+            self.paused = self.next_cooldown
+            self.next_cooldown = min(2 * self.next_cooldown, self.max_cooldown)
+        return k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Records a step where `accepted` of `drafted` tokens were kept; steps without drafts teach nothing."""
+        if drafted == 0:
+            return
+        self.tried = [t * self.decay for t in self.tried]
+        self.accepted = [a * self.decay for a in self.accepted]
+        for i in range(min(accepted + 1, drafted, self.k_max)):
+            self.tried[i] += 1.0
+            if i < accepted:
+                self.accepted[i] += 1.0
+        if accepted > 0:
+            self.next_cooldown = self.first_cooldown
+
+
+@torch.inference_mode()
+def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128, repeats: int = 3) -> dict[int, float]:
+    """Times one target forward over T new tokens after `context` cached ones: {T: median seconds}."""
+    cache = backend.new_cache()
+    try:
+        vocab = backend.info.vocab_size
+        prompt = torch.randint(0, vocab, (context,))
+        backend.forward(cache, prompt, last_only=True)
+        table = {}
+        for T in sizes:
+            ids = torch.randint(0, vocab, (T,))
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                out = backend.forward(cache, ids)
+                out.logits[-1, 0].item()  # waits for the device
+                times.append(time.perf_counter() - start)
+                backend.truncate(cache, context)
+            table[T] = sorted(times[1:])[len(times[1:]) // 2]
+        return table
+    finally:
+        backend.release(cache)

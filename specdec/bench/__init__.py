@@ -1,0 +1,1 @@
+"""Benchmarks: specdec against transformers on the same prompts, in one process."""

@@ -1,0 +1,56 @@
+"""Spec-Bench prompts: JSONL lines with question_id, category and turns (the first turn is the prompt)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
+    """Reads the file; with `limit`, picks prompts round-robin across categories (in file order)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompt file not found: {path}")
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = row["turns"]
+            text = turns[0] if isinstance(turns, list) else turns
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError("the first turn is not a non-empty string")
+            prompts.append(BenchPrompt(str(row.get("question_id", number)), str(row.get("category", "default")), text))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ConfigError(f"{path}:{number}: not a Spec-Bench line ({exc})") from None
+    if not prompts:
+        raise ConfigError(f"{path} holds no prompts")
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {limit}")
+        prompts = round_robin(prompts, limit)
+    return prompts
+
+
+def round_robin(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
+    """Takes the first prompt of each category in turn, then the second of each, and so on."""
+    by_category: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    picked, depth = [], 0
+    while len(picked) < limit and any(depth < len(v) for v in by_category.values()):
+        for group in by_category.values():
+            if depth < len(group) and len(picked) < limit:
+                picked.append(group[depth])
+        depth += 1
+    return picked

@@ -1,0 +1,165 @@
+"""`specdec bench`: transformers' generate, its prompt lookup and assisted generation, and specdec's
+methods, run greedy on the same prompts in one process, interleaved prompt by prompt."""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import GenerationConfig
+from ..metrics import GenerationMetrics
+from .prompts import BenchPrompt
+
+BASELINE = "hf_generate"
+
+
+@dataclass
+class PromptRun:
+    tokens: list[int]
+    seconds: float
+    metrics: GenerationMetrics | None = None
+
+
+@dataclass
+class MethodResult:
+    name: str
+    runs: dict[str, PromptRun] = field(default_factory=dict)  # question_id -> run
+
+
+class HFMethod:
+    """transformers' own generate, greedy, with optional speculation arguments."""
+
+    def __init__(self, name: str, hf_model, **generate_kwargs):
+        self.name, self.model, self.kwargs = name, hf_model, generate_kwargs
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+        device = self.model.device
+        ids = torch.tensor([prompt_ids], device=device)
+        pad = self.model.generation_config.pad_token_id
+        start = time.perf_counter()
+        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=pad, **self.kwargs)
+        seconds = time.perf_counter() - start
+        return PromptRun(tokens=out[0, len(prompt_ids):].tolist(), seconds=seconds)
+
+
+class SpecdecMethod:
+    """specdec's engine with one drafter (or none)."""
+
+    def __init__(self, name: str, decoder):
+        self.name, self.decoder = name, decoder
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+        start = time.perf_counter()
+        tokens, metrics = self.decoder.generate_ids(prompt_ids, GenerationConfig(max_new_tokens=max_new_tokens))
+        return PromptRun(tokens=tokens, seconds=time.perf_counter() - start, metrics=metrics)
+
+
+def run_methods(methods, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,
+                progress: bool = True) -> dict[str, MethodResult]:
+    """Runs every method on every prompt; the order of methods rotates from prompt to prompt."""
+    from tqdm.auto import tqdm
+
+    results = {m.name: MethodResult(m.name) for m in methods}
+    for m in methods:  # warm-up: first calls pay for allocations and kernel selection
+        m.run(prompts[0][1], min(8, max_new_tokens))
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
+    for i, (prompt, ids) in enumerate(prompts):
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        for m in order:
+            results[m.name].runs[prompt.question_id] = m.run(ids, max_new_tokens)
+            bar.update(1)
+    bar.close()
+    return results
+
+
+@torch.inference_mode()
+def top2_gap(hf_model, prompt_ids: list[int], prefix: list[int]) -> float:
+    """The target's gap between its two largest logits after prompt + prefix (its own greedy tokens)."""
+    ids = torch.tensor([prompt_ids + prefix], device=hf_model.device)
+    logits = hf_model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt, list[int]]], hf_model,
+              meta: dict) -> dict:
+    """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences."""
+    base = results[BASELINE]
+    by_id = {p.question_id: (p, ids) for p, ids in prompts}
+    categories = sorted({p.category for p, _ in prompts})
+
+    def throughput(result: MethodResult, ids: list[str]) -> float:
+        tokens = sum(len(result.runs[q].tokens) for q in ids)
+        seconds = sum(result.runs[q].seconds for q in ids)
+        return tokens / seconds if seconds else 0.0
+
+    def mat(result: MethodResult, ids: list[str]) -> float | None:
+        ms = [result.runs[q].metrics for q in ids if result.runs[q].metrics is not None]
+        if not ms:
+            return None
+        total = GenerationMetrics()
+        for m in ms:
+            total = total.merge(m)
+        return total.mean_accepted_tokens
+
+    all_ids = [p.question_id for p, _ in prompts]
+    out = dict(meta)
+    out["prompts"] = len(prompts)
+    out["methods"] = {}
+    none = results.get("specdec:none")
+    for name, result in results.items():
+        divergences = []
+        identical = 0
+        for q in all_ids:
+            pos = first_difference(result.runs[q].tokens, base.runs[q].tokens)
+            if pos is None:
+                identical += 1
+                continue
+            prompt, ids = by_id[q]
+            baseline = base.runs[q].tokens
+            gap = top2_gap(hf_model, ids, baseline[:pos]) if pos < len(baseline) else None
+            divergences.append({"question_id": q, "category": prompt.category, "position": pos, "logit_gap": gap})
+        totals = GenerationMetrics()
+        for q in all_ids:
+            if result.runs[q].metrics is not None:
+                totals = totals.merge(result.runs[q].metrics)
+        tps = throughput(result, all_ids)
+        entry = {
+            "tokens_per_s": tps,
+            "speedup": tps / throughput(base, all_ids),
+            "mean_accepted_tokens": mat(result, all_ids),
+            "acceptance_rate": totals.acceptance_rate,
+            "per_position_acceptance": totals.per_position_acceptance or None,
+            "identical": identical,
+            "total": len(all_ids),
+            "identical_to_specdec_none": None if none is None else sum(
+                result.runs[q].tokens == none.runs[q].tokens for q in all_ids),
+            "tokens": sum(len(result.runs[q].tokens) for q in all_ids),
+            "seconds": sum(result.runs[q].seconds for q in all_ids),
+            "per_category": {},
+            "divergences": divergences,
+        }
+        for c in categories:
+            ids_c = [p.question_id for p, _ in prompts if p.category == c]
+            entry["per_category"][c] = {"speedup": throughput(result, ids_c) / throughput(base, ids_c),
+                                        "mean_accepted_tokens": mat(result, ids_c),
+                                        "tokens_per_s": throughput(result, ids_c)}
+        out["methods"][name] = entry
+    return out
+
+
+def machine_info() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "processor": platform.processor() or platform.machine(), "platform": platform.platform()}

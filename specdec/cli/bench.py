@@ -1,0 +1,84 @@
+"""`specdec bench`: speed and equality against transformers on Spec-Bench style prompts."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import DTYPES
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark specdec against transformers (greedy, same process)")
+    p.add_argument("--prompts", required=True, help="Spec-Bench JSONL (question_id, category, turns)")
+    p.add_argument("--limit", type=int, default=None, help="number of prompts, picked round-robin across categories")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, plus draft-model "
+                                                    "when --draft-model is given)")
+    p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--no-adaptive", action="store_true")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
+    p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    p.add_argument("--out-json", default=None, help="write the results JSON here")
+    p.add_argument("--report", default=None, help="write summary.md and speedup.png into this folder")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..adaptive import CostModel, measure_verify_costs
+    from ..config import SpeculationConfig
+    from ..drafters import create_drafter
+    from ..engine import SpecDecoder
+    from ..errors import ConfigError
+    from ..models.loading import load_model
+    from ..models.registry import DEFAULT_MODEL
+    from ..bench.prompts import load_prompts
+    from ..bench.report import table, write_report
+    from ..bench.runner import HFMethod, SpecdecMethod, machine_info, run_methods, summarize
+
+    if args.max_new_tokens < 1:
+        raise ConfigError("--max-new-tokens must be >= 1")
+    speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
+    prompts = load_prompts(args.prompts, args.limit)
+    drafters = [d for d in (args.drafters.split(",") if args.drafters else
+                            ["ngram"] + (["draft-model"] if args.draft_model else [])) if d and d != "none"]
+    model_name = args.model or DEFAULT_MODEL
+    target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    draft = None
+    if args.draft_model:
+        draft = load_model(args.draft_model, device=args.device, dtype=str(target.info.dtype).replace("torch.", ""),
+                           trust_remote_code=args.trust_remote_code)
+    decoder_probe = SpecDecoder(target, None)
+    encoded = [(p, decoder_probe.encode(p.text)) for p in prompts]
+    costs = CostModel(measure_verify_costs(target.backend))
+
+    methods = [HFMethod("hf_generate", target.hf_model)]
+    if not args.no_hf:
+        methods.append(HFMethod("hf_prompt_lookup", target.hf_model, prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens))
+        if draft is not None:
+            methods.append(HFMethod("hf_assisted", target.hf_model, assistant_model=draft.hf_model))
+    methods.append(SpecdecMethod("specdec:none", SpecDecoder(target, None, speculation)))
+    for name in drafters:
+        drafter = create_drafter(name, target, draft_model=draft)
+        methods.append(SpecdecMethod(f"specdec:{name}", SpecDecoder(target, drafter, speculation, costs=costs)))
+
+    results = run_methods(methods, encoded, args.max_new_tokens)
+    meta = {"model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
+            "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
+            "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
+            "verify_costs_s": costs.table, "machine": machine_info()}
+    summary = summarize(results, encoded, target.hf_model, meta)
+    print(table(summary))
+    if args.out_json:
+        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out_json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        print(f"wrote {args.out_json}", file=sys.stderr)
+    if args.report:
+        for path in write_report(summary, args.report):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

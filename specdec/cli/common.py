@@ -1,0 +1,52 @@
+"""Options shared by several subcommands, and how they become configs."""
+from __future__ import annotations
+
+import argparse
+
+from ..config import DTYPES, GenerationConfig
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="built-in alias, local folder, .gguf file or hub id (default: smollm2-135m)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations dtype (default: auto = bfloat16 where native)")
+    p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"),
+                   help="fast: specdec's own Llama-family forward; hf: transformers' forward (default: auto)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
+
+
+def add_speculation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", default="auto", help="auto, none, ngram, draft-model (default: auto = best available)")
+    p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=8, help="most tokens drafted per step (default: 8)")
+    p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
+    p.add_argument("--sampling-verifier", default="rejection", choices=("rejection", "coupled"),
+                   help="lossless check when sampling: rejection (min(1, p/q)) or coupled (seed-stable Gumbel coupling)")
+    p.add_argument("--ngram-min", type=int, default=2, help="smallest n-gram the ngram drafter matches (default: 2)")
+    p.add_argument("--ngram-max", type=int, default=4, help="largest n-gram the ngram drafter matches (default: 4)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=256, help="default: 256")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1, off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: 0, off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def generation_config(args) -> GenerationConfig:
+    """Validated before any model loads, so bad values fail fast."""
+    return GenerationConfig.create(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                   top_p=args.top_p, seed=args.seed, stop=args.stop)
+
+
+def drafter_options(args) -> dict:
+    return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max}

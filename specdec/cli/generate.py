@@ -1,0 +1,46 @@
+"""`specdec generate PROMPT`: stream one completion to stdout."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .common import add_model_options, add_sampling_options, add_speculation_options, drafter_options, generation_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding (streams to stdout)")
+    p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
+    add_model_options(p)
+    add_speculation_options(p)
+    add_sampling_options(p)
+    p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, without the chat template")
+    p.add_argument("--stats", action="store_true", help="print speculation metrics to stderr")
+    p.add_argument("--stats-json", action="store_true", help="print the metrics as one JSON line to stderr")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..engine import SpecDecoder
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        from ..errors import ConfigError
+
+        raise ConfigError("the prompt is empty")
+    config = generation_config(args)
+    decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
+                               num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
+                               sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
+                               trust_remote_code=args.trust_remote_code, backend=args.backend, **drafter_options(args))
+    stream = decoder.stream(prompt, config)
+    for delta in stream:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    metrics = stream.result.metrics
+    if args.stats:
+        name = decoder.drafter.name if decoder.drafter else "none"
+        print(f"[specdec] model {decoder.target.name} | drafter {name} | {metrics.summary()}", file=sys.stderr)
+    if args.stats_json:
+        print(json.dumps(metrics.to_dict()), file=sys.stderr)
+    return 0

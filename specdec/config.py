@@ -1,0 +1,106 @@
+"""Frozen, validated configuration for sampling, generation and speculation.
+
+Modes are explicit: temperature 0 means greedy; top_k 0 and top_p 1.0 mean "off".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICES = ("auto", "cpu", "cuda")
+SAMPLING_VERIFIERS = ("rejection", "coupled")
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the target's next-token distribution p is formed and sampled.
+
+    temperature 0 is greedy decoding (argmax); otherwise logits are divided by the temperature,
+    then top-k and top-p (nucleus) filtering apply, in that order (as in transformers).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+               and 0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k}")
+        _check(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0,
+               f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+               f"seed must be an integer in [0, 2^63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate: length, stopping and sampling."""
+
+    max_new_tokens: int = 256
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+               f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _check(len(self.stop) <= 16, "at most 16 stop strings are supported")
+
+    @classmethod
+    def create(cls, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
+               ignore_eos: bool = False) -> "GenerationConfig":
+        """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them."""
+        if isinstance(stop, str):
+            stop = (stop,)
+        return cls(max_new_tokens=max_new_tokens,
+                   sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+                   stop=tuple(stop or ()), ignore_eos=ignore_eos)
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How drafts are proposed and checked.
+
+    num_speculative_tokens is k, the most tokens drafted per step. With adaptive on, the engine picks
+    k in [0, num_speculative_tokens] each step from measured acceptance and measured costs, so that
+    speculation backs off (k = 0 is a plain decoding step) when drafts do not pay.
+    sampling_verifier picks the lossless check used when sampling:
+      "rejection": accept with min(1, p/q), resample from norm(max(0, p - q)) (Leviathan et al.).
+      "coupled": every position's sample is the argmax of log p plus Gumbel noise drawn from
+                 (seed, position); a draft token is accepted when it equals that sample. Equally
+                 lossless, and the same seed gives the same text with or without speculation.
+    """
+
+    num_speculative_tokens: int = 8
+    adaptive: bool = True
+    sampling_verifier: str = "rejection"
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
+               f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
+        _check(self.sampling_verifier in SAMPLING_VERIFIERS,
+               f"sampling_verifier must be one of {', '.join(SAMPLING_VERIFIERS)}, got {self.sampling_verifier!r}")
+
+    def with_k(self, k: int) -> "SpeculationConfig":
+        return replace(self, num_speculative_tokens=k)
+
+
+def check_device_dtype(device: str, dtype: str) -> None:
+    _check(device in DEVICES or device.startswith("cuda:"), f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    _check(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")

@@ -1,0 +1,44 @@
+"""Token ids to text deltas, for streaming, and stop-string detection."""
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    """Decodes one token at a time without splitting multi-byte characters or losing leading spaces.
+
+    Keeps a short window of earlier tokens (prefix) so that tokenizers whose pieces depend on the
+    previous token decode as they would in the full text.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+        new_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return new_text[len(prefix_text):]
+        return ""
+
+
+class StopStrings:
+    """Finds the first stop string in growing text; tells how much text is safe to release."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.holdback = max((len(s) for s in stops), default=1) - 1
+
+    def find(self, text: str, new_from: int) -> int:
+        """Index where the earliest stop string starts, searching only matches that end after new_from; -1 if none."""
+        start = max(0, new_from - self.holdback)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def safe_length(self, text: str) -> int:
+        """Characters that cannot be the start of a stop string still being completed."""
+        return len(text) - self.holdback if self.stops else len(text)

@@ -1,0 +1,72 @@
+"""Drafters, found by name: `create_drafter("ngram", target)`.
+
+"none" is plain decoding (no drafter); "auto" picks the best drafter available for the target.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ConfigError
+from .base import Draft, Drafter, DraftRequest
+
+_FACTORIES: dict[str, Callable[..., Drafter | None]] = {}
+
+
+def register(name: str):
+    """Decorator: registers a factory `(target: LoadedModel, **options) -> Drafter`."""
+
+    def wrap(factory):
+        _FACTORIES[name] = factory
+        return factory
+
+    return wrap
+
+
+def drafter_names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def create_drafter(name: str, target, **options) -> Drafter | None:
+    """Builds the drafter `name` for the LoadedModel `target`; None for "none"."""
+    if name == "auto":
+        name = auto_drafter_name(target, options)
+    if name not in _FACTORIES:
+        raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
+    return _FACTORIES[name](target, **options)
+
+
+def auto_drafter_name(target, options: dict) -> str:
+    """A draft model when one is given, else prompt lookup."""
+    if options.get("draft_model"):
+        return "draft-model"
+    return "ngram"
+
+
+@register("none")
+def _none(target, **options) -> None:
+    return None
+
+
+@register("ngram")
+def _ngram(target, min_n: int = 2, max_n: int = 4, **ignored) -> Drafter:
+    from .ngram import NgramDrafter
+
+    return NgramDrafter(min_n=min_n, max_n=max_n)
+
+
+@register("draft-model")
+def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ignored) -> Drafter:
+    from ..models.loading import LoadedModel, load_model
+    from .draft_model import DraftModelDrafter, check_same_vocabulary
+
+    if draft_model is None:
+        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model NAME_OR_PATH)")
+    if not isinstance(draft_model, LoadedModel):
+        info = target.info
+        draft_model = load_model(draft_model, device=str(info.device), dtype=str(info.dtype).replace("torch.", ""),
+                                 trust_remote_code=trust_remote_code)
+    check_same_vocabulary(target.tokenizer, draft_model.tokenizer, target.name, draft_model.name)
+    return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
+
+
+__all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

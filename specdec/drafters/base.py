@@ -1,0 +1,55 @@
+"""The drafter contract: propose tokens, never pick the final one.
+
+A drafter sees the whole context each step and proposes up to k tokens to follow it. Drafters that
+sample (draft models) also return q, their distribution at each drafted position, so verification
+can accept with min(1, p/q); deterministic drafters return probs=None (q is one-hot).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..config import SamplingConfig
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # (k,) int64, on the CPU
+    probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot)
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(tokens=torch.empty(0, dtype=torch.long))
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter may know about the request it drafts for."""
+
+    prompt_ids: list[int]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    generator: torch.Generator | None = None  # the drafter's own random stream
+    noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for one request at a time."""
+
+    name: str = ""
+
+    def begin(self, request: DraftRequest) -> None:
+        """Starts a new request."""
+        self.request = request
+
+    @abstractmethod
+    def propose(self, context: list[int], k: int) -> Draft:
+        """Up to k tokens to follow `context` (prompt + generated so far)."""
+
+    def end(self) -> None:
+        """Ends the request and frees per-request state."""

@@ -1,0 +1,94 @@
+"""A smaller causal LM with the target's tokenizer drafts k tokens autoregressively."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import IncompatibleDraftError
+from ..models.backend import CausalLM
+from ..sampling import probs_from_logits, sample
+from .base import Draft, Drafter, DraftRequest
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
+    """Refuses a draft whose tokenizer maps any token to a different id than the target's."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
+        raise IncompatibleDraftError(
+            f"draft model {draft_name!r} has a different tokenizer from target {target_name!r} "
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differing entries); "
+            "speculative decoding needs the same vocabulary")
+
+
+class DraftModelDrafter(Drafter):
+    """Runs a draft backend k times per step, keeping its KV cache in sync with the context."""
+
+    name = "draft-model"
+
+    def __init__(self, draft: CausalLM, target_vocab_size: int):
+        self.draft = draft
+        self.vocab = target_vocab_size
+        self.cache = None
+        self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
+
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        if self.cache is None:
+            self.cache = self.draft.new_cache()
+        self.draft.truncate(self.cache, 0)
+        self.cached = []
+
+    def end(self) -> None:
+        if self.cache is not None:
+            self.draft.release(self.cache)
+            self.cache = None
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft.empty()
+        keep = _common_prefix(self.cached, context)
+        keep = min(keep, len(context) - 1)  # always re-feed at least the last token
+        self.draft.truncate(self.cache, keep)
+        pending = context[keep:]
+        self.cached = list(context)
+        sampling = self.request.sampling
+        tokens, rows = [], []
+        for i in range(k):
+            ids = torch.tensor(pending, dtype=torch.long)
+            logits = self.draft.forward(self.cache, ids, last_only=True).logits[-1]  # (V_draft,)
+            logits = _fit_vocab(logits.float(), self.vocab)
+            position = len(context) + i
+            if sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits, sampling)
+                if self.request.noise is not None:
+                    token = int((q.log() + self.request.noise([position])[0].to(q.device)).argmax())
+                else:
+                    token = int(sample(q.cpu(), self.request.generator))
+                rows.append(q)
+            tokens.append(token)
+            pending = [token]
+            if i < k - 1:
+                self.cached.append(token)
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=probs)
+
+
+def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Pads with -inf or cuts the draft's logits (V_draft,) to the target's vocabulary size."""
+    if logits.shape[-1] == vocab:
+        return logits
+    if logits.shape[-1] > vocab:
+        return logits[..., :vocab]
+    pad = torch.full((vocab - logits.shape[-1],), float("-inf"), device=logits.device)
+    return torch.cat([logits, pad])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,42 @@
+"""Prompt lookup: find the context's latest earlier occurrence of its own last n tokens, propose what followed."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from .base import Draft, Drafter
+
+
+def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:
+    """Continuation of the longest suffix n-gram (max_n down to min_n) found earlier in the context.
+
+    Among matches of the longest n, the most recent one wins. Returns up to k tokens, possibly none.
+    Example: context [1 2 3 9 1 2], k 3, n 2 -> the suffix [1 2] occurred at 0; proposes [3 9 1].
+    """
+    L = context.shape[0]
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)  # (L - n, n), all end before L-1
+        hits = np.flatnonzero((windows == context[L - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return context[start: start + k]
+    return context[:0]
+
+
+class NgramDrafter(Drafter):
+    """Deterministic drafter (q one-hot); costs microseconds, pays where output repeats the context."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 2, max_n: int = 4):
+        if not (1 <= min_n <= max_n <= 32):
+            raise ConfigError(f"ngram sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self._buffer = np.empty(0, dtype=np.int64)
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        if len(context) != self._buffer.shape[0]:
+            self._buffer = np.asarray(context, dtype=np.int64)
+        tokens = ngram_lookup(self._buffer, k, self.min_n, self.max_n)
+        return Draft(tokens=torch.from_numpy(tokens.copy()))

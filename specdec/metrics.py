@@ -1,0 +1,87 @@
+"""Per-request speculation metrics: one dataclass; logs, Prometheus and benchmark JSON only read it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationMetrics:
+    """Counters and timings of one generation.
+
+    A verify step is one target forward over the last token plus k draft tokens. It yields the
+    accepted drafts plus one token of the target's own (the correction at the first rejection, or the
+    bonus token when all k were accepted), so mean_accepted_tokens (MAT) counts that token too.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    step_tokens: int = 0  # tokens emitted by verify steps (new_tokens minus the one from prefill)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    finish_reason: str = ""
+
+    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
+        """Counts one verify step: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens output."""
+        self.steps += 1
+        self.step_tokens += emitted
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        grow = drafted - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_tokens(self) -> float | None:
+        return self.step_tokens / self.steps if self.steps else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def merge(self, other: "GenerationMetrics") -> "GenerationMetrics":
+        """Sums two requests' metrics (for aggregates over a benchmark or a server's lifetime)."""
+        out = GenerationMetrics()
+        for name in ("prompt_tokens", "new_tokens", "steps", "step_tokens", "drafted_tokens", "accepted_tokens",
+                     "prefill_time_s", "draft_time_s", "verify_time_s", "total_time_s"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        n = max(len(self.drafted_per_position), len(other.drafted_per_position))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        out.drafted_per_position = [a + b for a, b in zip(pad(self.drafted_per_position), pad(other.drafted_per_position))]
+        out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_tokens=self.mean_accepted_tokens,
+                 per_position_acceptance=self.per_position_acceptance, tokens_per_s=self.tokens_per_s)
+        return d
+
+    def summary(self) -> str:
+        """One human-readable line, as `specdec generate --stats` prints it."""
+        rate = self.acceptance_rate
+        mat = self.mean_accepted_tokens
+        return (f"{self.new_tokens} tokens in {self.total_time_s:.2f}s ({self.tokens_per_s:.1f} tok/s) | "
+                f"steps {self.steps} | drafted {self.drafted_tokens} accepted {self.accepted_tokens}"
+                f" ({'n/a' if rate is None else f'{rate:.0%}'}) | MAT {'n/a' if mat is None else f'{mat:.2f}'} | "
+                f"prefill {self.prefill_time_s * 1e3:.0f} ms, draft {self.draft_time_s:.2f}s, verify {self.verify_time_s:.2f}s"
+                f" | finish {self.finish_reason}")

@@ -1,0 +1,130 @@
+"""The backend contract: a causal LM that keeps per-sequence KV caches and can roll them back.
+
+Two implementations: `HFBackend` runs any transformers causal LM; `FastLlama` (llama.py) runs the
+Llama family with its own static cache and less overhead. The engine only sees this contract.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (T, V) for the scored positions, in the model's dtype
+    hidden: torch.Tensor | None = None  # (T, H) final hidden state, after the final norm (the LM head's input)
+
+
+@dataclass
+class SequenceCache:
+    """One sequence's KV state inside a backend. `length` tokens are cached, at positions 0..length-1."""
+
+    length: int = 0
+    slot: int = 0
+    state: object = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+    device: torch.device
+    dtype: torch.dtype
+
+
+class CausalLM(ABC):
+    """A causal LM with rollback-able KV caches. Every tensor is for one sequence (batch of 1)."""
+
+    info: ModelInfo
+    #: True when one forward over several sequences (forward_batch) is a real batched pass.
+    batched: bool = False
+
+    @abstractmethod
+    def new_cache(self) -> SequenceCache: ...
+
+    def release(self, cache: SequenceCache) -> None:
+        """Frees the cache's memory or slot."""
+
+    @abstractmethod
+    def forward(self, cache: SequenceCache, input_ids: torch.Tensor, *, tree_mask: torch.Tensor | None = None,
+                output_hidden: bool = False, last_only: bool = False) -> ForwardOutput:
+        """Scores `input_ids` (T,) appended to the cache, and caches their keys and values.
+
+        Token t sits at position cache.length + t, or with a tree_mask (T, T) bool (row t: which new
+        tokens token t sees, itself included) at cache.length + depth(t), depth = ancestors seen.
+        Returns logits (T, V), or (1, V) for the last token with last_only. cache.length grows by T.
+        """
+
+    @abstractmethod
+    def truncate(self, cache: SequenceCache, length: int) -> None:
+        """Rolls the cache back to its first `length` tokens; rejected entries are dropped."""
+
+    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
+        """Keeps, of the entries from `start` on, those at offsets `keep` (ascending), moved to start.."""
+        raise NotImplementedError(f"{type(self).__name__} cannot compact a tree into a path")
+
+    def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
+                      output_hidden: bool = False) -> list[ForwardOutput]:
+        """Scores several sequences; the default runs them one after another."""
+        return [self.forward(c, ids, output_hidden=output_hidden) for c, ids in zip(caches, input_ids)]
+
+
+def tree_positions(tree_mask: torch.Tensor) -> torch.Tensor:
+    """Depth of each node of a tree mask (T, T) bool, where row t marks t's ancestors and t: (T,) int64."""
+    return tree_mask.sum(-1).long() - 1
+
+
+class HFBackend(CausalLM):
+    """Any transformers causal LM, with a DynamicCache cropped on rollback."""
+
+    def __init__(self, model, info: ModelInfo):
+        self.model = model
+        self.info = info
+
+    def new_cache(self) -> SequenceCache:
+        from transformers import DynamicCache
+
+        return SequenceCache(length=0, state=DynamicCache(config=self.model.config))
+
+    @torch.inference_mode()
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+        device = self.info.device
+        ids = input_ids.to(device).view(1, -1)
+        T = ids.shape[1]
+        start = cache.length
+        cache_position = torch.arange(start, start + T, device=device)
+        kwargs = {}
+        if tree_mask is not None:
+            positions = start + tree_positions(tree_mask.to(device))
+            visible = torch.ones(T, start + T, dtype=torch.bool, device=device)
+            visible[:, start:] = tree_mask.to(device)
+            bias = torch.zeros(visible.shape, dtype=self.info.dtype, device=device)
+            kwargs["attention_mask"] = bias.masked_fill_(~visible, torch.finfo(self.info.dtype).min)[None, None]
+            kwargs["position_ids"] = positions[None]
+        else:
+            kwargs["position_ids"] = cache_position[None]
+        out = self.model(input_ids=ids, past_key_values=cache.state, use_cache=True, cache_position=cache_position,
+                         output_hidden_states=output_hidden, logits_to_keep=1 if last_only else 0, **kwargs)
+        cache.length = start + T
+        hidden = out.hidden_states[-1][0] if output_hidden else None
+        return ForwardOutput(logits=out.logits[0], hidden=hidden)
+
+    def truncate(self, cache, length):
+        if length < cache.length:
+            cache.state.crop(length - cache.length)  # negative: tokens to remove (transformers 4 and 5)
+            cache.length = length
+
+    @torch.inference_mode()
+    def compact(self, cache, start, keep):
+        index = torch.tensor([start + i for i in keep], device=self.info.device)
+        for layer in cache.state.layers:
+            layer.keys[:, :, start:start + len(keep)] = layer.keys.index_select(2, index)
+            layer.values[:, :, start:start + len(keep)] = layer.values.index_select(2, index)
+        self.truncate(cache, start + len(keep))

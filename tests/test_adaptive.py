@@ -1,0 +1,59 @@
+import random
+
+"""The adaptive draft-length policy and its cost model."""
+from specdec.adaptive import CostModel, DraftLengthPolicy
+
+
+def flat_costs() -> CostModel:
+    return CostModel({1: 0.020, 2: 0.021, 4: 0.022, 8: 0.024, 16: 0.030, 32: 0.045})
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    costs = flat_costs()
+    assert costs.verify_s(8) == 0.024
+    assert abs(costs.verify_s(12) - 0.027) < 1e-12
+    assert costs.verify_s(64) > costs.verify_s(32)
+    costs.observe_verify(8, 0.034, weight=0.5)
+    assert abs(costs.verify_s(8) - 0.029) < 1e-12
+
+
+def test_k_grows_to_the_maximum_when_everything_is_accepted():
+    policy = DraftLengthPolicy(8, flat_costs())
+    for _ in range(20):
+        k = policy.choose()
+        policy.observe(k, k)
+    assert policy.choose() == 8
+
+
+def test_speculation_switches_off_when_drafts_miss_and_retries_later():
+    policy = DraftLengthPolicy(8, flat_costs())
+    for _ in range(20):
+        k = policy.choose()
+        policy.observe(k, 0)
+        if k == 0:
+            break
+    assert policy.choose() == 0
+    retried = False
+    for _ in range(40):
+        k = policy.choose()
+        policy.observe(k, 0)
+        retried |= k > 0
+    assert retried, "the policy never tried speculation again"
+
+
+def test_expensive_drafts_shorten_k():
+    cheap, costly = flat_costs(), flat_costs()
+    costly.observe_draft(4, 4 * 0.005)
+    a, b = DraftLengthPolicy(8, cheap), DraftLengthPolicy(8, costly)
+    rng = random.Random(0)
+    for _ in range(30):
+        accepted = next((i for i in range(8) if rng.random() > 0.8), 8)  # each position kept with chance 0.8
+        a.observe(8, accepted)
+        b.observe(8, accepted)
+    assert 0 < b.choose() < a.choose()
+
+
+def test_fixed_k_when_not_adaptive():
+    policy = DraftLengthPolicy(5, flat_costs(), adaptive=False)
+    policy.observe(5, 0)
+    assert policy.choose() == 5

@@ -1,0 +1,33 @@
+"""`specdec bench` end to end on a tiny local model: the JSON holds what later issues are judged by."""
+import json
+
+from specdec.cli.main import main
+
+
+def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draft_folder, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate([
+        ("a", "the cat sat on the mat"), ("b", "a big red dog ran"), ("c", "the sun and the moon"),
+        ("a", "she was in the house"), ("b", "they ran up and down"), ("c", "red blue green red blue green")])]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    out_json, report = tmp_path / "bench.json", tmp_path / "report"
+    rc = main(["bench", "--prompts", str(prompts), "--limit", "4", "--max-new-tokens", "12", "--model", str(tiny_folder),
+               "--dtype", "float32", "--drafters", "ngram,draft-model", "--draft-model", str(tiny_draft_folder),
+               "--out-json", str(out_json), "--report", str(report)])
+    assert rc == 0
+    result = json.loads(out_json.read_text())
+    assert result["prompts"] == 4 and result["max_new_tokens"] == 12 and result["dtype"] == "float32"
+    methods = result["methods"]
+    assert set(methods) == {"hf_generate", "hf_prompt_lookup", "hf_assisted", "specdec:none", "specdec:ngram",
+                            "specdec:draft-model"}
+    assert sorted(methods["specdec:ngram"]["per_category"]) == ["a", "b", "c"]  # round-robin over categories
+    for name, m in methods.items():
+        assert set(m) >= {"tokens_per_s", "speedup", "mean_accepted_tokens", "identical", "total", "per_category",
+                          "divergences"}
+        if name.startswith("specdec:"):
+            assert m["identical"] == m["total"] == 4, m["divergences"]
+            assert m["mean_accepted_tokens"] >= 1.0
+    assert methods["hf_generate"]["speedup"] == 1.0 and methods["hf_generate"]["mean_accepted_tokens"] is None
+    assert (report / "summary.md").read_text().startswith("# specdec bench")
+    assert (report / "speedup.png").stat().st_size > 1000
+    assert "specdec:ngram" in capsys.readouterr().out

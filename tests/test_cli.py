@@ -1,0 +1,71 @@
+"""The command line: generation on a local model folder, and one-line errors for bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli.main import main
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_streams_text_and_stats(capsys, tiny_folder):
+    rc, out, err = run_cli(capsys, "generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32",
+                           "--max-new-tokens", "12", "--drafter", "ngram", "--stats-json")
+    assert rc == 0
+    assert out.strip(), "no text on stdout"
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert stats["new_tokens"] >= 1 and stats["prompt_tokens"] > 0
+
+
+def test_generate_with_draft_model(capsys, tiny_folder, tiny_draft_folder):
+    rc, out, err = run_cli(capsys, "generate", "the dog ran", "--model", str(tiny_folder), "--dtype", "float32",
+                           "--drafter", "draft-model", "--draft-model", str(tiny_draft_folder), "--max-new-tokens", "8",
+                           "--stats")
+    assert rc == 0 and "drafter draft-model" in err
+
+
+def test_models_lists_the_default(capsys):
+    rc, out, _ = run_cli(capsys, "models", "--json")
+    assert rc == 0 and any(row["name"] == "smollm2-135m" for row in json.loads(out))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "hi", "--model", "no-such-model"], "unknown model"),
+    (["generate", "hi", "--model", "/nonexistent/model.gguf"], "GGUF file not found"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "0"], "top_p"),
+    (["generate", "hi", "--top-k", "-3"], "top_k"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "hi", "--temperature", "warm"], "invalid float"),
+    (["generate", "hi", "--dtype", "int3"], "invalid choice"),
+    (["generate", "hi", "--drafter", "telepathy", "--model", "{tiny}"], "unknown drafter"),
+    (["generate", "hi", "--drafter", "draft-model", "--model", "{tiny}"], "needs a draft model"),
+    (["generate", "hi", "--drafter", "draft-model", "--model", "{tiny}", "--draft-model", "{other}"], "different tokenizer"),
+    (["generate", "   ", "--model", "{tiny}"], "prompt is empty"),
+    (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
+    (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
+])
+def test_bad_input_gives_one_line_and_nonzero_exit(capsys, tiny_folder, other_vocab_folder, argv, message):
+    argv = [a.replace("{tiny}", str(tiny_folder)).replace("{other}", str(other_vocab_folder)) for a in argv]
+    rc, out, err = run_cli(capsys, *argv, *(["--dtype", "float32"] if "--dtype" not in argv and argv[0] == "generate" else []))
+    assert rc == 2
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert message in lines[0]
+    assert "Traceback" not in err
+
+
+def test_errors_have_no_traceback_in_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli.main", "generate", "hi", "--model", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "not a model folder" in proc.stderr

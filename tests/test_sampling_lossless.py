@@ -1,0 +1,140 @@
+"""Speculative sampling is lossless: generated tokens follow the target's exact distribution.
+
+A toy target over a 5-token vocabulary (logits from a table of the previous two tokens) lets the
+real engine draw 10^4 three-token continuations per setting in seconds; their empirical
+distribution must pass a chi-square test against the exact one, for each drafter and several
+temperature / top-k / top-p settings. A deliberately broken acceptance rule must fail the same test.
+"""
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+from specdec import engine as engine_module
+from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpecDecoder
+from specdec.sampling import probs_from_logits
+from specdec.verify import rejection_verify
+from stats import P_VALUE_FLOOR, fit_p_value
+from tiny import TableLM, table_target
+
+VOCAB, NEW_TOKENS, SAMPLES = 5, 3, 10_000
+PROMPT = [1, 3, 1, 3, 2]
+SETTINGS = [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=3),
+    SamplingConfig(temperature=1.3, top_p=0.8),
+    SamplingConfig(temperature=1.0, top_k=4, top_p=0.9),
+]
+
+
+def exact_distribution(lm: TableLM, prompt: list[int], n: int, sampling: SamplingConfig) -> dict:
+    """P(continuation) for every continuation of n tokens, from the target's own sampler chain."""
+    out = {}
+    for seq in itertools.product(range(VOCAB), repeat=n):
+        prob, context = 1.0, list(prompt)
+        for t in seq:
+            prob *= float(probs_from_logits(lm.logits_after(context), sampling)[t])
+            context.append(t)
+        out[seq] = prob
+    return out
+
+
+def draw(decoder: SpecDecoder, sampling: SamplingConfig, samples: int = SAMPLES) -> Counter:
+    counts = Counter()
+    for seed in range(samples):
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True,
+                                  sampling=SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed))
+        tokens, _ = decoder.generate_ids(PROMPT, config)
+        counts[tuple(tokens)] += 1
+    return counts
+
+
+def make_drafter(kind: str):
+    if kind == "ngram":
+        return NgramDrafter(min_n=1, max_n=2)
+    if kind == "self":
+        return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
+    return DraftModelDrafter(TableLM(VOCAB, seed=11, scale=2.5), VOCAB)  # an unrelated draft
+
+
+def decoder_for(kind: str, verifier: str = "rejection", k: int = 3) -> SpecDecoder:
+    drafter = None if kind == "none" else make_drafter(kind)
+    return SpecDecoder(table_target(VOCAB, seed=0), drafter,
+                       SpeculationConfig(num_speculative_tokens=k, adaptive=False, sampling_verifier=verifier))
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "self"])
+def test_rejection_sampling_matches_target_distribution(kind, sampling):
+    decoder = decoder_for(kind)
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    counts = draw(decoder, sampling)
+    assert fit_p_value(counts, exact) > P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft"])
+def test_coupled_sampling_matches_target_distribution(kind):
+    sampling = SETTINGS[1]
+    decoder = decoder_for(kind, verifier="coupled")
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling), exact) > P_VALUE_FLOOR
+
+
+def test_coupled_sampling_is_seed_stable():
+    """The same seed gives the same tokens with and without speculation (a drafter changes only speed)."""
+    plain = decoder_for("none", verifier="coupled")
+    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self") for k in (1, 4)]
+    for seed in range(200):
+        config = GenerationConfig(max_new_tokens=12, ignore_eos=True, sampling=SamplingConfig(temperature=1.0, seed=seed))
+        want, _ = plain.generate_ids(PROMPT, config)
+        for decoder in speculative:
+            assert decoder.generate_ids(PROMPT, config)[0] == want
+
+
+def test_same_seed_same_output():
+    decoder = decoder_for("draft")
+    config = GenerationConfig(max_new_tokens=10, ignore_eos=True, sampling=SamplingConfig(temperature=1.0, seed=5))
+    assert decoder.generate_ids(PROMPT, config)[0] == decoder.generate_ids(PROMPT, config)[0]
+
+
+def _accept_all(draft, draft_probs, target_probs, generator):
+    """Broken: keeps every draft token (target never checks)."""
+    return len(draft), int(torch.multinomial(target_probs[len(draft)], 1, generator=generator))
+
+
+def _resample_from_p(draft, draft_probs, target_probs, generator):
+    """Broken: the right acceptance test, but a rejected position is redrawn from p, not norm(max(0, p - q))."""
+    n, _ = rejection_verify(draft, draft_probs, target_probs, generator)
+    return n, int(torch.multinomial(target_probs[n], 1, generator=generator))
+
+
+@pytest.mark.parametrize("broken", [_accept_all, _resample_from_p])
+def test_broken_acceptance_rule_is_caught(monkeypatch, broken):
+    monkeypatch.setattr(engine_module, "rejection_verify", broken)
+    sampling = SETTINGS[0]
+    decoder = decoder_for("draft")
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling), exact) < P_VALUE_FLOOR
+
+
+def test_warp_logits_matches_transformers_warpers():
+    """The sampler chain keeps the same tokens as transformers' temperature, top-k and top-p warpers."""
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    from specdec.sampling import warp_logits
+
+    gen = torch.Generator().manual_seed(0)
+    for temperature, top_k, top_p in [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.2, 0, 0.9), (0.9, 20, 0.5), (1.0, 1, 1.0)]:
+        logits = torch.randn(4, 100, generator=gen) * 3
+        chain = LogitsProcessorList([TemperatureLogitsWarper(temperature)] +
+                                    ([TopKLogitsWarper(top_k)] if top_k else []) +
+                                    ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+        want = chain(None, logits.clone())
+        got = warp_logits(logits, SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        torch.testing.assert_close(got.softmax(-1), want.softmax(-1))

@@ -1,0 +1,99 @@
+"""Tiny models for tests: random Llama models (float32) and a table-based toy LM for statistics."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.models.backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache
+from specdec.models.loading import LoadedModel, make_backend, model_info
+
+
+def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               init_range: float = 0.3, max_positions: int = 512):
+    """A random LlamaForCausalLM in float32 whose logits are spread out (few near-ties)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                         initializer_range=init_range, tie_word_embeddings=False, bos_token_id=None,
+                         eos_token_id=vocab - 1, pad_token_id=None, attn_implementation="sdpa")
+    return LlamaForCausalLM(config).eval()
+
+
+def loaded(hf_model, backend: str = "fast", name: str = "tiny", tokenizer=None) -> LoadedModel:
+    info = model_info(name, hf_model, tokenizer or _NoTokenizer(hf_model), torch.device("cpu"), torch.float32)
+    return LoadedModel(name=name, hf_model=hf_model, tokenizer=tokenizer, backend=make_backend(hf_model, info, backend))
+
+
+class _NoTokenizer:
+    def __init__(self, model):
+        self.eos_token_id = model.config.eos_token_id
+
+
+WORDS = ("the a cat dog sat on mat and ran to see big small red blue green house tree sun moon star sky "
+         "is was be it he she they we you I of in at for with by from up down over under again then").split()
+
+
+def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORDS, hidden: int = 32) -> Path:
+    """A complete local transformers folder (config, safetensors weights, word-level tokenizer, chat template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(words))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    model = tiny_llama(seed=seed, vocab=len(vocab), hidden=hidden)
+    model.config.eos_token_id = vocab["</s>"]
+    model.generation_config.eos_token_id = vocab["</s>"]
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class TableLM(CausalLM):
+    """A toy LM whose next-token logits depend only on the previous two tokens: table[(a, b)] -> (V,).
+
+    Its forward costs microseconds, so the engine can draw 10^4 samples in seconds.
+    """
+
+    def __init__(self, vocab: int = 5, seed: int = 0, scale: float = 1.5, eos: tuple[int, ...] = ()):
+        gen = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(vocab, vocab, vocab, generator=gen) * scale  # (prev2, prev1) -> logits
+        self.info = ModelInfo(name=f"table-{seed}", model_type="table", vocab_size=vocab, hidden_size=1, num_layers=1,
+                              max_context=4096, eos_token_ids=eos, device=torch.device("cpu"), dtype=torch.float32)
+
+    def logits_after(self, tokens: list[int]) -> torch.Tensor:
+        a = tokens[-2] if len(tokens) > 1 else 0
+        return self.table[a, tokens[-1]]
+
+    def new_cache(self) -> SequenceCache:
+        return SequenceCache(length=0, state=[])
+
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+        tokens: list[int] = cache.state
+        rows = []
+        for t in input_ids.tolist():
+            tokens.append(t)
+            rows.append(self.logits_after(tokens))
+        cache.length = len(tokens)
+        logits = torch.stack(rows)
+        return ForwardOutput(logits=logits[-1:] if last_only else logits)
+
+    def truncate(self, cache, length):
+        del cache.state[length:]
+        cache.length = len(cache.state)
+
+
+def table_target(vocab: int = 5, seed: int = 0, scale: float = 1.5) -> LoadedModel:
+    lm = TableLM(vocab, seed, scale)
+    return LoadedModel(name=lm.info.name, hf_model=None, tokenizer=None, backend=lm)
+
+
