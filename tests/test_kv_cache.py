@@ -72,10 +72,16 @@ def test_batched_forward_matches_single(model):
     assert batched.new_cache().slot == caches[1].slot
 
 
-def test_fast_backend_is_bit_identical_to_transformers(model):
-    fast, hf = loaded(model, "fast").backend, loaded(model, "hf").backend
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_backend_is_bit_identical_to_transformers(dtype):
+    """Prefill, one-token steps and verify-sized steps, after rollback too."""
+    model = tiny_llama(seed=3, hidden=64, heads=8, kv_heads=2).to(dtype)
+    fast, hf = loaded(model, "fast", dtype=dtype).backend, loaded(model, "hf", dtype=dtype).backend
     cf, ch = fast.new_cache(), hf.new_cache()
-    for chunk in ([3, 1, 4, 1, 5, 9, 2, 6], [5], [3, 5, 8]):
+    for i, chunk in enumerate(([3, 1, 4, 1, 5, 9, 2, 6] * 8, [5], [3, 5, 8], [7], [9, 9, 9, 9, 1])):
+        if i == 3:
+            fast.truncate(cf, cf.length - 2)
+            hf.truncate(ch, ch.length - 2)
         a = fast.forward(cf, torch.tensor(chunk), output_hidden=True)
         b = hf.forward(ch, torch.tensor(chunk), output_hidden=True)
         assert torch.equal(a.logits, b.logits)
