@@ -21,14 +21,17 @@ def _prompts(vocab: int, count: int = 10) -> list[list[int]]:
     return prompts
 
 
+BACKENDS = ["kernels", "torch", "hf"]
+
+
 @pytest.fixture(scope="module")
 def target_model():
-    return tiny_llama(seed=0)
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
 
 
 @pytest.fixture(scope="module")
 def random_draft_model():
-    return tiny_llama(seed=7, hidden=16)
+    return tiny_llama(seed=7, hidden=32, heads=2, kv_heads=1)
 
 
 def _drafter(kind: str, target_model, random_draft_model, backend: str):
@@ -39,7 +42,7 @@ def _drafter(kind: str, target_model, random_draft_model, backend: str):
     return DraftModelDrafter(loaded(random_draft_model, backend).backend, target_model.config.vocab_size)
 
 
-@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["ngram", "self", "random"])
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (8, False), (8, True)])
 def test_speculation_equals_baseline(target_model, random_draft_model, backend, kind, k, adaptive):
@@ -61,7 +64,7 @@ def test_speculation_equals_baseline(target_model, random_draft_model, backend, 
         assert drafted > 0 and accepted < 0.5 * drafted
 
 
-@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_eos_inside_accepted_draft_ends_like_baseline(target_model, backend):
     target = loaded(target_model, backend)
     eos = target.info.eos_token_ids[0]
@@ -84,9 +87,26 @@ def test_eos_inside_accepted_draft_ends_like_baseline(target_model, backend):
 
 
 def test_max_new_tokens_respected(target_model):
-    target = loaded(target_model, "fast")
+    target = loaded(target_model, "torch")
     spec = SpecDecoder(target, DraftModelDrafter(loaded(target_model).backend, target_model.config.vocab_size),
                        SpeculationConfig(num_speculative_tokens=8, adaptive=False))
     for n in (1, 2, 7, 9, 10):
         got, metrics = spec.generate_ids([1, 2, 3], GenerationConfig(max_new_tokens=n, ignore_eos=True))
         assert len(got) == n and metrics.new_tokens == n and metrics.finish_reason == "length"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernels_keep_greedy_equality_in_low_precision(dtype):
+    """On the batch-invariant CPU kernels, speculation is exact in bfloat16 and float16 too."""
+    target_model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2).to(dtype)
+    draft_model = tiny_llama(seed=7, hidden=32, heads=2, kv_heads=1).to(dtype)
+    target = loaded(target_model, "kernels", dtype=dtype)
+    baseline = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    drafters = [NgramDrafter(min_n=1, max_n=3),
+                DraftModelDrafter(loaded(target_model, "kernels", dtype=dtype).backend, target_model.config.vocab_size),
+                DraftModelDrafter(loaded(draft_model, "kernels", dtype=dtype).backend, target_model.config.vocab_size)]
+    for drafter in drafters:
+        spec = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=6, adaptive=False))
+        for prompt in _prompts(target_model.config.vocab_size):
+            assert spec.generate_ids(prompt, config)[0] == baseline.generate_ids(prompt, config)[0]

@@ -5,9 +5,13 @@ import torch
 from tiny import loaded, tiny_llama
 
 
+BACKENDS = ["kernels", "torch", "hf"]
+
+
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(seed=3)
+    # head dim 16 and sizes that are multiples of 16, so that every backend (the CPU kernels too) runs it
+    return tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
 
 
 def _fresh_logits(backend, tokens: list[int]) -> torch.Tensor:
@@ -17,7 +21,7 @@ def _fresh_logits(backend, tokens: list[int]) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("kind", ["fast", "hf"])
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_truncate_then_extend_matches_fresh(model, kind):
     backend = loaded(model, kind).backend
     cache = backend.new_cache()
@@ -32,7 +36,7 @@ def test_truncate_then_extend_matches_fresh(model, kind):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["fast", "hf"])
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_tree_forward_and_compaction(model, kind):
     """A tree root -> (x, y), x -> z: scoring it once equals scoring each path; keeping path root-y works."""
     backend = loaded(model, kind).backend
@@ -54,20 +58,29 @@ def test_tree_forward_and_compaction(model, kind):
     torch.testing.assert_close(nxt, _fresh_logits(backend, prompt + [root, y, 7])[-1:], rtol=1e-5, atol=1e-5)
 
 
-def test_batched_forward_matches_single(model):
+@pytest.mark.parametrize("kind", ["kernels", "torch"])
+def test_batched_forward_matches_single(model, kind):
+    """Ragged sequences in one pass score as they do alone (bit for bit on the kernels)."""
     from specdec.models.loading import make_backend
 
-    single = loaded(model, "fast").backend
-    batched = make_backend(model, single.info, "fast", slots=3)
+    single = loaded(model, kind).backend
+    batched = make_backend(model, single.info, kind, slots=3)
+
+    def check(got, want):
+        if kind == "kernels":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]]
     caches = [batched.new_cache() for _ in prompts]
     outs = batched.forward_batch(caches, [torch.tensor(p) for p in prompts])
     for p, out in zip(prompts, outs):
-        torch.testing.assert_close(out.logits, _fresh_logits(single, p), rtol=1e-5, atol=1e-5)
+        check(out.logits, _fresh_logits(single, p))
     steps = [[20, 21], [22], [23, 24, 25]]
     outs = batched.forward_batch(caches, [torch.tensor(s) for s in steps])
     for p, s, out in zip(prompts, steps, outs):
-        torch.testing.assert_close(out.logits, _fresh_logits(single, p + s)[-len(s):], rtol=1e-5, atol=1e-5)
+        check(out.logits, _fresh_logits(single, p + s)[-len(s):])
     batched.release(caches[1])
     assert batched.new_cache().slot == caches[1].slot
 
@@ -76,7 +89,7 @@ def test_batched_forward_matches_single(model):
 def test_fast_backend_is_bit_identical_to_transformers(dtype):
     """Prefill, one-token steps and verify-sized steps, after rollback too."""
     model = tiny_llama(seed=3, hidden=64, heads=8, kv_heads=2).to(dtype)
-    fast, hf = loaded(model, "fast", dtype=dtype).backend, loaded(model, "hf", dtype=dtype).backend
+    fast, hf = loaded(model, "torch", dtype=dtype).backend, loaded(model, "hf", dtype=dtype).backend
     cf, ch = fast.new_cache(), hf.new_cache()
     for i, chunk in enumerate(([3, 1, 4, 1, 5, 9, 2, 6] * 8, [5], [3, 5, 8], [7], [9, 9, 9, 9, 1])):
         if i == 3:
@@ -86,3 +99,38 @@ def test_fast_backend_is_bit_identical_to_transformers(dtype):
         b = hf.forward(ch, torch.tensor(chunk), output_hidden=True)
         assert torch.equal(a.logits, b.logits)
         assert torch.equal(a.hidden, b.hidden)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernels_are_batch_invariant_bit_for_bit(dtype):
+    """One pass over k tokens, k one-token passes, a tree and a batch of sequences give identical logits."""
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(dtype)
+    backend = loaded(model, "kernels", dtype=dtype).backend
+    prompt, steps = torch.arange(3, 40), torch.tensor([7, 1, 9, 4, 4, 2, 8, 5])
+    cache = backend.new_cache()
+    backend.forward(cache, prompt)
+    wide = backend.forward(cache, steps).logits
+    backend.truncate(cache, len(prompt))
+    narrow = torch.cat([backend.forward(cache, steps[i:i + 1]).logits for i in range(len(steps))])
+    assert torch.equal(wide, narrow)
+    # a tree whose first path is steps[0], steps[1] and whose second branch is steps[2] under steps[0]
+    backend.truncate(cache, len(prompt))
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    scored = backend.forward(cache, steps[:3], tree_mask=tree).logits
+    assert torch.equal(scored[:2], wide[:2])
+    backend.compact(cache, len(prompt), [0, 2])
+    assert torch.equal(backend.forward(cache, steps[3:4]).logits[0],
+                       _fresh_logits(backend, prompt.tolist() + [7, 9, 4])[-1])
+    # the same sequence inside a batch of three ragged ones
+    others = [backend.new_cache() for _ in range(2)]
+    backend.truncate(cache, len(prompt))
+    outs = backend.forward_batch([others[0], cache, others[1]], [torch.arange(5), steps, torch.arange(9, 21)])
+    assert torch.equal(outs[1].logits, wide)
+
+
+def test_kernels_match_transformers_in_float32(model):
+    kern, hf = loaded(model, "kernels").backend, loaded(model, "hf").backend
+    ck, ch = kern.new_cache(), hf.new_cache()
+    for chunk in ([3, 1, 4, 1, 5, 9, 2, 6] * 4, [5], [3, 5, 8]):
+        torch.testing.assert_close(kern.forward(ck, torch.tensor(chunk)).logits,
+                                   hf.forward(ch, torch.tensor(chunk)).logits, rtol=1e-4, atol=1e-4)

@@ -22,7 +22,7 @@ def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2
     return LlamaForCausalLM(config).eval()
 
 
-def loaded(hf_model, backend: str = "fast", name: str = "tiny", tokenizer=None, dtype=torch.float32) -> LoadedModel:
+def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None, dtype=torch.float32) -> LoadedModel:
     """Wraps a model (already in `dtype`) in a backend."""
     info = model_info(name, hf_model, tokenizer or _NoTokenizer(hf_model), torch.device("cpu"), dtype)
     return LoadedModel(name=name, hf_model=hf_model, tokenizer=tokenizer, backend=make_backend(hf_model, info, backend))

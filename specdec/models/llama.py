@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
+from .kvpool import KVPool
 from .linear import FusedLinear, Linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
@@ -47,10 +48,7 @@ class _Layer:
 
 
 class FastLlama(CausalLM):
-    """Llama-family forward with a KV pool of `slots` sequences of up to `max_context` tokens each.
-
-    Cache layout: keys and values (L, slots, n_kv_heads, max_context, head_dim).
-    """
+    """Llama-family forward in torch, bit-identical to transformers', with a KVPool of `slots` sequences."""
 
     batched = True
 
@@ -92,44 +90,21 @@ class FastLlama(CausalLM):
         scale = getattr(rotary, "attention_scaling", 1.0)
         self.cos = (angles.cos() * scale).to(info.dtype)
         self.sin = (angles.sin() * scale).to(info.dtype)
-        self.slots = slots
-        shape = (cfg.num_hidden_layers, slots, self.nkv, self.max_context, self.hd)
-        self.k_cache = torch.zeros(shape, dtype=info.dtype, device=info.device)
-        self.v_cache = torch.zeros(shape, dtype=info.dtype, device=info.device)
-        self._free = list(range(slots - 1, -1, -1))
+        # Unused cache rows stay zero: SDPA multiplies masked-out values by 0, and 0 * NaN would leak.
+        self.pool = KVPool(cfg.num_hidden_layers, slots, self.nkv, self.max_context, self.hd, info.dtype, info.device)
 
     # ---- cache management -------------------------------------------------------------------
     def new_cache(self) -> SequenceCache:
-        """A free slot; the pool grows by one slot (a copy of the pool) when all are taken."""
-        if not self._free:
-            self._grow(self.slots + 1)
-        return SequenceCache(length=0, slot=self._free.pop())
-
-    def _grow(self, slots: int) -> None:
-        old = self.slots
-        for name in ("k_cache", "v_cache"):
-            current = getattr(self, name)
-            bigger = current.new_zeros((current.shape[0], slots, *current.shape[2:]))
-            bigger[:, :old] = current
-            setattr(self, name, bigger)
-        self._free = list(range(slots - 1, old - 1, -1)) + self._free
-        self.slots = slots
+        return self.pool.acquire()
 
     def release(self, cache: SequenceCache) -> None:
-        if cache.slot not in self._free:
-            self._free.append(cache.slot)
-        cache.length = 0
+        self.pool.release(cache)
 
     def truncate(self, cache: SequenceCache, length: int) -> None:
-        cache.length = min(cache.length, length)
+        self.pool.truncate(cache, length)
 
-    @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
-        src = torch.tensor([start + i for i in keep], device=self.info.device)
-        dst = slice(start, start + len(keep))
-        for cache_t in (self.k_cache, self.v_cache):
-            cache_t[:, cache.slot, :, dst] = cache_t[:, cache.slot].index_select(2, src)
-        cache.length = start + len(keep)
+        self.pool.compact(cache, start, keep)
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -182,7 +157,7 @@ class FastLlama(CausalLM):
             v = v.view(B, T, nkv, hd)
             q = q * cos + _rotate_half(q) * sin
             k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # (B, T, nkv, hd)
-            kc, vc = self.k_cache[li], self.v_cache[li]  # (S, nkv, P, hd)
+            kc, vc = self.pool.keys[li], self.pool.values[li]  # (S, nkv, P, hd)
             if B == 1:
                 kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
                 vc[slots[0], :, starts[0]:starts[0] + T] = v[0].transpose(0, 1)

@@ -16,7 +16,7 @@ from ..errors import ConfigError, ModelLoadError
 from .backend import CausalLM, HFBackend, ModelInfo
 from .registry import KNOWN_MODELS
 
-BACKENDS = ("auto", "fast", "hf")
+BACKENDS = ("auto", "kernels", "torch", "hf")
 
 
 @dataclass
@@ -96,13 +96,29 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
 
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
                  max_context: int | None = None) -> CausalLM:
+    """kernels: specdec's CPU kernels (batch-invariant, float32 compute); torch: specdec's Llama forward in
+    torch (bit-identical to transformers); hf: transformers' own forward. auto: the first that fits."""
     from .llama import FastLlama, fast_path_problem
 
     problem = fast_path_problem(hf_model.config)
-    if backend == "fast" and problem:
-        raise ConfigError(f"the fast backend does not support this model: {problem}")
+    if backend in ("kernels", "torch") and problem:
+        raise ConfigError(f"the {backend} backend does not support this model: {problem}")
     if backend == "hf" or problem:
         return HFBackend(hf_model, info)
+    if backend == "kernels" or (backend == "auto" and info.device.type == "cpu"):
+        from ..kernels import KernelUnavailable, unavailable_reason
+
+        from .kernel_llama import KernelLlama, kernel_shape_problem
+
+        reason = unavailable_reason() if info.device.type == "cpu" else "the CPU kernels run on the CPU only"
+        reason = reason or kernel_shape_problem(hf_model.config)
+        if reason is None:
+            try:
+                return KernelLlama(hf_model, info, slots=slots, max_context=max_context)
+            except KernelUnavailable as exc:
+                reason = str(exc)
+        if backend == "kernels":
+            raise ConfigError(f"the kernels backend is unavailable: {reason}")
     return FastLlama(hf_model, info, slots=slots, max_context=max_context)
 
 

@@ -1,0 +1,477 @@
+// specdec CPU kernels: a Llama-family forward pass whose results do not depend on batch shape.
+//
+// Every number is computed in float32 from weights stored in float32, bfloat16 or float16. Each output
+// of a matrix product, each attention output and each norm is reduced in one fixed order that depends
+// only on that output's own inputs: never on how many tokens are scored together, on which other
+// sequences share the pass, or on how work is split among threads. So scoring k drafted tokens in one
+// pass gives bit for bit what k one-token passes give, and speculation cannot change a single token.
+//
+// Reduction order of a dot product over K: 16 float32 lanes, lane l accumulates k = l (mod 16) in
+// increasing k with fused multiply-adds, then the lanes are summed by _mm512_reduce_add_ps.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <immintrin.h>
+
+namespace {
+
+enum WType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+template <int WT>
+inline __m512 load16(const void* base, int64_t k) {
+  if constexpr (WT == BF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (WT == F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + k)));
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + k);
+  }
+}
+
+inline __m512 load16_any(const void* base, int64_t k, int wtype) {
+  switch (wtype) {
+    case BF16: return load16<BF16>(base, k);
+    case F16: return load16<F16>(base, k);
+    default: return load16<F32>(base, k);
+  }
+}
+
+inline int64_t elem_size(int wtype) { return wtype == F32 ? 4 : 2; }
+
+// Weights are packed once into blocks of 8 rows: block b holds rows 8b..8b+7 as [K/16][8][16] values, so
+// that a block is read as one sequential stream (rows past N are zero). K is a multiple of 16.
+constexpr int kBlockRows = 8;
+
+// y[j, i] = sum_k x[j, k] w[i, k] (+ bias[i]) for the 8 rows of one packed block and MR rows of x;
+// rows i >= valid are computed but not stored.
+template <int MR, int WT>
+__attribute__((noinline)) void tile(const float* __restrict x, int64_t K, const char* __restrict block, int valid,
+                                    const float* __restrict bias, float* __restrict y, int64_t ldy) {
+  constexpr int NR = kBlockRows;
+  constexpr int64_t ES = WT == F32 ? 4 : 2;
+  __m512 acc[NR * MR];
+#pragma GCC unroll 32
+  for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const char* wk = block + k * NR * ES;
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) wv[i] = load16<WT>(wk + i * 16 * ES, 0);
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x + j * K + k);
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) acc[i * MR + j] = _mm512_fmadd_ps(wv[i], xv, acc[i * MR + j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i) {
+    if (i >= valid) break;
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i * MR + j]) + (bias ? bias[i] : 0.0f);
+  }
+}
+
+template <int WT>
+void linear_impl(const float* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
+                 int64_t ldy) {
+  const int64_t block_bytes = kBlockRows * K * (WT == F32 ? 4 : 2);
+  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
+  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * kBlockRows;
+      const int valid = static_cast<int>(std::min<int64_t>(kBlockRows, N - n));
+      const char* block = packed + b * block_bytes;
+      const float* bn = bias ? bias + n : nullptr;
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) tile<2, WT>(x + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
+      if (m < M) tile<1, WT>(x + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
+    }
+  });
+}
+
+// (N, K) row-major -> packed blocks, as a flat tensor of the same dtype
+torch::Tensor pack_blocks(const torch::Tensor& w) {
+  const int64_t N = w.size(0), K = w.size(1);
+  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
+  torch::Tensor padded = torch::zeros({blocks * kBlockRows, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  // (blocks, 8, K/16, 16) -> (blocks, K/16, 8, 16)
+  return padded.view({blocks, kBlockRows, K / 16, 16}).permute({0, 2, 1, 3}).contiguous().view({-1});
+}
+
+struct Weight {
+  torch::Tensor tensor;  // packed blocks, kept alive here
+  const char* data = nullptr;
+  int64_t N = 0, K = 0;
+  int wtype = F32;
+};
+
+Weight make_weight(const torch::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.device().is_cpu(), "weights must be contiguous 2-D CPU tensors");
+  TORCH_CHECK(t.size(1) % 16 == 0, "the kernels need inner sizes that are multiples of 16");
+  Weight w;
+  w.tensor = pack_blocks(t);
+  w.N = t.size(0);
+  w.K = t.size(1);
+  if (t.scalar_type() == torch::kFloat32) w.wtype = F32;
+  else if (t.scalar_type() == torch::kBFloat16) w.wtype = BF16;
+  else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
+  else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
+  w.data = static_cast<const char*>(w.tensor.data_ptr());
+  return w;
+}
+
+// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias)
+void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
+  switch (w.wtype) {
+    case BF16: linear_impl<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    case F16: linear_impl<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    default: linear_impl<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+  }
+}
+
+// n is a multiple of 16
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+// e^x for 16 lanes (Cody-Waite reduction, degree-6 polynomial; within 2 ulp for x in [-87, 88]).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.972084045410f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// x (M, H) -> out (M, H): out = weight * (x / sqrt(mean(x^2) + eps))
+void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * H;
+    const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
+    float* o = out + m * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = weight[h] * (xr[h] * inv);
+  }
+}
+
+struct Config {
+  int64_t hidden, heads, kv_heads, head_dim, intermediate, layers, vocab;
+  float eps;
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;  // float32 (H,)
+  Weight qkv, o, gate_up, down;
+  torch::Tensor qkv_bias, o_bias;  // float32 or undefined
+};
+
+class CpuLlama {
+ public:
+  CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
+           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin) {
+    TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
+    cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
+    TORCH_CHECK(cfg_.head_dim % 16 == 0 && cfg_.head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
+    TORCH_CHECK(cfg_.hidden % 16 == 0, "hidden size must be a multiple of 16");
+    TORCH_CHECK(static_cast<int64_t>(layer_tensors.size()) == 8 * cfg_.layers, "8 tensors per layer");
+    for (int64_t l = 0; l < cfg_.layers; ++l) {
+      const torch::Tensor* t = &layer_tensors[8 * l];
+      Layer layer;
+      layer.input_norm = t[0].contiguous().to(torch::kFloat32);
+      layer.qkv = make_weight(t[1]);
+      layer.qkv_bias = t[2].defined() && t[2].numel() ? t[2].contiguous().to(torch::kFloat32) : torch::Tensor();
+      layer.o = make_weight(t[3]);
+      layer.o_bias = t[4].defined() && t[4].numel() ? t[4].contiguous().to(torch::kFloat32) : torch::Tensor();
+      layer.post_norm = t[5].contiguous().to(torch::kFloat32);
+      layer.gate_up = make_weight(t[6]);
+      layer.down = make_weight(t[7]);
+      layers_.push_back(layer);
+    }
+    embed_rows_ = embed.contiguous();
+    embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
+    lm_head_ = make_weight(lm_head);
+    final_norm_ = final_norm.contiguous().to(torch::kFloat32);
+    cos_ = cos.contiguous().to(torch::kFloat32);
+    sin_ = sin.contiguous().to(torch::kFloat32);
+  }
+
+  // ids (N,) int64: the new tokens of S sequences, concatenated; offsets (S+1,): sequence s owns tokens
+  // [offsets[s], offsets[s+1]); slots (S,), starts (S,): its cache slot and cached length; positions (N,):
+  // RoPE positions; masks: (S, T, T) uint8 with T = the longest sequence's new tokens (row t: which new
+  // tokens token t sees), or an empty tensor for causal order; k_cache, v_cache: float32 (L, slots, kv_heads,
+  // P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in blocks of
+  // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
+  // Returns (logits (R, V), hidden (N, H) after the final norm).
+  std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
+                                     torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
+                                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows) {
+    const auto& c = cfg_;
+    const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
+    const int64_t I = c.intermediate, S = offsets.size(0) - 1;
+    const int64_t qkv_width = (nh + 2 * nkv) * hd;
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous(), "k_cache: float32, contiguous");
+    TORCH_CHECK(k_cache.size(3) % 16 == 0, "cache capacity must be a multiple of 16");
+    TORCH_CHECK(v_cache.scalar_type() == torch::kFloat32 && v_cache.is_contiguous(), "v_cache: float32, contiguous");
+    const int64_t P = k_cache.size(3);
+    const int64_t slot_count = k_cache.size(1);
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const int64_t* off = offsets.data_ptr<int64_t>();
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    const int64_t* start = starts.data_ptr<int64_t>();
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    const bool causal = masks.numel() == 0;
+    const int64_t T = causal ? 0 : masks.size(1);
+    const uint8_t* mask = causal ? nullptr : masks.data_ptr<uint8_t>();
+    for (int64_t s = 0; s < S; ++s)
+      TORCH_CHECK(start[s] + (off[s + 1] - off[s]) <= P, "sequence exceeds the KV cache capacity");
+
+    auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    torch::Tensor x_t = torch::empty({N, H}, f32), h_t = torch::empty({N, H}, f32);
+    torch::Tensor qkv_t = torch::empty({N, qkv_width}, f32), attn_t = torch::empty({N, nh * hd}, f32);
+    torch::Tensor gu_t = torch::empty({N, 2 * I}, f32), act_t = torch::empty({N, I}, f32);
+    float *x = x_t.data_ptr<float>(), *h = h_t.data_ptr<float>(), *qkv = qkv_t.data_ptr<float>();
+    float *attn = attn_t.data_ptr<float>(), *gu = gu_t.data_ptr<float>(), *act = act_t.data_ptr<float>();
+    const float* cos = cos_.data_ptr<float>();
+    const float* sin = sin_.data_ptr<float>();
+
+    // token -> sequence
+    std::vector<int64_t> seq_of(N);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t i = off[s]; i < off[s + 1]; ++i) seq_of[i] = s;
+
+    // embeddings, widened to float32
+    for (int64_t i = 0; i < N; ++i) {
+      TORCH_CHECK(id[i] >= 0 && id[i] < embed_rows_.size(0), "token id out of range");
+      const char* row = static_cast<const char*>(embed_rows_.data_ptr()) + id[i] * H * elem_size(embed_type_);
+      for (int64_t k = 0; k < H; k += 16) _mm512_storeu_ps(x + i * H + k, load16_any(row, k, embed_type_));
+    }
+
+    const int64_t layer_stride = slot_count * nkv * P * hd;
+    const int64_t half = hd / 2;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const Layer& L = layers_[l];
+      float* kc = k_cache.data_ptr<float>() + l * layer_stride;
+      float* vc = v_cache.data_ptr<float>() + l * layer_stride;
+      rms_norm(x, N, H, L.input_norm.data_ptr<float>(), c.eps, h);
+      linear(h, N, L.qkv, L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr, qkv, qkv_width);
+      // RoPE on q and k, then k and v into the cache
+      for (int64_t i = 0; i < N; ++i) {
+        const float* cr = cos + pos[i] * hd;
+        const float* sr = sin + pos[i] * hd;
+        float* row = qkv + i * qkv_width;
+        for (int64_t head = 0; head < nh + nkv; ++head) {
+          float* v = row + head * hd;
+          float rotated[256];
+          for (int64_t d = 0; d < half; ++d) {
+            rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
+            rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
+          }
+          std::copy(rotated, rotated + hd, v);
+        }
+        const int64_t s = seq_of[i];
+        const int64_t at = start[s] + (i - off[s]);
+        for (int64_t g = 0; g < nkv; ++g) {
+          // keys: blocks of 16 positions, transposed: [P/16][hd][16]
+          float* kb = kc + (slot[s] * nkv + g) * P * hd + (at / 16) * hd * 16 + at % 16;
+          const float* src = row + (nh + g) * hd;
+          for (int64_t d = 0; d < hd; ++d) kb[d * 16] = src[d];
+          std::copy(row + (nh + nkv + g) * hd, row + (nh + nkv + g + 1) * hd, vc + ((slot[s] * nkv + g) * P + at) * hd);
+        }
+      }
+      attention(qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn);
+      linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H);
+      for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
+      rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
+      linear(h, N, L.gate_up, nullptr, gu, 2 * I);
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t e = 0; e < I; e += 16) {
+          const __m512 g = _mm512_loadu_ps(gu + i * 2 * I + e);
+          const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+          _mm512_storeu_ps(act + i * I + e, _mm512_mul_ps(silu, _mm512_loadu_ps(gu + i * 2 * I + I + e)));
+        }
+      linear(act, N, L.down, nullptr, h, H);
+      for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
+    }
+    rms_norm(x, N, H, final_norm_.data_ptr<float>(), c.eps, h);
+    const int64_t R = logit_rows.size(0);
+    const int64_t* rows = logit_rows.data_ptr<int64_t>();
+    torch::Tensor picked = torch::empty({R, H}, f32);
+    for (int64_t r = 0; r < R; ++r) std::copy(h + rows[r] * H, h + (rows[r] + 1) * H, picked.data_ptr<float>() + r * H);
+    torch::Tensor logits = torch::empty({R, lm_head_.N}, f32);
+    linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N);
+    return {logits, h_t};
+  }
+
+  // Attention of every new token, per sequence s and KV head g: the rows are (token t, head h of group g).
+  // Row (t, h) sees keys [0, start_s) and the new tokens its mask allows (causal: u <= t). Scores come in
+  // blocks of 16 keys, score = sum over d in increasing order of q[d] k[d]; the softmax sum and the
+  // weighted sum of values run over the visible keys in increasing order.
+  void attention(const float* qkv, int64_t qkv_width, const float* kc, const float* vc, int64_t P, int64_t S,
+                 const int64_t* off, const int64_t* slot, const int64_t* start, bool causal, int64_t T,
+                 const uint8_t* mask, float* out) const {
+    const int64_t nh = cfg_.heads, nkv = cfg_.kv_heads, hd = cfg_.head_dim, groups = nh / nkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    // tasks: (sequence, KV head, chunk of query rows); a chunk shares every key load among its rows
+    int64_t total_rows = 0;
+    for (int64_t s = 0; s < S; ++s) total_rows += (off[s + 1] - off[s]) * groups * nkv;
+    const int64_t chunk = total_rows >= 48 ? 8 : 1;
+    std::vector<std::array<int64_t, 4>> tasks;  // s, g, first row, row count
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t g = 0; g < nkv; ++g) {
+        const int64_t rows = (off[s + 1] - off[s]) * groups;
+        for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});
+      }
+    at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> scores, weights;
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t s = tasks[w][0], g = tasks[w][1], first = tasks[w][2], rows = tasks[w][3];
+        const int64_t Ts = off[s + 1] - off[s], base = start[s];
+        const int64_t keys = base + Ts, blocks = (keys + 15) / 16, width = blocks * 16;
+        scores.assign(rows * width, 0.0f);
+        const float* kbase = kc + (slot[s] * nkv + g) * P * hd;
+        const float* vbase = vc + (slot[s] * nkv + g) * P * hd;
+        auto qrow = [&](int64_t r) {
+          const int64_t row = first + r;
+          return qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
+        };
+        for (int64_t b = 0; b < blocks; ++b) {
+          const float* kb = kbase + b * hd * 16;
+          __m512 acc[8];
+          for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+          for (int64_t d = 0; d < hd; ++d) {
+            const __m512 kv = _mm512_loadu_ps(kb + d * 16);
+            for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qrow(r)[d]), kv, acc[r]);
+          }
+          for (int64_t r = 0; r < rows; ++r)
+            _mm512_storeu_ps(&scores[r * width + b * 16], _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+        }
+        std::vector<int64_t> visible_keys;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = first + r, t = row / groups;
+          const float* sc = &scores[r * width];
+          visible_keys.clear();
+          for (int64_t j = 0; j < base; ++j) visible_keys.push_back(j);
+          for (int64_t u = 0; u < Ts; ++u)
+            if (causal ? u <= t : mask[(s * T + t) * T + u] != 0) visible_keys.push_back(base + u);
+          // Dense over the visible keys in increasing order: a token's attention depends on which keys it
+          // sees, never on where they sit in the cache (a tree node and its compacted path agree bit for bit).
+          const int64_t n = static_cast<int64_t>(visible_keys.size()), padded = (n + 15) / 16 * 16;
+          float top = -INFINITY;
+          for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[visible_keys[i]]);
+          weights.assign(padded, 0.0f);
+          for (int64_t i = 0; i < n; ++i) weights[i] = sc[visible_keys[i]] - top;
+          __m512 total = _mm512_setzero_ps();
+          for (int64_t i = 0; i < padded; i += 16) {
+            const __mmask16 live = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_loadu_ps(&weights[i])));
+            _mm512_storeu_ps(&weights[i], e);
+            total = _mm512_add_ps(total, e);
+          }
+          const __m512 inv_total = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+          float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;
+          for (int64_t d = 0; d < hd; d += 16) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < n; ++i)
+              acc = _mm512_fmadd_ps(_mm512_set1_ps(weights[i]), _mm512_loadu_ps(vbase + visible_keys[i] * hd + d), acc);
+            _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, inv_total));
+          }
+        }
+      }
+    });
+  }
+
+  // Moves cache entries start + keep[i] to start + i in one slot (tree path compaction), all layers and heads.
+  void compact(torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot, int64_t start, std::vector<int64_t> keep) {
+    const int64_t L = k_cache.size(0), slots = k_cache.size(1), nkv = cfg_.kv_heads, hd = cfg_.head_dim;
+    const int64_t P = k_cache.size(3);
+    float* kc = k_cache.data_ptr<float>();
+    float* vc = v_cache.data_ptr<float>();
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t g = 0; g < nkv; ++g) {
+        const int64_t head = ((l * slots + slot) * nkv + g) * P * hd;
+        for (size_t i = 0; i < keep.size(); ++i) {
+          const int64_t from = start + keep[i], to = start + static_cast<int64_t>(i);
+          if (from == to) continue;
+          for (int64_t d = 0; d < hd; ++d)
+            kc[head + (to / 16) * hd * 16 + d * 16 + to % 16] = kc[head + (from / 16) * hd * 16 + d * 16 + from % 16];
+          std::copy(vc + head + from * hd, vc + head + (from + 1) * hd, vc + head + to * hd);
+        }
+      }
+  }
+
+  // y = x @ w^T with the same kernel (for drafter heads and tests): x (M, K) float32, w (N, K).
+  static torch::Tensor matmul(torch::Tensor x, torch::Tensor w) {
+    x = x.contiguous().to(torch::kFloat32);
+    Weight weight = make_weight(w.contiguous());
+    TORCH_CHECK(x.size(1) == weight.K, "inner sizes differ");
+    torch::Tensor y = torch::empty({x.size(0), weight.N}, torch::TensorOptions().dtype(torch::kFloat32));
+    linear(x.data_ptr<float>(), x.size(0), weight, nullptr, y.data_ptr<float>(), weight.N);
+    return y;
+  }
+
+ private:
+  Config cfg_;
+  std::vector<Layer> layers_;
+  torch::Tensor embed_rows_;  // (V, H) as given, for lookups
+  int embed_type_ = F32;
+  Weight lm_head_;
+  torch::Tensor final_norm_, cos_, sin_;
+};
+
+// A weight packed once for the kernels; y = x @ w^T (+ bias) in float32, with the same reduction order as
+// the model's own products (batch-invariant).
+class PackedLinear {
+ public:
+  PackedLinear(torch::Tensor weight, torch::Tensor bias) : weight_(make_weight(weight.contiguous())) {
+    if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
+  }
+  torch::Tensor call(torch::Tensor x) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == weight_.K, "x must be (M, in_features)");
+    x = x.contiguous().to(torch::kFloat32);
+    torch::Tensor y = torch::empty({x.size(0), weight_.N}, torch::TensorOptions().dtype(torch::kFloat32));
+    linear(x.data_ptr<float>(), x.size(0), weight_, bias_.defined() ? bias_.data_ptr<float>() : nullptr,
+           y.data_ptr<float>(), weight_.N);
+    return y;
+  }
+  int64_t out_features() const { return weight_.N; }
+  int64_t in_features() const { return weight_.K; }
+
+ private:
+  Weight weight_;
+  torch::Tensor bias_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<CpuLlama>(m, "CpuLlama")
+      .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
+                          torch::Tensor, torch::Tensor, torch::Tensor>())
+      .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("compact", &CpuLlama::compact)
+      .def_static("matmul", &CpuLlama::matmul);
+  pybind11::class_<PackedLinear>(m, "PackedLinear")
+      .def(pybind11::init<torch::Tensor, torch::Tensor>(), pybind11::arg("weight"), pybind11::arg("bias"))
+      .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def_property_readonly("out_features", &PackedLinear::out_features)
+      .def_property_readonly("in_features", &PackedLinear::in_features);
+}

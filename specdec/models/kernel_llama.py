@@ -1,0 +1,128 @@
+"""The Llama family on specdec's CPU kernels (../kernels/cpu_llama.cpp).
+
+Weights stay in the model's dtype (float32, bfloat16 or float16); every activation, the KV cache and
+the logits are float32. Results do not depend on how many tokens or sequences one pass scores, so a
+verify pass over k drafts returns exactly what k one-token passes would: speculation is bit-exact.
+"""
+from __future__ import annotations
+
+import torch
+
+from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
+from .kvpool import KVPool
+
+
+def kernel_shape_problem(config) -> str | None:
+    """Why the kernels cannot run this (Llama-family) config, or None."""
+    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size),
+                       ("head dim", hd)):
+        if size % 16:
+            return f"{name} {size} is not a multiple of 16"
+    if hd > 256:
+        return f"head dim {hd} is above 256"
+    return None
+
+
+class KernelLlama(CausalLM):
+    """Llama family on the CPU kernels; KV cache float32 (layers, slots, kv_heads, capacity, head_dim)."""
+
+    batched = True
+
+    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None):
+        from ..kernels import load
+
+        module = load()
+        cfg = hf_model.config
+        if info.device.type != "cpu":
+            raise ValueError("the CPU kernels run on the CPU")
+        self.info = info
+        H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        hd = getattr(cfg, "head_dim", None) or H // nh
+        problem = kernel_shape_problem(cfg)
+        if problem:
+            raise ValueError(problem)
+        self.head_dim, self.kv_heads = hd, nkv
+        self.max_context = -(-min(max_context or info.max_context, info.max_context) // 16) * 16
+        sd = hf_model.state_dict()
+
+        def cat(names: list[str], suffix: str) -> torch.Tensor:
+            parts = [sd.get(f"{n}.{suffix}") for n in names]
+            return torch.empty(0) if parts[0] is None else torch.cat(parts).contiguous()
+
+        tensors = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            qkv = [p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]
+            tensors += [sd[p + "input_layernorm.weight"].float(), cat(qkv, "weight"), cat(qkv, "bias").float(),
+                        sd[p + "self_attn.o_proj.weight"].contiguous(),
+                        sd.get(p + "self_attn.o_proj.bias", torch.empty(0)).float(),
+                        sd[p + "post_attention_layernorm.weight"].float(),
+                        cat([p + "mlp.gate_proj", p + "mlp.up_proj"], "weight"), sd[p + "mlp.down_proj.weight"].contiguous()]
+        embed = sd["model.embed_tokens.weight"].contiguous()
+        lm_head = sd.get("lm_head.weight", embed).contiguous()
+        rotary = hf_model.model.rotary_emb
+        positions = torch.arange(self.max_context, dtype=torch.float32)
+        freqs = positions[:, None] * rotary.inv_freq.float()[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
+        self.model = module.CpuLlama(dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(),
+                                     lm_head, angles.cos() * scale, angles.sin() * scale)
+        # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
+        self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, torch.float32, info.device,
+                           zeroed=False)
+
+    def new_cache(self) -> SequenceCache:
+        return self.pool.acquire()
+
+    def release(self, cache: SequenceCache) -> None:
+        self.pool.release(cache)
+
+    def truncate(self, cache: SequenceCache, length: int) -> None:
+        self.pool.truncate(cache, length)
+
+    @torch.inference_mode()
+    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
+        # the kernels store keys in blocks of 16 positions, so they move entries themselves
+        self.model.compact(self.pool.keys, self.pool.values, cache.slot, start, list(keep))
+        cache.length = start + len(keep)
+
+    @torch.inference_mode()
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+        ids = input_ids.reshape(-1).to(torch.long).cpu()
+        T = ids.numel()
+        if tree_mask is not None:
+            positions = cache.length + tree_positions(tree_mask.cpu())
+            masks = tree_mask.cpu().to(torch.uint8).reshape(1, T, T).contiguous()
+        else:
+            positions = torch.arange(cache.length, cache.length + T)
+            masks = torch.empty(0, dtype=torch.uint8)
+        rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
+        logits, hidden = self._run([cache], ids, [T], positions, masks, rows)
+        return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
+
+    @torch.inference_mode()
+    def forward_batch(self, caches, input_ids, *, output_hidden=False):
+        lengths = [int(ids.numel()) for ids in input_ids]
+        ids = torch.cat([i.reshape(-1).to(torch.long).cpu() for i in input_ids])
+        positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
+        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8),
+                                   torch.arange(ids.numel()))
+        out, at = [], 0
+        for n in lengths:
+            out.append(ForwardOutput(logits=logits[at:at + n], hidden=hidden[at:at + n] if output_hidden else None))
+            at += n
+        return out
+
+    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows):
+        offsets = torch.tensor([0] + lengths).cumsum(0)
+        for c, n in zip(caches, lengths):
+            if c.length + n > self.max_context:
+                raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
+        logits, hidden = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
+                                            torch.tensor([c.length for c in caches]), positions.to(torch.long),
+                                            masks, self.pool.keys, self.pool.values, rows)
+        for c, n in zip(caches, lengths):
+            c.length += n
+        return logits, hidden

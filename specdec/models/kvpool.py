@@ -1,0 +1,56 @@
+"""A static KV cache of fixed slots, one sequence per slot: rollback is resetting a length."""
+from __future__ import annotations
+
+import torch
+
+from .backend import SequenceCache
+
+
+class KVPool:
+    """Keys and values (layers, slots, kv_heads, capacity, head_dim); the pool grows a slot at a time."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, zeroed: bool = True):
+        self.capacity = capacity
+        self.zeroed = zeroed
+        make = torch.zeros if zeroed else torch.empty
+        shape = (layers, slots, kv_heads, capacity, head_dim)
+        self.keys = make(shape, dtype=dtype, device=device)
+        self.values = make(shape, dtype=dtype, device=device)
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))
+
+    def acquire(self) -> SequenceCache:
+        """A free slot; when all are taken the pool grows by one (a copy of the pool)."""
+        if not self._free:
+            self._grow(self.slots + 1)
+        return SequenceCache(length=0, slot=self._free.pop())
+
+    def release(self, cache: SequenceCache) -> None:
+        if cache.slot not in self._free:
+            self._free.append(cache.slot)
+        cache.length = 0
+
+    @staticmethod
+    def truncate(cache: SequenceCache, length: int) -> None:
+        cache.length = min(cache.length, length)
+
+    @torch.inference_mode()
+    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
+        """Moves entries start + keep[i] to start + i (keep ascending) and sets the length after them."""
+        src = torch.tensor([start + i for i in keep], device=self.keys.device)
+        dst = slice(start, start + len(keep))
+        for tensor in (self.keys, self.values):
+            tensor[:, cache.slot, :, dst] = tensor[:, cache.slot].index_select(2, src)
+        cache.length = start + len(keep)
+
+    def _grow(self, slots: int) -> None:
+        old = self.slots
+        make = torch.zeros if self.zeroed else torch.empty
+        for name in ("keys", "values"):
+            current = getattr(self, name)
+            bigger = make((current.shape[0], slots, *current.shape[2:]), dtype=current.dtype, device=current.device)
+            bigger[:, :old] = current
+            setattr(self, name, bigger)
+        self._free = list(range(slots - 1, old - 1, -1)) + self._free
+        self.slots = slots
