@@ -92,19 +92,22 @@ class DraftLengthPolicy:
         return best_k
 
     def choose(self) -> int:
-        if not self.adaptive or self.k_max == 0:
-            return self.k_max
+        """k for this sequence scored alone."""
+        return choose_lengths([self], self.costs, [self.k_max])[0]
+
+    def ready(self) -> bool:
+        """False while speculation is paused (the pause counts down one step per call)."""
         if self.paused > 0:
             self.paused -= 1
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
-            return 0
-        k = self.best_k()
-        if k == 0:
-            self.paused = self.next_cooldown
-            self.next_cooldown = min(2 * self.next_cooldown, self.max_cooldown)
-        return k
+            return False
+        return True
+
+    def pause(self) -> None:
+        self.paused = self.next_cooldown
+        self.next_cooldown = min(2 * self.next_cooldown, self.max_cooldown)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Records a step where `accepted` of `drafted` tokens were kept; steps without drafts teach nothing."""
@@ -118,6 +121,54 @@ class DraftLengthPolicy:
                 self.accepted[i] += 1.0
         if accepted > 0:
             self.next_cooldown = self.first_cooldown
+
+
+def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: list[int]) -> list[int]:
+    """Draft lengths for sequences scored in one target pass, maximising expected tokens per second.
+
+    Every sequence emits at least one token; giving sequence i its next draft token adds the chance
+    that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
+    drafting. Draft tokens go, one at a time, where that chance is highest; the allocation kept is the
+    best prefix of that order. With many sequences the pass is compute-bound, so lengths shrink, and
+    speculation switches off by itself when it no longer pays. Alone, this is argmax_k E(k) / C(k).
+    """
+    ks = [0] * len(policies)
+    candidates = []
+    for i, (policy, cap) in enumerate(zip(policies, caps)):
+        cap = min(cap, policy.k_max)
+        if cap <= 0:
+            continue
+        if not policy.adaptive:
+            ks[i] = cap
+        elif policy.ready():
+            if policy.best_k() == 0:
+                policy.pause()
+            else:
+                candidates.append((i, cap, policy.acceptance()))
+    tokens = len(policies) + sum(ks)
+    drafted = sum(ks)
+    expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
+    best_rate = expected / (costs.verify_s(tokens) + costs.draft_s(drafted))
+    reach = {i: 1.0 for i, _, _ in candidates}
+    given = {i: 0 for i, _, _ in candidates}
+    order, best_prefix = [], 0
+    while True:
+        options = [(reach[i] * acc[given[i]], i) for i, cap, acc in candidates if given[i] < cap]
+        if not options:
+            break
+        gain, i = max(options)
+        reach[i] = gain
+        given[i] += 1
+        expected += gain
+        tokens += 1
+        drafted += 1
+        order.append(i)
+        rate = expected / (costs.verify_s(tokens) + costs.draft_s(drafted))
+        if rate > best_rate:
+            best_rate, best_prefix = rate, len(order)
+    for i in order[:best_prefix]:
+        ks[i] += 1
+    return ks
 
 
 @torch.inference_mode()

@@ -42,3 +42,45 @@ class StopStrings:
     def safe_length(self, text: str) -> int:
         """Characters that cannot be the start of a stop string still being completed."""
         return len(text) - self.holdback if self.stops else len(text)
+
+
+class TextAssembler:
+    """Generated tokens in, text deltas out: never splits a character, cuts at the first stop string.
+
+    add() returns the text that is safe to show now and, once a stop string appears, how many of the
+    given tokens were kept (the token that completed the stop string is the last one kept).
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
+        if tokenizer is None and stops:
+            from .errors import ConfigError
+
+            raise ConfigError("stop strings need the model's tokenizer")
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.stops = StopStrings(stops)
+        self.text = ""
+        self.released = 0
+        self.stopped = False
+
+    def add(self, tokens: list[int]) -> tuple[str, int | None]:
+        kept = None
+        if self.detok is None:  # token-level use without a tokenizer: no text
+            return "", None
+        for i, token in enumerate(tokens):
+            before = len(self.text)
+            self.text += self.detok.add(token)
+            if self.stops.stops and (cut := self.stops.find(self.text, before)) >= 0:
+                self.text = self.text[:cut]
+                self.stopped = True
+                kept = i + 1
+                break
+        safe = len(self.text) if self.stopped else self.stops.safe_length(self.text)
+        delta = self.text[self.released:safe] if safe > self.released else ""
+        self.released = max(self.released, safe)
+        return delta, kept
+
+    def flush(self) -> str:
+        """Whatever text was held back (a possible stop-string start) once generation has ended."""
+        delta = self.text[self.released:]
+        self.released = len(self.text)
+        return delta

@@ -6,19 +6,18 @@ same loop is plain autoregressive decoding (the baseline), so both run the same 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from .adaptive import CostModel, DraftLengthPolicy, measure_verify_costs
+from .adaptive import CostModel, choose_lengths, measure_verify_costs
 from .config import GenerationConfig, SpeculationConfig
-from .detokenize import IncrementalDetokenizer, StopStrings
-from .drafters.base import Draft, Drafter, DraftRequest
-from .errors import ConfigError, ContextLengthError
+from .detokenize import TextAssembler
+from .drafters.base import Drafter
+from .errors import ConfigError
 from .metrics import GenerationMetrics
-from .sampling import make_generator, position_gumbel, probs_from_logits
-from .verify import coupled_verify, greedy_verify, rejection_verify
+from .sequence import SequenceState
 
 
 @dataclass
@@ -28,21 +27,6 @@ class GenerationResult:
     prompt_ids: list[int]
     metrics: GenerationMetrics
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
-
-
-@dataclass
-class _Sequence:
-    """Mutable state of one request while it decodes."""
-
-    tokens: list[int]  # prompt + generated; the target cache holds all but the last
-    prompt_len: int
-    config: GenerationConfig
-    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
-    finished: str = ""
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
 
 
 class SpecDecoder:
@@ -106,100 +90,70 @@ class SpecDecoder:
 
     def generate_ids(self, prompt_ids: list[int], config: GenerationConfig) -> tuple[list[int], GenerationMetrics]:
         """Token-level generation without text handling (no stop strings): (generated ids, metrics)."""
-        seq = _Sequence(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config)
-        for _ in self.decode(seq):
+        state = self.start(prompt_ids, config)
+        for _ in self.decode(state):
             pass
-        return seq.generated, seq.metrics
+        return state.generated, state.metrics
+
+    def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
+                      **kwargs) -> list[GenerationResult]:
+        """Generates for several prompts at once, in batches that share each target pass."""
+        from .batch import BatchEngine
+
+        cfg = config or GenerationConfig.create(**kwargs)
+        engine = self.batch_engine(max_batch)
+        pending = list(enumerate(self.encode(p) for p in prompts))
+        texts = {i: TextAssembler(self.target.tokenizer, cfg.stop) for i, _ in pending}
+        results: dict[int, GenerationResult] = {}
+        while pending or len(engine):
+            while pending and engine.free_slots > 0:
+                i, ids = pending.pop(0)
+                engine.add(i, ids, cfg)
+            for event in engine.step():
+                state = event.state
+                _, kept = texts[event.request_id].add(event.new_tokens)
+                if kept is not None and not event.finished:  # a stop string: end this request now
+                    del state.tokens[len(state.tokens) - len(event.new_tokens) + kept:]
+                    state.finished = "stop"
+                    engine.cancel(event.request_id)
+                if state.finished:
+                    text = texts[event.request_id]
+                    text.flush()
+                    results[event.request_id] = GenerationResult(
+                        text=text.text, token_ids=state.generated, prompt_ids=state.tokens[: state.prompt_len],
+                        metrics=state.metrics, finish_reason=state.finished)
+        return [results[i] for i in range(len(prompts))]
+
+    def batch_engine(self, max_batch: int = 16):
+        """A BatchEngine over this decoder's target, drafter (one fork per request) and costs."""
+        from .batch import BatchEngine
+
+        factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
+        return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch)
 
     # ---- the loop -----------------------------------------------------------------------------
-    def decode(self, seq: _Sequence) -> Iterator[list[int]]:
+    def start(self, prompt_ids: list[int], config: GenerationConfig) -> SequenceState:
+        """A request's state; its KV cache slot is held until decode() ends."""
+        return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs)
+
+    def decode(self, state: SequenceState) -> Iterator[list[int]]:
         """Runs the step loop for one sequence, yielding each step's new tokens."""
-        cfg = seq.config
-        info = self.target.info
-        k_max = self.speculation.num_speculative_tokens if self.drafter is not None else 0
-        needed = seq.prompt_len + cfg.max_new_tokens + k_max + 1
-        if needed > info.max_context:
-            raise ContextLengthError(f"prompt ({seq.prompt_len} tokens) plus max_new_tokens ({cfg.max_new_tokens}) "
-                                     f"exceeds the model's context of {info.max_context} tokens")
-        if seq.prompt_len == 0:
-            raise ConfigError("the prompt is empty")
         backend = self.target.backend
-        sampling = cfg.sampling
-        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
-        generator = make_generator(seed)
-        coupled = not sampling.greedy and self.speculation.sampling_verifier == "coupled"
-
-        def noise(positions: list[int]) -> torch.Tensor:
-            return position_gumbel(seed, positions, info.vocab_size, info.device)
-
-        policy = DraftLengthPolicy(k_max, self.costs, adaptive=self.speculation.adaptive)
-        cache = backend.new_cache()
-        if self.drafter is not None:
-            self.drafter.begin(DraftRequest(prompt_ids=seq.tokens[: seq.prompt_len], sampling=sampling,
-                                            generator=make_generator(seed + 1), noise=noise if coupled else None))
-        metrics = seq.metrics
-        metrics.prompt_tokens = seq.prompt_len
-        started = time.perf_counter()
         try:
-            logits = backend.forward(cache, torch.tensor(seq.tokens), last_only=True).logits  # (1, V)
-            _, token = self._verify(Draft.empty(), logits, len(seq.tokens), sampling, generator, noise, coupled)
-            metrics.prefill_time_s = time.perf_counter() - started
-            new = self._append(seq, [token])
-            metrics.new_tokens = len(new)
-            yield new
-            while not seq.finished:
-                remaining = cfg.max_new_tokens - len(seq.generated)
-                k = min(policy.choose(), remaining - 1) if self.drafter is not None else 0
+            t0 = time.perf_counter()
+            logits = backend.forward(state.cache, state.prefill_ids(), last_only=True).logits  # (1, V)
+            yield state.start(logits, time.perf_counter() - t0)
+            while not state.finished:
+                k = choose_lengths([state.policy], self.costs, [state.draft_cap()])[0]
+                draft = state.propose(k)
+                ids = state.step_ids(draft)
                 t0 = time.perf_counter()
-                draft = self.drafter.propose(seq.tokens, k) if k > 0 else Draft.empty()
-                t1 = time.perf_counter()
-                ids = torch.tensor([seq.tokens[-1]] + draft.tokens.tolist())
-                logits = backend.forward(cache, ids).logits  # (1 + len(draft), V)
-                n, token = self._verify(draft, logits, len(seq.tokens), sampling, generator, noise, coupled)
-                backend.truncate(cache, len(seq.tokens) + n)
-                t2 = time.perf_counter()
-                metrics.draft_time_s += t1 - t0
-                metrics.verify_time_s += t2 - t1
-                self.costs.observe_draft(len(draft), t1 - t0)
-                self.costs.observe_verify(len(ids), t2 - t1)
-                policy.observe(len(draft), n)
-                new = self._append(seq, draft.tokens[:n].tolist() + [token])
-                metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
-                metrics.new_tokens += len(new)
-                yield new
+                logits = backend.forward(state.cache, ids).logits  # (1 + k, V)
+                seconds = time.perf_counter() - t0
+                self.costs.observe_verify(len(ids), seconds)
+                yield state.finish_step(draft, logits, seconds)
         finally:
-            metrics.total_time_s = time.perf_counter() - started
-            metrics.finish_reason = seq.finished or "cancelled"
-            if self.drafter is not None:
-                self.drafter.end()
-            backend.release(cache)
-
-    def _verify(self, draft: Draft, logits: torch.Tensor, position: int, sampling, generator, noise, coupled):
-        """(n accepted, next token) for target logits (k+1, V) over a draft of k tokens."""
-        tokens = draft.tokens.to(logits.device)
-        if sampling.greedy:
-            return greedy_verify(tokens, logits)
-        p = probs_from_logits(logits, sampling)
-        if coupled:
-            return coupled_verify(tokens, p, noise(list(range(position, position + len(draft) + 1))))
-        probs = None if draft.probs is None else draft.probs.to(p.device)
-        return rejection_verify(tokens, probs, p, generator)
-
-    def _append(self, seq: _Sequence, new: list[int]) -> list[int]:
-        """Appends tokens up to the first EOS or the length limit; marks the sequence finished."""
-        cfg = seq.config
-        eos = () if cfg.ignore_eos else self.target.info.eos_token_ids
-        kept = []
-        for token in new:
-            kept.append(token)
-            if token in eos:
-                seq.finished = "stop"
-                break
-            if len(seq.generated) + len(kept) >= cfg.max_new_tokens:
-                seq.finished = "length"
-                break
-        seq.tokens.extend(kept)
-        return kept
+            state.close()
 
 
 class TextStream:
@@ -207,36 +161,27 @@ class TextStream:
 
     def __init__(self, decoder: SpecDecoder, prompt_ids: list[int], config: GenerationConfig):
         self.decoder = decoder
-        self.seq = _Sequence(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config)
+        self.prompt_ids, self.config = list(prompt_ids), config
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        seq = self.seq
-        detok = IncrementalDetokenizer(self.decoder.target.tokenizer)
-        stops = StopStrings(seq.config.stop)
-        text, released, n_ids = "", 0, 0
+        seq = self.decoder.start(self.prompt_ids, self.config)  # holds a cache slot until decode() ends
+        text = TextAssembler(self.decoder.target.tokenizer, self.config.stop)
         steps = self.decoder.decode(seq)
         try:
             for new in steps:
-                for token in new:
-                    n_ids += 1
-                    before = len(text)
-                    text += detok.add(token)
-                    if seq.config.stop and (cut := stops.find(text, before)) >= 0:
-                        text = text[:cut]
-                        seq.finished = "stop"
-                        break
-                if seq.finished == "stop" and n_ids < len(seq.generated):
-                    del seq.tokens[seq.prompt_len + n_ids:]  # tokens after the stop string's end
-                safe = len(text) if seq.finished else stops.safe_length(text)
-                if safe > released:
-                    yield text[released:safe]
-                    released = safe
+                delta, kept = text.add(new)
+                if kept is not None:  # a stop string ended the text: drop the tokens after it
+                    seq.finished = "stop"
+                    del seq.tokens[len(seq.tokens) - len(new) + kept:]
+                if delta:
+                    yield delta
                 if seq.finished:
                     break
         finally:
             steps.close()
-        if released < len(text):
-            yield text[released:]
-        self.result = GenerationResult(text=text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
+            seq.close()
+        if tail := text.flush():
+            yield tail
+        self.result = GenerationResult(text=text.text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
                                        metrics=seq.metrics, finish_reason=seq.finished or "length")

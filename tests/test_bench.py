@@ -31,3 +31,20 @@ def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draf
     assert (report / "summary.md").read_text().startswith("# specdec bench")
     assert (report / "speedup.png").stat().st_size > 1000
     assert "specdec:ngram" in capsys.readouterr().out
+
+
+def test_bench_compares_backends_and_a_reference(tmp_path, tiny_folder):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "c", "turns": [t]})
+                                 for i, t in enumerate(["the cat sat", "a red dog", "the sun"])))
+    out_json = tmp_path / "b.json"
+    rc = main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--model", str(tiny_folder), "--dtype",
+               "float32", "--drafters", "ngram", "--no-hf", "--backends", "torch,hf", "--reference-dtype", "float32",
+               "--out-json", str(out_json)])
+    assert rc == 0
+    methods = json.loads(out_json.read_text())["methods"]
+    assert set(methods) == {"hf_generate", "specdec:none", "specdec:ngram", "specdec@hf:none", "specdec@hf:ngram"}
+    for name, m in methods.items():
+        assert m["identical_to_reference"] == 3  # float32 everywhere: all agree with the float32 reference
+        if name.startswith("specdec"):
+            assert m["identical_to_specdec_none"] == 3

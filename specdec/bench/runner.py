@@ -93,8 +93,14 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int) -> dict[str, list[int]]:
+    """Greedy tokens of transformers' generate for each prompt (untimed), e.g. from a float32 copy."""
+    method = HFMethod("reference", hf_model)
+    return {p.question_id: method.run(ids, max_new_tokens).tokens for p, ids in prompts}
+
+
 def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt, list[int]]], hf_model,
-              meta: dict) -> dict:
+              meta: dict, reference: dict[str, list[int]] | None = None) -> dict:
     """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences."""
     base = results[BASELINE]
     by_id = {p.question_id: (p, ids) for p, ids in prompts}
@@ -118,8 +124,8 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
     out = dict(meta)
     out["prompts"] = len(prompts)
     out["methods"] = {}
-    none = results.get("specdec:none")
     for name, result in results.items():
+        none = results.get(name.split(":")[0] + ":none") if name.startswith("specdec") else None
         divergences = []
         identical = 0
         for q in all_ids:
@@ -144,8 +150,10 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             "per_position_acceptance": totals.per_position_acceptance or None,
             "identical": identical,
             "total": len(all_ids),
-            "identical_to_specdec_none": None if none is None else sum(
+            "identical_to_specdec_none": None if none is None else sum(  # same backend's plain decoding
                 result.runs[q].tokens == none.runs[q].tokens for q in all_ids),
+            "identical_to_reference": None if reference is None else sum(
+                result.runs[q].tokens == reference[q] for q in all_ids),
             "tokens": sum(len(result.runs[q].tokens) for q in all_ids),
             "seconds": sum(result.runs[q].seconds for q in all_ids),
             "per_category": {},

@@ -23,6 +23,12 @@ def register(sub) -> None:
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    p.add_argument("--backends", default="auto", help="comma-separated specdec backends to compare (auto, kernels, "
+                                                    "torch, hf); methods on the second and later ones are named "
+                                                    "specdec@BACKEND:DRAFTER")
+    p.add_argument("--reference-dtype", default=None, choices=[d for d in DTYPES if d != "auto"],
+                   help="also decode each prompt greedily with transformers in this dtype (untimed) and count, per "
+                        "method, the prompts identical to it (identical_to_reference)")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write summary.md and speedup.png into this folder")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -35,11 +41,11 @@ def run(args) -> int:
     from ..drafters import create_drafter
     from ..engine import SpecDecoder
     from ..errors import ConfigError
-    from ..models.loading import load_model
+    from ..models.loading import LoadedModel, load_model, make_backend
     from ..models.registry import DEFAULT_MODEL
     from ..bench.prompts import load_prompts
     from ..bench.report import table, write_report
-    from ..bench.runner import HFMethod, SpecdecMethod, machine_info, run_methods, summarize
+    from ..bench.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
@@ -48,31 +54,46 @@ def run(args) -> int:
     drafters = [d for d in (args.drafters.split(",") if args.drafters else
                             ["ngram"] + (["draft-model"] if args.draft_model else [])) if d and d != "none"]
     model_name = args.model or DEFAULT_MODEL
-    target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
+    target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                        backend=backends[0])
     draft = None
     if args.draft_model:
         draft = load_model(args.draft_model, device=args.device, dtype=str(target.info.dtype).replace("torch.", ""),
                            trust_remote_code=args.trust_remote_code)
     decoder_probe = SpecDecoder(target, None)
     encoded = [(p, decoder_probe.encode(p.text)) for p in prompts]
-    costs = CostModel(measure_verify_costs(target.backend))
 
     methods = [HFMethod("hf_generate", target.hf_model)]
     if not args.no_hf:
         methods.append(HFMethod("hf_prompt_lookup", target.hf_model, prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens))
         if draft is not None:
             methods.append(HFMethod("hf_assisted", target.hf_model, assistant_model=draft.hf_model))
-    methods.append(SpecdecMethod("specdec:none", SpecDecoder(target, None, speculation)))
-    for name in drafters:
-        drafter = create_drafter(name, target, draft_model=draft)
-        methods.append(SpecdecMethod(f"specdec:{name}", SpecDecoder(target, drafter, speculation, costs=costs)))
+    for i, backend_name in enumerate(backends):
+        backend = target.backend if i == 0 else make_backend(
+            target.hf_model, target.info, backend_name)
+        view = LoadedModel(name=target.name, hf_model=target.hf_model, tokenizer=target.tokenizer, backend=backend)
+        prefix = "specdec" if i == 0 else f"specdec@{backend_name}"
+        costs = CostModel(measure_verify_costs(backend))
+        methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation)))
+        for name in drafters:
+            drafter = create_drafter(name, view, draft_model=draft)
+            methods.append(SpecdecMethod(f"{prefix}:{name}", SpecDecoder(view, drafter, speculation, costs=costs)))
+        if i == 0:
+            first_costs, first_backend = costs, type(backend).__name__
 
     results = run_methods(methods, encoded, args.max_new_tokens)
+    reference = None
+    if args.reference_dtype:
+        ref_model = load_model(model_name, device=args.device, dtype=args.reference_dtype, backend="hf")
+        reference = reference_tokens(ref_model.hf_model, encoded, args.max_new_tokens)
+        del ref_model
     meta = {"model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
-            "verify_costs_s": costs.table, "machine": machine_info()}
-    summary = summarize(results, encoded, target.hf_model, meta)
+            "specdec_backend": first_backend, "verify_costs_s": first_costs.table, "machine": machine_info(),
+            "reference_dtype": args.reference_dtype}
+    summary = summarize(results, encoded, target.hf_model, meta, reference)
     print(table(summary))
     if args.out_json:
         Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)

@@ -53,3 +53,7 @@ class Drafter(ABC):
 
     def end(self) -> None:
         """Ends the request and frees per-request state."""
+
+    def fork(self) -> "Drafter":
+        """A fresh drafter for another concurrent request, sharing weights and other heavy state."""
+        raise NotImplementedError(f"drafter {self.name!r} cannot serve concurrent requests")

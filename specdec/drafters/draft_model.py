@@ -31,6 +31,9 @@ class DraftModelDrafter(Drafter):
         self.cache = None
         self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
 
+    def fork(self) -> "DraftModelDrafter":
+        return DraftModelDrafter(self.draft, self.vocab)
+
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
         if self.cache is None:

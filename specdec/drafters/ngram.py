@@ -35,6 +35,9 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_n = min_n, max_n
         self._buffer = np.empty(0, dtype=np.int64)
 
+    def fork(self) -> "NgramDrafter":
+        return NgramDrafter(self.min_n, self.max_n)
+
     def propose(self, context: list[int], k: int) -> Draft:
         if len(context) != self._buffer.shape[0]:
             self._buffer = np.asarray(context, dtype=np.int64)

@@ -1,0 +1,107 @@
+"""Batched speculative decoding: many sequences share each target pass.
+
+Sequences join and leave between steps (continuous batching). Each keeps its own KV slot, drafter
+and random streams; one step drafts for every running sequence, scores all of them in one ragged
+target pass (masks and positions per sequence), and verifies each on its own. Draft lengths are
+allocated jointly from the measured cost curve, so speculation shrinks as the batch grows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .adaptive import CostModel, choose_lengths
+from .config import GenerationConfig, SpeculationConfig
+from .drafters.base import Drafter
+from .sequence import SequenceState
+
+
+@dataclass
+class StepEvent:
+    """What one step did for one sequence."""
+
+    request_id: object
+    new_tokens: list[int]
+    finished: str = ""  # "", "stop" or "length"
+    state: SequenceState | None = field(default=None, repr=False)
+
+
+class BatchEngine:
+    """Owns a set of running sequences over one backend; not thread-safe (one step at a time)."""
+
+    def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
+                 costs: CostModel, max_batch: int = 16):
+        self.backend = backend
+        self.drafter_factory = drafter_factory
+        self.speculation = speculation
+        self.costs = costs
+        self.max_batch = max_batch
+        self.waiting: list[tuple[object, SequenceState]] = []  # admitted, not yet prefilled
+        self.running: dict[object, SequenceState] = {}
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self)
+
+    def add(self, request_id, prompt_ids: list[int], config: GenerationConfig,
+            speculation: SpeculationConfig | None = None, drafter: Drafter | None | str = "default") -> SequenceState:
+        """Admits a request; it is prefilled at the next step. Raises if the batch is full."""
+        if self.free_slots <= 0:
+            raise RuntimeError("the batch is full")
+        made = self.drafter_factory() if drafter == "default" else drafter
+        state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs)
+        self.waiting.append((request_id, state))
+        return state
+
+    def cancel(self, request_id) -> None:
+        """Drops a request at once and frees its slot."""
+        for i, (rid, state) in enumerate(self.waiting):
+            if rid == request_id:
+                state.close("cancelled")
+                del self.waiting[i]
+                return
+        state = self.running.pop(request_id, None)
+        if state is not None:
+            state.close("cancelled")
+
+    def step(self) -> list[StepEvent]:
+        """Prefills newcomers, then runs one speculative step for every running sequence."""
+        events = self._prefill()
+        if not self.running:
+            return events
+        ids, states = list(self.running), list(self.running.values())
+        ks = choose_lengths([s.policy for s in states], self.costs, [s.draft_cap() for s in states])
+        drafts = [s.propose(k) for s, k in zip(states, ks)]
+        inputs = [s.step_ids(d) for s, d in zip(states, drafts)]
+        t0 = time.perf_counter()
+        outputs = self.backend.forward_batch([s.cache for s in states], inputs)
+        seconds = time.perf_counter() - t0
+        self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
+        for rid, state, draft, out in zip(ids, states, drafts, outputs):
+            new = state.finish_step(draft, out.logits, seconds)
+            events.append(self._event(rid, state, new))
+        return events
+
+    def _prefill(self) -> list[StepEvent]:
+        if not self.waiting:
+            return []
+        batch, self.waiting = self.waiting, []
+        t0 = time.perf_counter()
+        outputs = self.backend.forward_batch([s.cache for _, s in batch], [s.prefill_ids() for _, s in batch])
+        seconds = time.perf_counter() - t0
+        events = []
+        for (rid, state), out in zip(batch, outputs):
+            new = state.start(out.logits[-1:], seconds)
+            self.running[rid] = state
+            events.append(self._event(rid, state, new))
+        return events
+
+    def _event(self, rid, state: SequenceState, new: list[int]) -> StepEvent:
+        if state.finished:
+            self.running.pop(rid, None)
+            state.close()
+        return StepEvent(request_id=rid, new_tokens=new, finished=state.finished, state=state)

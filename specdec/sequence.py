@@ -1,0 +1,142 @@
+"""One request while it decodes, and its half of each step: propose, then accept or roll back.
+
+The engines (engine.SpecDecoder for one sequence, batch.BatchEngine for many) own the target pass;
+a SequenceState owns everything per request: tokens, KV cache, drafter, draft-length policy,
+random streams and metrics.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .adaptive import CostModel, DraftLengthPolicy
+from .config import GenerationConfig, SpeculationConfig
+from .drafters.base import Draft, Drafter, DraftRequest
+from .errors import ConfigError, ContextLengthError
+from .metrics import GenerationMetrics
+from .sampling import make_generator, position_gumbel, probs_from_logits
+from .verify import coupled_verify, greedy_verify, rejection_verify
+
+
+class SequenceState:
+    """Invariant between steps: the target's cache holds every token but the last one."""
+
+    def __init__(self, prompt_ids: list[int], config: GenerationConfig, backend, drafter: Drafter | None,
+                 speculation: SpeculationConfig, costs: CostModel):
+        info = backend.info
+        self.tokens = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.config = config
+        self.backend = backend
+        self.drafter = drafter
+        self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len)
+        self.finished = ""
+        self.k_max = speculation.num_speculative_tokens if drafter is not None else 0
+        if self.prompt_len == 0:
+            raise ConfigError("the prompt is empty")
+        if self.prompt_len + config.max_new_tokens + self.k_max + 1 > info.max_context:
+            raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}) "
+                                     f"exceeds the model's context of {info.max_context} tokens")
+        sampling = config.sampling
+        self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        self.generator = make_generator(self.seed)
+        self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
+        self.eos = () if config.ignore_eos else info.eos_token_ids
+        self.policy = DraftLengthPolicy(self.k_max, costs, adaptive=speculation.adaptive)
+        self.costs = costs
+        self.cache = backend.new_cache()
+        self.started_at = time.perf_counter()
+        if drafter is not None:
+            drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
+                                       generator=make_generator(self.seed + 1),
+                                       noise=self.noise if self.coupled else None))
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    def noise(self, positions: list[int]) -> torch.Tensor:
+        """Gumbel noise fixed by (seed, position), for coupled sampling: (len(positions), V)."""
+        info = self.backend.info
+        return position_gumbel(self.seed, positions, info.vocab_size, info.device)
+
+    # ---- the step, in order ----------------------------------------------------------------------
+    def prefill_ids(self) -> torch.Tensor:
+        return torch.tensor(self.tokens)
+
+    def start(self, last_logits: torch.Tensor, seconds: float) -> list[int]:
+        """Takes the prefill's logits (1, V) for the last prompt token; emits the first token."""
+        _, token = self.verify(Draft.empty(), last_logits)
+        self.metrics.prefill_time_s = seconds
+        new = self.append([token])
+        self.metrics.new_tokens = len(new)
+        return new
+
+    def draft_cap(self) -> int:
+        """Most drafts worth proposing: a step emits at most k + 1 tokens."""
+        return min(self.k_max, self.config.max_new_tokens - len(self.generated) - 1)
+
+    def propose(self, k: int) -> Draft:
+        if k <= 0 or self.drafter is None:
+            return Draft.empty()
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(self.tokens, k)
+        seconds = time.perf_counter() - t0
+        self.metrics.draft_time_s += seconds
+        self.costs.observe_draft(len(draft), seconds)
+        return draft
+
+    def step_ids(self, draft: Draft) -> torch.Tensor:
+        """The tokens the target scores: the last emitted token, then the drafts: (1 + k,)."""
+        return torch.tensor([self.tokens[-1]] + draft.tokens.tolist())
+
+    def finish_step(self, draft: Draft, logits: torch.Tensor, verify_seconds: float) -> list[int]:
+        """Verifies the target's logits (1 + k, V), rolls back rejected cache entries, emits the new tokens."""
+        n, token = self.verify(draft, logits)
+        self.backend.truncate(self.cache, len(self.tokens) + n)
+        self.metrics.verify_time_s += verify_seconds
+        self.policy.observe(len(draft), n)
+        new = self.append(draft.tokens[:n].tolist() + [token])
+        self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
+        self.metrics.new_tokens += len(new)
+        return new
+
+    def close(self, reason: str = "cancelled") -> None:
+        """Frees the cache slot and the drafter; idempotent."""
+        if self.cache is None:
+            return
+        self.metrics.total_time_s = time.perf_counter() - self.started_at
+        self.metrics.finish_reason = self.finished or reason
+        if self.drafter is not None:
+            self.drafter.end()
+        self.backend.release(self.cache)
+        self.cache = None
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def verify(self, draft: Draft, logits: torch.Tensor) -> tuple[int, int]:
+        """(n accepted, next token) for target logits (k + 1, V) over a draft of k tokens."""
+        sampling = self.config.sampling
+        tokens = draft.tokens.to(logits.device)
+        if sampling.greedy:
+            return greedy_verify(tokens, logits)
+        p = probs_from_logits(logits, sampling)
+        if self.coupled:
+            position = len(self.tokens)
+            return coupled_verify(tokens, p, self.noise(list(range(position, position + len(draft) + 1))))
+        probs = None if draft.probs is None else draft.probs.to(p.device)
+        return rejection_verify(tokens, probs, p, self.generator)
+
+    def append(self, new: list[int]) -> list[int]:
+        """Appends tokens up to the first EOS or the length limit; marks the sequence finished."""
+        kept = []
+        for token in new:
+            kept.append(token)
+            if token in self.eos:
+                self.finished = "stop"
+                break
+            if len(self.generated) + len(kept) >= self.config.max_new_tokens:
+                self.finished = "length"
+                break
+        self.tokens.extend(kept)
+        return kept
