@@ -53,7 +53,8 @@ class BatchEngine:
         if self.free_slots <= 0:
             raise RuntimeError("the batch is full")
         made = self.drafter_factory() if drafter == "default" else drafter
-        state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs)
+        state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs,
+                              allow_tree=False)
         self.waiting.append((request_id, state))
         return state
 
@@ -78,11 +79,12 @@ class BatchEngine:
         drafts = [s.propose(k) for s, k in zip(states, ks)]
         inputs = [s.step_ids(d) for s, d in zip(states, drafts)]
         t0 = time.perf_counter()
-        outputs = self.backend.forward_batch([s.cache for s in states], inputs)
+        outputs = self.backend.forward_batch([s.cache for s in states], inputs,
+                                             output_hidden=any(s.needs_features for s in states))
         seconds = time.perf_counter() - t0
         self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
         for rid, state, draft, out in zip(ids, states, drafts, outputs):
-            new = state.finish_step(draft, out.logits, seconds)
+            new = state.finish_step(draft, out.logits, seconds, out.hidden)
             events.append(self._event(rid, state, new))
         return events
 
@@ -91,11 +93,12 @@ class BatchEngine:
             return []
         batch, self.waiting = self.waiting, []
         t0 = time.perf_counter()
-        outputs = self.backend.forward_batch([s.cache for _, s in batch], [s.prefill_ids() for _, s in batch])
+        outputs = self.backend.forward_batch([s.cache for _, s in batch], [s.prefill_ids() for _, s in batch],
+                                             output_hidden=any(s.needs_features for _, s in batch))
         seconds = time.perf_counter() - t0
         events = []
         for (rid, state), out in zip(batch, outputs):
-            new = state.start(out.logits[-1:], seconds)
+            new = state.start(out.logits[-1:], seconds, out.hidden)
             self.running[rid] = state
             events.append(self._event(rid, state, new))
         return events

@@ -141,17 +141,21 @@ class SpecDecoder:
         backend = self.target.backend
         try:
             t0 = time.perf_counter()
-            logits = backend.forward(state.cache, state.prefill_ids(), last_only=True).logits  # (1, V)
-            yield state.start(logits, time.perf_counter() - t0)
+            out = backend.forward(state.cache, state.prefill_ids(), last_only=True, output_hidden=state.needs_features)
+            yield state.start(out.logits, time.perf_counter() - t0, out.hidden)  # logits (1, V)
             while not state.finished:
-                k = choose_lengths([state.policy], self.costs, [state.draft_cap()])[0]
+                if getattr(self.drafter, "sizes_itself", False):  # trees sized from measured costs
+                    k = state.draft_cap()
+                else:
+                    k = choose_lengths([state.policy], self.costs, [state.draft_cap()])[0]
                 draft = state.propose(k)
                 ids = state.step_ids(draft)
                 t0 = time.perf_counter()
-                logits = backend.forward(state.cache, ids).logits  # (1 + k, V)
+                out = backend.forward(state.cache, ids, tree_mask=state.step_mask(draft),
+                                      output_hidden=state.needs_features)
                 seconds = time.perf_counter() - t0
                 self.costs.observe_verify(len(ids), seconds)
-                yield state.finish_step(draft, logits, seconds)
+                yield state.finish_step(draft, out.logits, seconds, out.hidden)  # logits (1 + k, V)
         finally:
             state.close()
 

@@ -16,14 +16,15 @@ from .drafters.base import Draft, Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError
 from .metrics import GenerationMetrics
 from .sampling import make_generator, position_gumbel, probs_from_logits
-from .verify import coupled_verify, greedy_verify, rejection_verify
+from .verify import (coupled_verify, greedy_verify, rejection_verify, tree_coupled_verify, tree_depths,
+                     tree_greedy_verify, tree_mask, tree_rejection_verify)
 
 
 class SequenceState:
     """Invariant between steps: the target's cache holds every token but the last one."""
 
     def __init__(self, prompt_ids: list[int], config: GenerationConfig, backend, drafter: Drafter | None,
-                 speculation: SpeculationConfig, costs: CostModel):
+                 speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True):
         info = backend.info
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -47,10 +48,12 @@ class SequenceState:
         self.costs = costs
         self.cache = backend.new_cache()
         self.started_at = time.perf_counter()
+        self.needs_features = drafter is not None and drafter.needs_features
         if drafter is not None:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
                                        generator=make_generator(self.seed + 1),
-                                       noise=self.noise if self.coupled else None))
+                                       noise=self.noise if self.coupled else None, costs=costs,
+                                       allow_tree=allow_tree))
 
     @property
     def generated(self) -> list[int]:
@@ -65,8 +68,13 @@ class SequenceState:
     def prefill_ids(self) -> torch.Tensor:
         return torch.tensor(self.tokens)
 
-    def start(self, last_logits: torch.Tensor, seconds: float) -> list[int]:
-        """Takes the prefill's logits (1, V) for the last prompt token; emits the first token."""
+    def start(self, last_logits: torch.Tensor, seconds: float, hidden: torch.Tensor | None = None) -> list[int]:
+        """Takes the prefill's logits (1, V) for the last prompt token; emits the first token.
+
+        hidden: the prompt's hidden states (prompt length, H), for drafters that read features.
+        """
+        if self.needs_features:
+            self.drafter.observe(hidden)
         _, token = self.verify(Draft.empty(), last_logits)
         self.metrics.prefill_time_s = seconds
         new = self.append([token])
@@ -91,13 +99,34 @@ class SequenceState:
         """The tokens the target scores: the last emitted token, then the drafts: (1 + k,)."""
         return torch.tensor([self.tokens[-1]] + draft.tokens.tolist())
 
-    def finish_step(self, draft: Draft, logits: torch.Tensor, verify_seconds: float) -> list[int]:
-        """Verifies the target's logits (1 + k, V), rolls back rejected cache entries, emits the new tokens."""
-        n, token = self.verify(draft, logits)
-        self.backend.truncate(self.cache, len(self.tokens) + n)
+    @staticmethod
+    def step_mask(draft: Draft) -> torch.Tensor | None:
+        """The tree attention mask (1 + k, 1 + k) for a tree draft; None for a chain."""
+        return tree_mask(draft.parents) if draft.parents is not None else None
+
+    def finish_step(self, draft: Draft, logits: torch.Tensor, verify_seconds: float,
+                    hidden: torch.Tensor | None = None) -> list[int]:
+        """Verifies the target's logits (1 + k, V), rolls back rejected cache entries, emits the new tokens.
+
+        A tree keeps only the accepted path in the cache (compaction). hidden (1 + k, H): the target's
+        hidden states of the scored rows, passed on for the kept ones to drafters that read features.
+        """
+        if draft.parents is not None:
+            path, token = self.verify_tree(draft, logits)
+            rows = [0] + [i + 1 for i in path]
+            self.backend.compact(self.cache, len(self.tokens) - 1, rows)
+            accepted = draft.tokens[path].tolist()
+        else:
+            n, token = self.verify(draft, logits)
+            self.backend.truncate(self.cache, len(self.tokens) + n)
+            rows = list(range(n + 1))
+            accepted = draft.tokens[:n].tolist()
+        n = len(accepted)
+        if self.needs_features:
+            self.drafter.observe(hidden[rows])
         self.metrics.verify_time_s += verify_seconds
         self.policy.observe(len(draft), n)
-        new = self.append(draft.tokens[:n].tolist() + [token])
+        new = self.append(accepted + [token])
         self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
         self.metrics.new_tokens += len(new)
         return new
@@ -126,6 +155,18 @@ class SequenceState:
             return coupled_verify(tokens, p, self.noise(list(range(position, position + len(draft) + 1))))
         probs = None if draft.probs is None else draft.probs.to(p.device)
         return rejection_verify(tokens, probs, p, self.generator)
+
+    def verify_tree(self, draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
+        """(accepted path of node indices, next token) for a tree draft; logits (1 + N, V)."""
+        sampling = self.config.sampling
+        if sampling.greedy:
+            return tree_greedy_verify(draft.tokens, draft.parents, logits)
+        p = probs_from_logits(logits, sampling)
+        if self.coupled:
+            position = len(self.tokens)
+            rows = [position] + [position + d for d in tree_depths(draft.parents)]
+            return tree_coupled_verify(draft.tokens, draft.parents, p, self.noise(rows))
+        return tree_rejection_verify(draft.tokens, draft.parents, p, self.generator)
 
     def append(self, new: list[int]) -> list[int]:
         """Appends tokens up to the first EOS or the length limit; marks the sequence finished."""

@@ -36,10 +36,20 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
 
 
 def auto_drafter_name(target, options: dict) -> str:
-    """A draft model when one is given, else prompt lookup."""
+    """A draft model when one is given, else a trained EAGLE head when one is known, else prompt lookup."""
     if options.get("draft_model"):
         return "draft-model"
+    if options.get("eagle_head") or bundled_head(target.name):
+        return "eagle"
     return "ngram"
+
+
+def bundled_head(model_name: str):
+    """The folder of the EAGLE head shipped with specdec for a built-in model, or None."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "assets" / "heads" / model_name
+    return folder if (folder / "eagle_head.safetensors").is_file() else None
 
 
 @register("none")
@@ -67,6 +77,18 @@ def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ig
                                  trust_remote_code=trust_remote_code)
     check_same_vocabulary(target.tokenizer, draft_model.tokenizer, target.name, draft_model.name)
     return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
+
+
+@register("eagle")
+def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
+    from .eagle import EagleDrafter
+    from .eagle_head import load_head
+
+    folder = eagle_head or bundled_head(target.name)
+    if folder is None:
+        raise ConfigError(f"no EAGLE head is known for {target.name!r}: train one with `specdec train-drafter "
+                          f"--model {target.name} --out DIR` and pass --eagle-head DIR")
+    return EagleDrafter(load_head(folder, target), tree=tree)
 
 
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

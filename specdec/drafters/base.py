@@ -18,7 +18,8 @@ from ..config import SamplingConfig
 @dataclass
 class Draft:
     tokens: torch.Tensor  # (k,) int64, on the CPU
-    probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot)
+    probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot); chains only
+    parents: list[int] | None = None  # a tree: parents[i] < i, -1 under the root; None for a chain
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -36,12 +37,16 @@ class DraftRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     generator: torch.Generator | None = None  # the drafter's own random stream
     noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
+    costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
+    allow_tree: bool = True  # False where the engine scores chains only (batched serving)
 
 
 class Drafter(ABC):
     """Proposes draft tokens for one request at a time."""
 
     name: str = ""
+    #: True for drafters that read the target's final hidden states (observe() receives them)
+    needs_features: bool = False
 
     def begin(self, request: DraftRequest) -> None:
         """Starts a new request."""
@@ -50,6 +55,9 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, context: list[int], k: int) -> Draft:
         """Up to k tokens to follow `context` (prompt + generated so far)."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's hidden states (m, H) of the positions it just processed and kept, in order."""
 
     def end(self) -> None:
         """Ends the request and frees per-request state."""

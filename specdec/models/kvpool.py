@@ -19,16 +19,20 @@ class KVPool:
         self.values = make(shape, dtype=dtype, device=device)
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))
+        self._live: dict[int, SequenceCache] = {}
 
     def acquire(self) -> SequenceCache:
-        """A free slot; when all are taken the pool grows by one (a copy of the pool)."""
+        """A free slot; when all are taken the pool doubles (copying only what live sequences hold)."""
         if not self._free:
-            self._grow(self.slots + 1)
-        return SequenceCache(length=0, slot=self._free.pop())
+            self._grow(2 * self.slots)
+        cache = SequenceCache(length=0, slot=self._free.pop())
+        self._live[cache.slot] = cache
+        return cache
 
     def release(self, cache: SequenceCache) -> None:
         if cache.slot not in self._free:
             self._free.append(cache.slot)
+        self._live.pop(cache.slot, None)
         cache.length = 0
 
     @staticmethod
@@ -45,12 +49,16 @@ class KVPool:
         cache.length = start + len(keep)
 
     def _grow(self, slots: int) -> None:
+        """Reallocates for `slots`; copies each live slot's first rows (a multiple of 16 covers any layout
+        whose first n positions occupy the first n rows' memory, the kernels' blocked keys included)."""
         old = self.slots
         make = torch.zeros if self.zeroed else torch.empty
         for name in ("keys", "values"):
             current = getattr(self, name)
             bigger = make((current.shape[0], slots, *current.shape[2:]), dtype=current.dtype, device=current.device)
-            bigger[:, :old] = current
+            for slot, cache in self._live.items():
+                rows = min(self.capacity, -(-cache.length // 16) * 16)
+                bigger[:, slot, :, :rows] = current[:, slot, :, :rows]
             setattr(self, name, bigger)
         self._free = list(range(slots - 1, old - 1, -1)) + self._free
         self.slots = slots

@@ -1,0 +1,101 @@
+"""`specdec bench-serve`: throughput, time to first token and latency of a server under concurrent load."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import DTYPES
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench-serve", help="benchmark a specdec server at several concurrencies, with and without "
+                                           "speculation (starts one unless --url is given)")
+    p.add_argument("--url", default=None, help="a running server (default: start `specdec serve` on a free port)")
+    p.add_argument("--api-key", default=None, help="API key of the server at --url")
+    p.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl", help="Spec-Bench JSONL (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=16, help="prompts per run, round-robin across categories (default: 16)")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
+    p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
+    p.add_argument("--model", default=None, help="model of the server started here (default: smollm2-135m)")
+    p.add_argument("--drafter", default="auto", help="drafter of the server started here (default: auto)")
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--backend", default="auto", choices=("auto", "kernels", "torch", "hf"))
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
+    p.add_argument("--out-json", default=None, help="write the results JSON here")
+    p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
+    p.set_defaults(run=run)
+
+
+def _server_args(args, max_batch: int) -> list[str]:
+    out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
+           args.device, "--backend", args.backend, "--max-batch", str(max_batch), "--log-level", "warning"]
+    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads)):
+        if value:
+            out += [flag, str(value)]
+    return out
+
+
+def run(args) -> int:
+    import asyncio
+    import os
+
+    import httpx
+
+    from ..bench.prompts import load_prompts
+    from ..bench.runner import machine_info
+    from ..errors import ConfigError
+    from ..server.bench_report import markdown
+    from ..server.loadgen import MODES, floors, run_level, summarize
+    from ..server.process import ServerProcess
+
+    levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+    modes = [m.strip() for m in args.speculation.split(",") if m.strip()]
+    if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1:
+        raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens >= 1")
+    prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
+    load_before = os.getloadavg()  # the machine is shared: say how busy it was
+    server = None if args.url else ServerProcess(_server_args(args, max(levels))).start()
+    url = args.url.rstrip("/") if args.url else server.url
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        health = httpx.get(f"{url}/health", timeout=30).json()
+        common = dict(max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
+                      timeout=args.timeout)
+        for mode in modes:  # warm-up, not measured
+            asyncio.run(run_level(url, model, prompts[:1], 1, MODES[mode], **{**common, "max_tokens": 8}))
+        runs = []
+        for c in levels:
+            for mode in modes:
+                wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common))
+                runs.append(summarize(c, mode, wall, results))
+                r = runs[-1]
+                print(f"concurrency {c:>3} speculation {mode:>3}: {r['tokens_per_s']:7.1f} tok/s, latency "
+                      f"{r['latency_s']['mean'] or 0:.2f}s, TTFT {r['ttft_s']['mean'] or 0:.2f}s, ok {r['ok']}, failed "
+                      f"{r['failed']}, lost {r['lost']}", file=sys.stderr, flush=True)
+    finally:
+        exit_status = server.stop() if server else None
+    summary = {"meta": {"url": url if args.url else "started here", "model": model, "drafter": health.get("drafter"),
+                        "max_batch": health.get("max_batch"), "prompt_file": str(args.prompts), "prompts": len(prompts),
+                        "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": levels,
+                        "server_exit_status": exit_status, "client_machine": machine_info(),
+                        "load_average_before": load_before, "load_average_after": os.getloadavg()},
+               "runs": runs, "floors": floors(runs)}
+    report = markdown(summary)
+    print(report)
+    if args.out_json:
+        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out_json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        print(f"wrote {args.out_json}", file=sys.stderr)
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(report, encoding="utf-8")
+        print(f"wrote {args.report}", file=sys.stderr)
+    return 0 if summary["floors"]["lost_or_failed"] == 0 else 1

@@ -1,0 +1,69 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server with batched speculative decoding."""
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import add_model_options, add_speculation_options
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics)")
+    add_model_options(p)
+    add_speculation_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default: 8000")
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; none: open)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default: 16)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a batch slot; beyond that the server answers 429 (default: 64)")
+    p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model, "
+                                                             "or smollm2-135m)")
+    p.add_argument("--default-max-tokens", type=int, default=256,
+                   help="max_tokens of chat requests that give none, clipped to the context left (default: 256)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..errors import ConfigError
+
+    for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1), ("port", 0)):
+        if getattr(args, name) < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.port > 65535:
+        raise ConfigError(f"--port must be <= 65535, got {args.port}")
+    try:
+        from ..server.app import create_app
+        from ..server.launch import serve
+        from ..server.loading import load_decoder
+        from ..server.state import ServerSettings
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"specdec serve needs the 'serve' extra (pip install 'specdec[serve]'): {exc}") from None
+    import torch
+
+    from ..models.registry import DEFAULT_MODEL
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = args.model or DEFAULT_MODEL
+    decoder = load_decoder(model, slots=args.max_batch, drafter=args.drafter, draft_model=args.draft_model,
+                           device=args.device, dtype=args.dtype, backend=args.backend,
+                           num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
+                           sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
+                           min_n=args.ngram_min, max_n=args.ngram_max)
+    name = args.served_model_name or model
+    settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
+                              max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
+                              default_max_tokens=args.default_max_tokens)
+    drafter = decoder.drafter.name if decoder.drafter else "none"
+    print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
+          f"max batch {args.max_batch}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
+          file=sys.stderr, flush=True)
+    serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)
+    return 0

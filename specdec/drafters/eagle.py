@@ -1,0 +1,191 @@
+"""EAGLE drafting: a trained head reads the target's features and drafts a chain or a dynamic tree.
+
+Tree drafting follows EAGLE-2: each level keeps the `width` most probable continuations of the
+whole frontier (by cumulative draft log-probability), the head scores a level in one pass with a
+tree mask, and the nodes sent to the target are the most probable ones, as many as maximise
+expected accepted tokens per second under the measured verify-cost curve. Siblings are
+deterministic top-k choices, so sampling verifies them one-hot (verify.tree_rejection_verify).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..sampling import probs_from_logits, sample
+from .base import Draft, Drafter, DraftRequest
+from .eagle_head import EagleHead
+
+
+class EagleDrafter(Drafter):
+    name = "eagle"
+    needs_features = True
+
+    def __init__(self, head: EagleHead, tree: bool = True, width: int = 4, max_depth: int = 8, max_nodes: int = 48):
+        self.head = head.eval()
+        for p in self.head.parameters():
+            p.requires_grad_(False)
+        self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
+        self.vocab = head.config.vocab_size
+        self._reset()
+
+    def fork(self) -> "EagleDrafter":
+        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes)
+
+    @property
+    def sizes_itself(self) -> bool:
+        """Tree mode picks its own size from measured costs; chains take k from the engine."""
+        return self.tree and getattr(self, "request", None) is not None and self.request.allow_tree
+
+    def _reset(self) -> None:
+        self.feat = torch.empty(0, self.head.config.hidden_size)
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
+        self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
+        self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
+
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        self._reset()
+
+    def end(self) -> None:
+        self._reset()
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.feat = torch.cat([self.feat, features.detach().float().cpu()])
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft.empty()
+        root = self._sync(context)
+        if self.sizes_itself:
+            return self._tree(root, len(context), min(k, self.max_depth))
+        return self._chain(root, len(context), k)
+
+    # ---- the head's view of the accepted context ----------------------------------------------------
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
+        n = self.feat.shape[0]  # features of every context position but the last
+        want = context[1: n + 1]
+        keep = 0
+        for a, b in zip(self.pair_tokens, want):
+            if a != b:
+                break
+            keep += 1
+        if self.kv is not None and keep < self.kv[0].shape[2]:
+            self.kv = (self.kv[0][:, :, :keep], self.kv[1][:, :, :keep]) if keep else None
+        if keep < n:
+            out, new_kv = self.head(self.feat[keep:n][None], torch.tensor(want[keep:n])[None],
+                                    torch.arange(keep, n)[None], past=self.kv)
+            self.kv = new_kv if self.kv is None else (torch.cat([self.kv[0], new_kv[0]], 2),
+                                                      torch.cat([self.kv[1], new_kv[1]], 2))
+            self.last_out = out[0, -1]
+        self.pair_tokens = list(want)
+        return self.last_out
+
+    def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], kv, mask=None):
+        """One head pass over new pairs: features (T, H) -> outputs (T, H), kv extended."""
+        out, new_kv = self.head(features[None], torch.tensor(tokens)[None], torch.tensor(positions)[None],
+                                past=kv, mask=mask)
+        return out[0], (torch.cat([kv[0], new_kv[0]], 2), torch.cat([kv[1], new_kv[1]], 2))
+
+    # ---- chains --------------------------------------------------------------------------------------
+    def _chain(self, h: torch.Tensor, context_len: int, k: int) -> Draft:
+        request, head = self.request, self.head
+        sampling = request.sampling
+        position = len(self.pair_tokens)  # pair position of the first draft
+        kv, tokens, rows = self.kv, [], []
+        for i in range(k):
+            logits = head.draft_logits(h)  # (K,)
+            if sampling.greedy:
+                token = int(head.draft_ids[int(logits.argmax())])
+            else:
+                q = torch.zeros(self.vocab).index_copy_(0, head.draft_ids, probs_from_logits(logits, sampling))
+                if request.noise is not None:
+                    token = int((q.log() + request.noise([context_len + i])[0].cpu()).argmax())
+                else:
+                    token = int(sample(q, request.generator))
+                rows.append(q)
+            tokens.append(token)
+            if i < k - 1:
+                out, kv = self._step(h[None], [token], [position + i], kv)
+                h = out[0]
+        return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows) if rows else None)
+
+    # ---- trees ---------------------------------------------------------------------------------------
+    def _tree(self, root: torch.Tensor, context_len: int, depth_cap: int) -> Draft:
+        head, costs = self.head, self.request.costs
+        n_true = len(self.pair_tokens)
+        width = self.width
+        # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
+        tokens, parents, depths, scores = [], [], [], []
+        hidden_of: dict[int, torch.Tensor] = {-1: root}
+        fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
+        frontier = [-1]
+        kv = self.kv
+        expand_floor = _expand_floor(costs)
+        for depth in range(1, depth_cap + 1):
+            candidates = []
+            for node in frontier:
+                lp = torch.log_softmax(head.draft_logits(hidden_of[node]).float(), -1)
+                top = torch.topk(lp, width)
+                base = scores[node] if node >= 0 else 0.0
+                candidates += [(base + float(v), node, int(head.draft_ids[int(i)]))
+                               for v, i in zip(top.values, top.indices)]
+            candidates.sort(key=lambda c: -c[0])
+            frontier = []
+            for score, parent, token in candidates[:width]:
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth)
+                scores.append(score)
+                frontier.append(len(tokens) - 1)
+            if depth == depth_cap or math.exp(scores[frontier[0]]) < expand_floor:
+                break
+            # one head pass for the new level: node i's pair is (its parent's output, its token)
+            feats = torch.stack([hidden_of[parents[i]] for i in frontier])
+            visible = torch.zeros(len(frontier), n_true + len(fed) + len(frontier), dtype=torch.bool)
+            visible[:, :n_true] = True
+            slot = {node: n_true + j for j, node in enumerate(fed)}
+            for r, node in enumerate(frontier):
+                a = parents[node]
+                while a >= 0:
+                    visible[r, slot[a]] = True
+                    a = parents[a]
+                visible[r, n_true + len(fed) + r] = True
+            out, kv = self._step(feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), kv,
+                                 mask=visible[None, None])
+            for r, node in enumerate(frontier):
+                hidden_of[node] = out[r]
+            fed += frontier
+        chosen = _choose_nodes(scores, parents, costs, self.max_nodes)
+        order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
+        index = {node: j for j, node in enumerate(order)}
+        return Draft(tokens=torch.tensor([tokens[i] for i in order]),
+                     parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+def _expand_floor(costs) -> float:
+    """Smallest probability of reaching a node that can still pay for a deeper level: the marginal
+    cost of one more verified token relative to a one-token pass, from the measured curve."""
+    if costs is None:
+        return 0.1
+    return max(0.02, min(0.5, (costs.verify_s(9) - costs.verify_s(8)) / costs.verify_s(1)))
+
+
+def _choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int) -> list[int]:
+    """The most probable nodes, closed under ancestors, as many as maximise E[accepted + 1] / verify cost."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:max_nodes]
+    best, best_rate, expected = 0, 1.0 / (costs.verify_s(1) if costs else 1.0), 1.0
+    for n, i in enumerate(order, start=1):
+        expected += math.exp(scores[i])
+        cost = costs.verify_s(n + 1) if costs else 1.0 + 0.03 * n
+        if expected / cost > best_rate:
+            best, best_rate = n, expected / cost
+    chosen = set(order[:best])
+    for i in list(chosen):
+        a = parents[i]
+        while a >= 0 and a not in chosen:
+            chosen.add(a)
+            a = parents[a]
+    return sorted(chosen)

@@ -1,0 +1,198 @@
+"""An EAGLE-style draft head: the target's features and the next token in, the next feature out.
+
+At position t the head reads f_t (the target's final hidden state, (H,)) and e(x_{t+1}) (the target's
+frozen embedding of the next token), mixes them with fc (2H -> H), runs one Llama decoder layer over
+the sequence of such pairs, and outputs h_{t+1}, its guess of f_{t+1}. The target's frozen LM head,
+restricted to a draft vocabulary of frequent tokens (K rows), turns h_{t+1} into logits for x_{t+2}.
+Drafting feeds the head its own guesses: (h_{t+1}, x_{t+2}) -> h_{t+2}, and so on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import IncompatibleDraftError, ModelLoadError
+
+HEAD_FILE, CONFIG_FILE = "eagle_head.safetensors", "eagle_config.json"
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    target: str  # the target's name (alias, folder or hub id) when trained
+    target_fingerprint: str  # a hash of the target's embedding table; a head only loads onto its own target
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int  # the target's
+    draft_vocab_size: int  # K, rows of the LM head the head scores
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def target_fingerprint(embed: torch.Tensor) -> str:
+    """sha256 of every 97th embedding row rounded to bfloat16 (the same for any load dtype)."""
+    sample = embed[::97].detach().to("cpu", torch.bfloat16).float().contiguous()
+    return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
+
+
+def config_for_target(hf_model, name: str, draft_vocab_size: int) -> EagleConfig:
+    cfg = hf_model.config
+    return EagleConfig(target=name, target_fingerprint=target_fingerprint(hf_model.get_input_embeddings().weight),
+                       hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
+                       num_kv_heads=cfg.num_key_value_heads,
+                       head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                       intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
+                       vocab_size=hf_model.get_output_embeddings().weight.shape[0], draft_vocab_size=draft_vocab_size)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+
+
+class EagleHead(nn.Module):
+    """Trainable parts: fc, one decoder layer, norms. Frozen buffers: embedding, draft LM head, RoPE."""
+
+    def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
+                 inv_freq: torch.Tensor):
+        super().__init__()
+        c = config
+        self.config = c
+        H, nh, nkv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.input_norm = RMSNorm(H, c.rms_norm_eps)
+        self.q_proj = nn.Linear(H, nh * hd, bias=False)
+        self.k_proj = nn.Linear(H, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(H, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.post_norm = RMSNorm(H, c.rms_norm_eps)
+        self.gate_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
+        self.register_buffer("embed", embed.detach(), persistent=False)  # (V, H)
+        self.register_buffer("draft_lm_head", lm_head.detach()[draft_ids], persistent=False)  # (K, H)
+        self.register_buffer("draft_ids", draft_ids.long(), persistent=False)  # (K,) draft index -> token id
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    # ---- the network ------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None):
+        """features (B, T, H), tokens (B, T): pairs (f_t, x_{t+1}); positions (B, T) of t.
+
+        past: cached keys and values (B, nkv, S, hd) of earlier pairs; mask (B, 1, T, S + T) bool, or None
+        for causal order over past + new. Returns (hidden (B, T, H), (keys, values) of these T pairs).
+        """
+        c = self.config
+        B, T, _ = features.shape
+        x = self.fc(torch.cat([self.embed[tokens].to(features.dtype), features], dim=-1))
+        h = self.input_norm(x)
+        q = self.q_proj(h).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        cos, sin = self._rope(positions, x.dtype)  # (B, 1, T, hd)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        new_kv = (k, v)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        causal = mask is None and past is None and T > 1
+        if mask is None and past is not None and T > 1:
+            S = k.shape[2] - T
+            mask = torch.ones(T, S + T, dtype=torch.bool, device=x.device).tril(S)[None, None]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=c.num_kv_heads != c.num_heads)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x, new_kv
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., K) logits over the draft vocabulary."""
+        return hidden @ self.draft_lm_head.to(hidden.dtype).T
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
+        angles = torch.cat([freqs, freqs], dim=-1)
+        return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+
+    # ---- files ------------------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+
+    def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
+        tensors["draft_ids"] = self.draft_ids.to(torch.int64).contiguous()
+        save_file(tensors, str(folder / HEAD_FILE), metadata={"format": "specdec-eagle-head"})
+        data = json.loads(self.config.to_json())
+        if extra:
+            data["training"] = extra
+        (folder / CONFIG_FILE).write_text(json.dumps(data, indent=1))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def new_head(hf_model, name: str, draft_ids: torch.Tensor) -> EagleHead:
+    """A freshly initialised head for this target (fc starts near [identity on the feature half])."""
+    config = config_for_target(hf_model, name, len(draft_ids))
+    head = EagleHead(config, *_frozen_parts(hf_model, draft_ids))
+    with torch.no_grad():
+        H = config.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, H:] = torch.eye(H)
+        head.fc.weight[:, :H].normal_(0, 0.02)
+        head.fc.bias.zero_()
+        for lin in (head.o_proj, head.down_proj):
+            lin.weight.mul_(0.1)
+    return head
+
+
+def load_head(folder: str | Path, target) -> EagleHead:
+    """Loads a trained head onto its target (a LoadedModel); refuses any other target."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / HEAD_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
+        raise ModelLoadError(f"{folder} holds no EAGLE head ({HEAD_FILE} and {CONFIG_FILE})")
+    data = json.loads((folder / CONFIG_FILE).read_text())
+    data.pop("training", None)
+    config = EagleConfig(**data)
+    hf_model = target.hf_model
+    mine = target_fingerprint(hf_model.get_input_embeddings().weight)
+    if mine != config.target_fingerprint:
+        raise IncompatibleDraftError(f"the EAGLE head in {folder} was trained for target {config.target!r} "
+                                     f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
+    tensors = load_file(str(folder / HEAD_FILE))
+    draft_ids = tensors.pop("draft_ids")
+    head = EagleHead(config, *_frozen_parts(hf_model, draft_ids))
+    head.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return head.eval()
+
+
+def _frozen_parts(hf_model, draft_ids: torch.Tensor):
+    embed = hf_model.get_input_embeddings().weight.detach().float().cpu()
+    lm_head = hf_model.get_output_embeddings().weight.detach().float().cpu()
+    inv_freq = hf_model.model.rotary_emb.inv_freq.detach().float().cpu()
+    return embed, lm_head, draft_ids, inv_freq

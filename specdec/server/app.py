@@ -1,0 +1,85 @@
+"""The FastAPI application: lifespan (the engine worker), API-key check, OpenAI-format errors, routes."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from .errors import APIError, internal, unauthorized
+from .metrics import ServerMetrics
+from .routes import router
+from .state import ServerSettings, ServerState
+from .worker import EngineWorker
+
+log = logging.getLogger("specdec.server")
+OPEN_PATHS = ("/health",)
+
+
+def create_app(decoder, settings: ServerSettings) -> FastAPI:
+    """An app serving `decoder` (a loaded SpecDecoder); the worker thread runs while the app does."""
+    metrics = ServerMetrics()
+    server = ServerState(settings, EngineWorker(decoder, settings.max_batch, metrics), metrics)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.worker.start()
+        yield
+        server.draining = True
+        await asyncio.to_thread(server.worker.stop)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
+    _install_error_handlers(app)
+    app.include_router(router)
+    return app
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+class ApiKeyMiddleware:
+    """Answers 401 unless `Authorization: Bearer KEY` is sent (every path but /health)."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            sent = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(sent, self.expected):
+                await error_response(unauthorized())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        message = {404: f"Not found: {request.url.path}", 405: f"Method {request.method} not allowed on "
+                   f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, message, kind, code=code))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):
+        return error_response(APIError(400, "invalid request", code="invalid_request"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        log.error("unexpected error on %s", request.url.path, exc_info=exc)
+        return error_response(internal())

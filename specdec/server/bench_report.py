@@ -1,0 +1,35 @@
+"""The serving benchmark's Markdown report: one row per (concurrency, speculation) run, then the floors."""
+from __future__ import annotations
+
+FLOORS = {  # name prefix -> (minimum, what it means)
+    "throughput_scaling": (3.0, "aggregate tokens/s at the highest concurrency over the lowest, no speculation"),
+    "latency_speedup": (2.0, "mean latency at concurrency 1 without speculation over with it"),
+}
+
+
+def _f(x, digits=2, unit=""):
+    return "n/a" if x is None else f"{x:.{digits}f}{unit}"
+
+
+def markdown(summary: dict) -> str:
+    meta = summary["meta"]
+    lines = [f"# specdec serving benchmark: {meta['model']}", "",
+             f"{meta['prompts']} prompts from `{meta['prompt_file']}`, max_tokens {meta['max_tokens']}, temperature "
+             f"{meta['temperature']}, server drafter `{meta.get('drafter', '?')}`, {meta.get('url', '')}; 1-minute "
+             f"load average {_f((meta.get('load_average_before') or [None])[0])} before, "
+             f"{_f((meta.get('load_average_after') or [None])[0])} after", "",
+             "| concurrency | speculation | ok / failed / lost | tokens/s | TTFT mean / p90 (s) | latency mean / p90 (s) "
+             "| acceptance | MAT |", "|---:|---|---|---:|---|---|---:|---:|"]
+    for r in summary["runs"]:
+        ttft, lat = r["ttft_s"], r["latency_s"]
+        lines.append(f"| {r['concurrency']} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
+                     f"{r['tokens_per_s']:.1f} | {_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / "
+                     f"{_f(lat['p90'])} | {_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} |")
+    lines += ["", "| floor | measured | required | met |", "|---|---:|---:|---|"]
+    for name, value in summary["floors"].items():
+        if name == "lost_or_failed":
+            lines.append(f"| requests lost or failed (all runs) | {value} | 0 | {'yes' if value == 0 else 'NO'} |")
+            continue
+        minimum, what = next(v for k, v in FLOORS.items() if name.startswith(k))
+        lines.append(f"| {name} ({what}) | {value:.2f}x | {minimum:.0f}x | {'yes' if value >= minimum else 'NO'} |")
+    return "\n".join(lines) + "\n"

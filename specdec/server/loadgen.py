@@ -1,0 +1,127 @@
+"""The serving benchmark's client: streamed chat requests at a fixed concurrency, measured one by one.
+
+Each run sends every prompt once, `concurrency` requests in flight at a time, and records for each
+request time to first token (first content chunk), latency (to `[DONE]`), completion tokens and the
+speculation statistics the server reports in usage. A request that gets an error status, an error
+event or an exception is *failed*; one whose stream ends without `[DONE]` and usage is *lost*.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+MODES = {"off": {"enabled": False}, "on": None}  # speculation per request: drafting off, the server's default
+
+
+@dataclass
+class RequestResult:
+    status: str  # "ok", "failed" or "lost"
+    latency_s: float
+    ttft_s: float | None = None
+    completion_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    step_tokens: float = 0.0  # MAT x verify steps
+    error: str = ""
+
+
+async def one_request(client, url: str, body: dict) -> RequestResult:
+    t0 = time.perf_counter()
+    ttft, usage, done = None, None, False
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                return RequestResult("failed", time.perf_counter() - t0, error=f"HTTP {r.status_code}: {text[:200]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    return RequestResult("failed", time.perf_counter() - t0, error=str(obj["error"])[:200])
+                usage = obj.get("usage") or usage
+                if ttft is None and any(c.get("delta", {}).get("content") for c in obj.get("choices", [])):
+                    ttft = time.perf_counter() - t0
+    except Exception as exc:  # a dropped connection, a timeout: the request failed
+        return RequestResult("failed", time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:200])
+    latency = time.perf_counter() - t0
+    if not done or usage is None:
+        return RequestResult("lost", latency, ttft, error="the stream ended without [DONE] and usage")
+    spec = usage.get("speculation") or {}
+    steps = spec.get("verify_steps") or 0
+    return RequestResult("ok", latency, ttft, usage["completion_tokens"], spec.get("drafted_tokens", 0),
+                         spec.get("accepted_tokens", 0), steps, (spec.get("mean_accepted_tokens") or 0.0) * steps)
+
+
+async def run_level(url: str, model: str, prompts: list[str], concurrency: int, speculation: dict | None,
+                    max_tokens: int, temperature: float = 0.0, api_key: str | None = None,
+                    timeout: float = 600.0) -> tuple[float, list[RequestResult]]:
+    """Sends every prompt once with `concurrency` in flight; returns (wall seconds, results in prompt order)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    results: list[RequestResult | None] = [None] * len(prompts)
+    todo = iter(range(len(prompts)))
+
+    async def client_loop(client):
+        for i in todo:
+            body = {"model": model, "messages": [{"role": "user", "content": prompts[i]}], "max_tokens": max_tokens,
+                    "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+            if speculation is not None:
+                body["speculation"] = speculation
+            results[i] = await one_request(client, url, body)
+
+    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout), limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return wall, [r or RequestResult("lost", 0.0, error="never sent") for r in results]
+
+
+def summarize(concurrency: int, mode: str, wall: float, results: list[RequestResult]) -> dict:
+    """One run's figures: aggregate tokens/s, TTFT and latency distributions, speculation, failures."""
+    ok = [r for r in results if r.status == "ok"]
+    tokens = sum(r.completion_tokens for r in ok)
+    drafted, accepted = sum(r.drafted_tokens for r in ok), sum(r.accepted_tokens for r in ok)
+    steps = sum(r.verify_steps for r in ok)
+    return {"concurrency": concurrency, "speculation": mode, "requests": len(results), "ok": len(ok),
+            "failed": sum(r.status == "failed" for r in results), "lost": sum(r.status == "lost" for r in results),
+            "wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "ttft_s": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "latency_s": _dist([r.latency_s for r in ok]),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_tokens": sum(r.step_tokens for r in ok) / steps if steps else None,
+            "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "errors": sorted({r.error for r in results if r.error})[:5],
+            "per_request": [asdict(r) for r in results]}
+
+
+def floors(runs: list[dict]) -> dict:
+    """The serving floors, measured: throughput scaling without speculation, failures, latency gain at c=1."""
+    def find(c, mode):
+        return next((r for r in runs if r["concurrency"] == c and r["speculation"] == mode), None)
+
+    levels = sorted({r["concurrency"] for r in runs})
+    lo, hi = levels[0], levels[-1]
+    out = {"lost_or_failed": sum(r["failed"] + r["lost"] for r in runs)}
+    if (a := find(lo, "off")) and (b := find(hi, "off")) and a["tokens_per_s"] > 0:
+        out[f"throughput_scaling_c{hi}_over_c{lo}_no_speculation"] = b["tokens_per_s"] / a["tokens_per_s"]
+    if (a := find(lo, "off")) and (b := find(lo, "on")) and b["latency_s"]["mean"]:
+        out[f"latency_speedup_c{lo}_speculation"] = a["latency_s"]["mean"] / b["latency_s"]["mean"]
+    return out
+
+
+def _dist(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "max": None}
+    xs = sorted(xs)
+    return {"mean": statistics.fmean(xs), "p50": xs[len(xs) // 2], "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
+            "max": xs[-1]}

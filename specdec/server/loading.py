@@ -1,0 +1,32 @@
+"""Loads a SpecDecoder for serving: the target's KV pool (and a draft model's) sized for the whole batch.
+
+`SpecDecoder.load` sizes pools for one sequence; a pool that grows one slot at a time copies itself
+each time (for a 135M model at 8k context, 377 MB a slot), which would land inside the first busy
+minutes of a server. Preallocated slots cost nothing until used (the memory is touched lazily).
+"""
+from __future__ import annotations
+
+
+def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: str | None = None,
+                 device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
+                 adaptive: bool = True, sampling_verifier: str = "rejection", trust_remote_code: bool = False,
+                 **drafter_options):
+    """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
+    request may ask for a drafter (ngram) even when the server's default is none."""
+    from ..adaptive import CostModel, measure_verify_costs
+    from ..config import SpeculationConfig
+    from ..drafters import create_drafter
+    from ..engine import SpecDecoder
+    from ..models.loading import load_model
+
+    speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
+                                    sampling_verifier=sampling_verifier)
+    target = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend,
+                        slots=slots)
+    draft = None
+    if draft_model:
+        draft = load_model(draft_model, device=str(target.info.device), dtype=str(target.info.dtype).split(".")[-1],
+                           trust_remote_code=trust_remote_code, slots=slots)
+    made = create_drafter(drafter, target, draft_model=draft, trust_remote_code=trust_remote_code, **drafter_options)
+    costs = CostModel(measure_verify_costs(target.backend))
+    return SpecDecoder(target, made, speculation, costs=costs)

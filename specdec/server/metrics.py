@@ -1,0 +1,78 @@
+"""Prometheus metrics of a server; generation figures are read from GenerationMetrics, never recomputed.
+
+The worker thread reports each ended sequence (observe_generation) and the load after each step;
+the request handlers report HTTP outcomes, time to first token and latency as the client sees them
+(queueing included). prometheus_client's metrics are thread-safe.
+"""
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
+
+from ..metrics import GenerationMetrics
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ServerMetrics:
+    """One registry per server (tests may run several in one process)."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        disable_created_metrics()  # no *_created series (process-wide)
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdec_requests", "HTTP requests by endpoint and status code (499: client gone)",
+                                ["endpoint", "status"], registry=r)
+        self.finished = Counter("specdec_finished_sequences", "Ended sequences by finish reason (stop, length, "
+                                "cancelled)", ["reason"], registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter("specdec_generation_tokens", "Tokens generated", registry=r)
+        self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.steps = Counter("specdec_verify_steps", "Target verify steps (one per sequence per step)", registry=r)
+        self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
+        self.mat = Gauge("specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)",
+                         registry=r)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Request arrival to first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("specdec_request_latency_seconds", "Request arrival to last byte (successful "
+                                 "generations)", buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting for a batch slot", registry=r)
+        self.batch_size = Gauge("specdec_running_batch_size", "Sequences holding a batch slot (KV cache)", registry=r)
+        self.step_batch = Histogram("specdec_step_batch_size", "Sequences per engine step (one target pass)",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self._totals = GenerationMetrics()
+        self._lock = threading.Lock()
+
+    def observe_generation(self, m: GenerationMetrics) -> None:
+        """One ended sequence (finished or cancelled)."""
+        self.finished.labels(m.finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.generation_tokens.inc(m.new_tokens)
+        self.drafted.inc(m.drafted_tokens)
+        self.accepted.inc(m.accepted_tokens)
+        self.steps.inc(m.steps)
+        with self._lock:
+            self._totals = self._totals.merge(m)
+            rate, mat = self._totals.acceptance_rate, self._totals.mean_accepted_tokens
+        self.acceptance.set(rate or 0.0)
+        self.mat.set(mat or 0.0)
+
+    def observe_request(self, endpoint: str, status: int, latency_s: float | None = None,
+                        ttft_s: float | None = None) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        if latency_s is not None:
+            self.latency.observe(latency_s)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+
+    def set_load(self, queued: int, running: int) -> None:
+        self.queue_depth.set(queued)
+        self.batch_size.set(running)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

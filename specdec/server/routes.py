@@ -1,0 +1,39 @@
+"""The HTTP endpoints: generation (completions, chat), models, health and metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from .generation import generate
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    return await generate(request, "completions")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    return await generate(request, "chat")
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    server = request.app.state.server
+    data = [{"id": name, "object": "model", "created": server.started, "owned_by": "specdec"}
+            for name in server.limits.model_names]
+    return {"object": "list", "data": data}
+
+
+@router.get("/health")
+async def health(request: Request):
+    health = request.app.state.server.health()
+    return JSONResponse(health, status_code=200 if health["status"] == "ok" else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    server = request.app.state.server
+    return Response(server.metrics.exposition(), media_type=server.metrics.content_type)

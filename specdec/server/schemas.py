@@ -1,0 +1,238 @@
+"""OpenAI request bodies -> a validated GenerationRequest; anything unsupported or out of range -> a 400.
+
+Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
+for completions, the server's default for chat). Extensions: `top_k` (0 or -1: off), `ignore_eos`, and
+`speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
+the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import GenerationConfig, SamplingConfig
+from ..errors import ConfigError
+from .errors import APIError, bad_request, model_not_found, unsupported
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
+          "speculation", "ignore_eos"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completions": COMMON | {"prompt"}}
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+NEUTRAL = {  # accepted only at the value that changes nothing
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+    "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
+}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server accepts: the names it answers to, the drafters a request may pick, defaults."""
+
+    model_names: tuple[str, ...]
+    drafters: tuple[str, ...]  # "none", "ngram" and the server's own drafter
+    default_drafter: str
+    vocab_size: int
+    default_max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class SpeculationChoice:
+    drafter: str  # one of Limits.drafters; "none" is plain decoding
+    num_speculative_tokens: int | None = None  # None: the server's k
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    endpoint: str  # "chat" or "completions"
+    model: str
+    prompt: object  # chat: [{"role", "content": str}]; completions: a string or token ids
+    config: GenerationConfig
+    max_tokens_given: bool  # False: config.max_new_tokens is a default, clipped to the context left
+    speculation: SpeculationChoice
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
+    """Validates a decoded JSON body for `endpoint` ("chat" or "completions"); raises APIError."""
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object")
+    _check_fields(body, endpoint)
+    model = _model(body, limits)
+    if endpoint == "chat":
+        prompt = _messages(body.get("messages"))
+        given = body.get("max_completion_tokens")
+        name = "max_completion_tokens" if given is not None else "max_tokens"
+        default = limits.default_max_tokens
+    else:
+        prompt = _prompt(body.get("prompt"), limits.vocab_size)
+        name, default = "max_tokens", 16
+    max_tokens = _int(body, name, None, 1, 10**7)
+    stream = _bool(body, "stream", False)
+    include_usage = _stream_options(body.get("stream_options"), stream)
+    _int(body, "n", 1, 1, 1)
+    top_k = _int(body, "top_k", 0, -1, 10**9)
+    try:
+        sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
+                                  top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
+                                  top_k=max(top_k, 0), seed=_int(body, "seed", None, 0, 2**63 - 1))
+        config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
+                                  ignore_eos=_bool(body, "ignore_eos", False))
+    except ConfigError as exc:
+        raise bad_request(str(exc)) from None
+    return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
+                             max_tokens_given=max_tokens is not None, speculation=_speculation(body.get("speculation"), limits),
+                             stream=stream, include_usage=include_usage)
+
+
+def _check_fields(body: dict, endpoint: str) -> None:
+    for name, value in body.items():
+        if name in FIELDS[endpoint] or name in IGNORED or value is None:
+            continue
+        if name in NEUTRAL:
+            if not any(_same(value, ok) for ok in NEUTRAL[name]):
+                raise unsupported(name)
+            continue
+        raise APIError(400, f"Unrecognized request argument supplied: {name}", param=name, code="unrecognized_argument")
+
+
+def _same(value, ok) -> bool:
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    return value == ok and (type(value) is type(ok) or (number(value) and number(ok)))
+
+
+def _model(body: dict, limits: Limits) -> str:
+    model = body.get("model")
+    if model is None:
+        raise bad_request("You must provide a model parameter", "model", "missing_required_parameter")
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model", "invalid_type")
+    if model not in limits.model_names:
+        raise model_not_found(model, limits.model_names[0])
+    return model
+
+
+def _messages(value) -> list[dict]:
+    if value is None:
+        raise bad_request("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty array of messages", "messages", "invalid_type")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
+        for key in message:
+            if key not in ("role", "content", "name"):
+                raise unsupported(f"{where}.{key}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role",
+                              "invalid_value")
+        out.append({"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(value, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        texts = [part.get("text") for part in value if isinstance(part, dict) and part.get("type") == "text"]
+        if len(texts) == len(value) and all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+        raise unsupported(where, "may only hold text parts ({'type': 'text', 'text': ...})")
+    raise bad_request(f"'{where}' must be a string or an array of text parts", where, "invalid_type")
+
+
+def _prompt(value, vocab_size: int):
+    """A string or a list of token ids; a batch of one is unwrapped, larger batches are refused."""
+    if value is None:
+        raise bad_request("'prompt' is required", "prompt", "missing_required_parameter")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise bad_request("'prompt' is empty", "prompt", "invalid_value")
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if not all(0 <= t < vocab_size for t in value):
+            raise bad_request(f"token ids in 'prompt' must be in [0, {vocab_size})", "prompt", "invalid_value")
+        return list(value)
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
+        raise unsupported("prompt", "holds several prompts; send one prompt per request")
+    raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
+
+
+def _stops(value) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else value if value is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or an array of non-empty strings", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' holds at most {MAX_STOPS} strings", "stop", "invalid_value")
+    return tuple(stops)
+
+
+def _stream_options(value, stream: bool) -> bool:
+    if value is None:
+        return False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options", "invalid_value")
+    if not isinstance(value, dict) or set(value) - {"include_usage"}:
+        raise bad_request("'stream_options' must be an object with 'include_usage' only", "stream_options",
+                          "invalid_type")
+    return _bool(value, "include_usage", False, "stream_options.include_usage")
+
+
+def _speculation(value, limits: Limits) -> SpeculationChoice:
+    if value is None:
+        return SpeculationChoice(limits.default_drafter)
+    if not isinstance(value, dict):
+        raise bad_request("'speculation' must be an object", "speculation", "invalid_type")
+    for key in value:
+        if key not in ("enabled", "drafter", "num_speculative_tokens"):
+            raise unsupported(f"speculation.{key}")
+    enabled = _bool(value, "enabled", True, "speculation.enabled")
+    drafter = value.get("drafter", limits.default_drafter)
+    if drafter not in limits.drafters:
+        raise bad_request(f"'speculation.drafter' must be one of {', '.join(limits.drafters)}, got {drafter!r}",
+                          "speculation.drafter", "invalid_value")
+    k = _int(value, "num_speculative_tokens", None, 0, 64, "speculation.num_speculative_tokens")
+    return SpeculationChoice(drafter if enabled else "none", k)
+
+
+# ---- typed fields -------------------------------------------------------------------------------
+def _int(body: dict, name: str, default, lo: int, hi: int, label: str | None = None):
+    value, label = body.get(name), label or name
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{label}' must be an integer, got {type(value).__name__}", label, "invalid_type")
+    if not lo <= value <= hi:
+        span = f"{lo}" if lo == hi else f"in [{lo}, {hi}]"
+        raise bad_request(f"'{label}' must be {span}, got {value}", label, "invalid_value")
+    return value
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number", name, "invalid_type")
+    if not (lo < value if low_open else lo <= value) or value > hi:
+        raise bad_request(f"'{name}' must be in {'(' if low_open else '['}{lo:g}, {hi:g}], got {value}", name,
+                          "invalid_value")
+    return value
+
+
+def _bool(body: dict, name: str, default: bool, label: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{label or name}' must be a boolean", label or name, "invalid_type")
+    return value

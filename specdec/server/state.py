@@ -1,0 +1,58 @@
+"""Server settings, and the state the request handlers share: admission (a bounded queue) and health."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .errors import overloaded, shutting_down
+from .schemas import Limits
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str  # the name clients send as `model` (and /v1/models lists)
+    aliases: tuple[str, ...] = ()  # other names accepted as `model`
+    max_batch: int = 16  # sequences decoded together (KV slots)
+    max_queue: int = 64  # requests waiting for a slot beyond max_batch; more get 429
+    api_key: str | None = None
+    default_max_tokens: int = 256  # chat requests without max_tokens (clipped to the context left)
+    max_body_bytes: int = 8 << 20
+
+
+class ServerState:
+    """Lives on the event loop thread (no locks): counts requests admitted and not yet closed."""
+
+    def __init__(self, settings: ServerSettings, worker, metrics):
+        self.settings, self.worker, self.metrics = settings, worker, metrics
+        decoder = worker.decoder
+        drafter = worker.default_drafter
+        self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
+                             drafters=tuple(dict.fromkeys(("none", "ngram", drafter))), default_drafter=drafter,
+                             vocab_size=decoder.target.info.vocab_size,
+                             default_max_tokens=settings.default_max_tokens)
+        self.inflight = 0
+        self.draining = False
+        self.started = int(time.time())
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.max_batch + self.settings.max_queue
+
+    def admit(self) -> None:
+        """Takes a place for one request, or raises 503 (shutting down) / 429 (full)."""
+        if self.draining or not self.worker.accepting:
+            raise shutting_down()
+        if self.inflight >= self.capacity:
+            raise overloaded(self.capacity)
+        self.inflight += 1
+
+    def release(self) -> None:
+        self.inflight -= 1
+
+    def health(self) -> dict:
+        w = self.worker
+        status = "draining" if self.draining else "ok" if w.thread.is_alive() else "engine stopped"
+        return {"status": status, "model": self.settings.model_name,
+                "drafter": w.default_drafter, "max_batch": self.settings.max_batch,
+                "running": w.running, "queued": w.queued, "free_slots": self.settings.max_batch - w.running,
+                "inflight": self.inflight, "capacity": self.capacity}

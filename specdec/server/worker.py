@@ -1,0 +1,243 @@
+"""The engine's step loop in one background thread: the only code that touches the BatchEngine.
+
+Submissions and cancellations arrive through a thread-safe inbox. A request waits in `pending` until
+the batch has a free slot, joins between steps (continuous batching) and leaves, its KV slot freed,
+as soon as it finishes or is cancelled. Its events (Started, Delta, Finished, Failed) leave through
+its own `emit` callback, which the asyncio side makes thread-safe (loop.call_soon_threadsafe).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..detokenize import TextAssembler
+from ..errors import ContextLengthError, SpecdecError
+from ..metrics import GenerationMetrics
+from ..sequence import SequenceState
+from .errors import APIError, bad_request, internal, shutting_down
+from .schemas import GenerationRequest, SpeculationChoice
+
+log = logging.getLogger("specdec.server")
+
+
+@dataclass
+class Started:
+    prompt_tokens: int
+
+
+@dataclass
+class Delta:
+    text: str  # may be empty: text held back (a possible stop string, a split character)
+    tokens: int  # tokens this step produced
+
+
+@dataclass
+class Finished:
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    metrics: GenerationMetrics
+    drafter: str
+    num_speculative_tokens: int  # the most drafted per step for this request
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+@dataclass
+class Job:
+    request_id: str
+    request: GenerationRequest
+    emit: Callable[[object], None]  # hands one event to the request's handler; callable from any thread
+
+
+@dataclass
+class _Live:
+    job: Job
+    state: SequenceState
+    text: TextAssembler
+    drafter: str
+
+
+class EngineWorker:
+    """Owns a BatchEngine and runs its steps while there is work; idle, it sleeps on the inbox."""
+
+    def __init__(self, decoder, max_batch: int, metrics=None):
+        self.decoder = decoder
+        self.tokenizer = decoder.target.tokenizer
+        self.engine = decoder.batch_engine(max_batch)
+        self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
+        self.metrics = metrics
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending: deque[Job] = deque()
+        self.live: dict[str, _Live] = {}
+        self.queued = self.running = 0  # for /health, written by the worker thread only
+        self.accepting = True
+        self.thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+
+    # ---- called from other threads --------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        if not self.accepting:
+            raise shutting_down()
+        self.inbox.put(("submit", job))
+
+    def cancel(self, request_id: str) -> None:
+        self.inbox.put(("cancel", request_id))
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Fails whatever is still pending or running (503) and ends the thread."""
+        self.accepting = False
+        self.inbox.put(("stop", None))
+        self.thread.join(timeout)
+
+    # ---- the worker thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while self._drain(block=not (self.pending or len(self.engine))):
+            try:
+                self._admit()
+                if len(self.engine):
+                    self._step()
+            except Exception:  # a bug or a broken backend: fail the batch, keep serving
+                log.exception("the engine step failed; failing the requests in the batch")
+                self._fail_live(internal())
+            self._publish()
+        self._fail_live(shutting_down())
+        for job in self.pending:
+            job.emit(Failed(shutting_down()))
+        self.pending.clear()
+        self._publish()
+
+    def _drain(self, block: bool) -> bool:
+        """Applies every command in the inbox (waiting for one when idle); False once told to stop."""
+        try:
+            command = self.inbox.get() if block else self.inbox.get_nowait()
+            while True:
+                kind, arg = command
+                if kind == "stop":
+                    return False
+                if kind == "submit":
+                    self.pending.append(arg)
+                else:
+                    self._cancel(arg)
+                command = self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _cancel(self, request_id: str) -> None:
+        for job in self.pending:
+            if job.request_id == request_id:
+                self.pending.remove(job)
+                return
+        live = self.live.pop(request_id, None)
+        if live is not None:
+            self.engine.cancel(request_id)  # frees the KV slot now
+            self._observe(live.state)
+
+    def _admit(self) -> None:
+        while self.pending and self.engine.free_slots > 0:
+            job = self.pending.popleft()
+            try:
+                self._start(job)
+            except APIError as exc:
+                job.emit(Failed(exc))
+            except ContextLengthError as exc:
+                param = "messages" if job.request.endpoint == "chat" else "prompt"
+                job.emit(Failed(bad_request(str(exc), param, "context_length_exceeded")))
+            except SpecdecError as exc:
+                job.emit(Failed(bad_request(str(exc))))
+            except Exception:
+                log.exception("could not start request %s", job.request_id)
+                job.emit(Failed(internal()))
+
+    def _start(self, job: Job) -> None:
+        request = job.request
+        ids = self._encode(request)
+        drafter, name = self._drafter(request.speculation)
+        speculation = self.engine.speculation
+        if request.speculation.num_speculative_tokens is not None:
+            speculation = speculation.with_k(request.speculation.num_speculative_tokens)
+        config = request.config
+        if not request.max_tokens_given:  # a default length: clip it to the context left
+            k = 0 if name == "none" else speculation.num_speculative_tokens
+            room = self.decoder.target.info.max_context - len(ids) - k - 1
+            config = replace(config, max_new_tokens=max(1, min(config.max_new_tokens, room)))
+        state = self.engine.add(job.request_id, ids, config, speculation, drafter)
+        self.live[job.request_id] = _Live(job, state, TextAssembler(self.tokenizer, config.stop), name)
+        job.emit(Started(len(ids)))
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list) and request.endpoint == "completions":
+            return list(request.prompt)  # token ids
+        try:
+            if request.endpoint == "chat":
+                return self.decoder.encode(request.prompt)  # through the chat template
+            return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+        except SpecdecError:
+            raise
+        except Exception as exc:  # e.g. a chat template that refuses this conversation
+            raise bad_request(f"could not tokenize the prompt: {exc}", "messages" if request.endpoint == "chat"
+                              else "prompt") from None
+
+    def _drafter(self, choice: SpeculationChoice):
+        """(what BatchEngine.add takes: "default", None or a Drafter; its name, "none" when nothing drafts)."""
+        if choice.drafter == "none" or choice.num_speculative_tokens == 0:
+            return None, "none"
+        if choice.drafter == self.default_drafter:
+            return "default", choice.drafter
+        from ..drafters import create_drafter
+
+        return create_drafter(choice.drafter, self.decoder.target), choice.drafter
+
+    def _step(self) -> None:
+        if self.metrics is not None:
+            self.metrics.step_batch.observe(len(self.engine))
+        for event in self.engine.step():
+            self._deliver(event)
+
+    def _deliver(self, event) -> None:
+        live = self.live.get(event.request_id)
+        if live is None:
+            return
+        state, new = event.state, event.new_tokens
+        text, kept = live.text.add(new)
+        if kept is not None:  # a stop string ended the text: drop the tokens after it, end the request
+            del state.tokens[len(state.tokens) - len(new) + kept:]
+            state.finished = "stop"
+            self.engine.cancel(event.request_id)  # no-op when the engine already ended it
+        if state.finished:
+            text += live.text.flush()
+        if text or new:
+            live.job.emit(Delta(text, len(new)))
+        if state.finished:
+            del self.live[event.request_id]
+            self._observe(state)
+            live.job.emit(Finished(state.finished, state.prompt_len, len(state.generated), state.metrics, live.drafter,
+                                   state.k_max))
+
+    def _fail_live(self, error: APIError) -> None:
+        """Ends every request holding a batch slot with `error`."""
+        for request_id, live in list(self.live.items()):
+            del self.live[request_id]
+            try:
+                self.engine.cancel(request_id)
+            except Exception:
+                log.exception("could not cancel request %s", request_id)
+            live.job.emit(Failed(error))
+
+    def _observe(self, state: SequenceState) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_generation(state.metrics)
+
+    def _publish(self) -> None:
+        self.queued, self.running = len(self.pending), len(self.engine)
+        if self.metrics is not None:
+            self.metrics.set_load(self.queued, self.running)

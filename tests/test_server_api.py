@@ -1,0 +1,207 @@
+"""`specdec serve` in a real process: the official openai client, 16 parallel streams that equal each
+request served alone, per-request speculation, mid-stream disconnects, metrics, and bench-serve."""
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from specdec.engine import SpecDecoder  # noqa: E402
+from specdec.models.loading import load_model  # noqa: E402
+from specdec.server.process import ServerProcess  # noqa: E402
+from tiny import WORDS, write_tiny_model_folder  # noqa: E402
+
+KEY = "sk-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    # hidden 64: shapes the CPU kernels take, whose float32 forward is batch-invariant
+    return write_tiny_model_folder(tmp_path_factory.mktemp("serve") / "tiny64", seed=0, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    args = ["--model", str(folder), "--dtype", "float32", "--threads", "1", "--served-model-name", "tiny",
+            "--max-batch", "16"]
+    with ServerProcess(args, env={"SPECDEC_API_KEY": KEY}) as s:  # the key from the environment
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def local(folder):
+    target = load_model(str(folder), dtype="float32")
+    return SpecDecoder(target, None), SpecDecoder(target, None, chat=False)
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)} (\S+)$", text, re.M))
+
+
+def prompt(i: int, n: int = 6) -> str:
+    return " ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(n + i % 5))
+
+
+def test_chat_and_completions_streaming_and_not_give_the_models_greedy_text(client, local):
+    chat_decoder, raw_decoder = local
+    messages = [{"role": "system", "content": "the sky"}, {"role": "user", "content": "the cat sat on the mat"}]
+    want = chat_decoder.generate(messages, max_new_tokens=20, temperature=0.0)
+    got = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert got.choices[0].finish_reason == want.finish_reason
+    assert got.usage.prompt_tokens == len(want.prompt_ids) and got.usage.completion_tokens == len(want.token_ids)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+
+    want = raw_decoder.generate("a big red dog", max_new_tokens=15, temperature=0.0, ignore_eos=True)
+    got = client.completions.create(model="tiny", prompt="a big red dog", max_tokens=15, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert got.choices[0].text == want.text and got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 15
+    chunks = list(client.completions.create(model="tiny", prompt="a big red dog", max_tokens=15, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want.text
+
+
+def test_usage_reports_each_requests_own_speculation(client):
+    def run(speculation):
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "the dog ran to the dog ran to the"}], max_tokens=30,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body={"speculation": speculation, "ignore_eos": True})
+        chunks = list(stream)
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+        return chunks, chunks[-1].usage.model_extra["speculation"]
+
+    chunks, off = run({"enabled": False})
+    assert off["drafter"] == "none" and off["drafted_tokens"] == 0 and off["verify_steps"] == 29
+    assert off["mean_accepted_tokens"] == 1.0 and off["acceptance_rate"] is None
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish[0].model_extra["speculation"] == off  # also on the chunk that carries finish_reason
+    _, on = run({"drafter": "ngram", "num_speculative_tokens": 3})
+    assert on["drafter"] == "ngram" and on["num_speculative_tokens"] == 3
+    assert 0 <= on["accepted_tokens"] <= on["drafted_tokens"] <= 3 * on["verify_steps"]
+    got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0)
+    assert set(got.usage.model_extra["speculation"]) >= {"drafted_tokens", "accepted_tokens", "acceptance_rate",
+                                                         "mean_accepted_tokens"}
+
+
+def _requests():
+    """16 different requests: chat and completions, several lengths and speculation settings."""
+    specs = [None, {"enabled": False}, {"drafter": "ngram", "num_speculative_tokens": 2}, {"drafter": "none"}]
+    out = []
+    for i in range(16):
+        extra = {"ignore_eos": i % 3 != 0}
+        if specs[i % 4] is not None:
+            extra["speculation"] = specs[i % 4]
+        out.append(dict(kind="chat" if i % 2 else "completions", text=prompt(i), max_tokens=40 + 4 * i, extra=extra))
+    return out
+
+
+def _stream_text(url: str, req: dict, barrier: threading.Barrier | None = None) -> tuple[str, str]:
+    c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    if barrier is not None:
+        barrier.wait()  # all clients ready: the requests arrive together
+    common = dict(model="tiny", max_tokens=req["max_tokens"], temperature=0, stream=True, extra_body=req["extra"])
+    if req["kind"] == "chat":
+        chunks = list(c.chat.completions.create(messages=[{"role": "user", "content": req["text"]}], **common))
+        return "".join(x.choices[0].delta.content or "" for x in chunks), chunks[-1].choices[0].finish_reason
+    chunks = list(c.completions.create(prompt=req["text"], **common))
+    return "".join(x.choices[0].text for x in chunks), chunks[-1].choices[0].finish_reason
+
+
+def test_sixteen_parallel_streams_each_equal_the_request_served_alone(server):
+    requests = _requests()
+    alone = [_stream_text(server.url, r) for r in requests]
+    single_steps = metric(server, "specdec_step_batch_size_count")
+    singles = metric(server, 'specdec_step_batch_size_bucket{le="1.0"}')
+    barrier = threading.Barrier(len(requests))
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda r: _stream_text(server.url, r, barrier), requests))
+    assert together == alone
+    assert all(text for text, _ in alone)
+    steps = metric(server, "specdec_step_batch_size_count") - single_steps
+    batched = steps - (metric(server, 'specdec_step_batch_size_bucket{le="1.0"}') - singles)
+    assert batched > steps / 2, "most steps should have decoded several sequences in one pass"
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
+    cancelled = metric(server, 'specdec_finished_sequences_total{reason="cancelled"}')
+    gone = metric(server, 'specdec_requests_total{endpoint="/v1/completions",status="499"}')
+    generated = metric(server, "specdec_generation_tokens_total")
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 480, "temperature": 0, "stream": True,
+            "ignore_eos": True, "speculation": {"enabled": False}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if line.startswith("data: "))  # one chunk, then hang up
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health").json()
+        if health["running"] == 0 and health["inflight"] == 0:
+            break
+        time.sleep(0.02)
+    assert health["free_slots"] == health["max_batch"] == 16
+    assert metric(server, 'specdec_finished_sequences_total{reason="cancelled"}') == cancelled + 1
+    assert metric(server, 'specdec_requests_total{endpoint="/v1/completions",status="499"}') == gone + 1
+    assert metric(server, "specdec_generation_tokens_total") - generated < 480
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data][0] == "tiny"
+    health = httpx.get(server.url + "/health").json()  # no key needed
+    assert health["status"] == "ok" and health["drafter"] == "ngram"
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    for name in ("specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generation_tokens_total",
+                 "specdec_draft_tokens_total", "specdec_accepted_tokens_total", "specdec_acceptance_rate",
+                 "specdec_mean_accepted_tokens", "specdec_time_to_first_token_seconds_bucket",
+                 "specdec_request_latency_seconds_bucket", "specdec_queue_depth", "specdec_running_batch_size"):
+        assert re.search(rf"^{name}[ {{]", text, re.M), name
+
+
+def test_bench_serve_against_the_running_server(server, tmp_path, capsys):
+    from specdec.cli.main import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": f"c{i % 2}", "turns": [prompt(i)]}) + "\n"
+                               for i in range(4)))
+    out, report = tmp_path / "bench.json", tmp_path / "bench.md"
+    rc = main(["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(prompts), "--max-tokens", "8",
+               "--concurrency", "1,4", "--out-json", str(out), "--report", str(report)])
+    assert rc == 0
+    summary = json.loads(out.read_text())
+    assert [(r["concurrency"], r["speculation"]) for r in summary["runs"]] == [(1, "off"), (1, "on"), (4, "off"),
+                                                                             (4, "on")]
+    assert all(r["ok"] == 4 and r["failed"] == r["lost"] == 0 and r["tokens_per_s"] > 0 for r in summary["runs"])
+    assert summary["floors"]["lost_or_failed"] == 0 and "| concurrency |" in report.read_text()
+
+
+def test_stop_strings_and_seeds(client, local):
+    _, raw_decoder = local
+    full = raw_decoder.generate("a big red dog", max_new_tokens=30, temperature=0.0, ignore_eos=True).text
+    stop = " ".join(full.split()[3:5])
+    want = raw_decoder.generate("a big red dog", max_new_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])
+    for stream in (False, True):
+        got = client.completions.create(model="tiny", prompt="a big red dog", max_tokens=30, temperature=0, stop=stop,
+                                        stream=stream, extra_body={"ignore_eos": True})
+        chunks = list(got) if stream else [got]
+        assert "".join(c.choices[0].text for c in chunks) == want.text == full[: full.index(stop)]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    sampled = [client.completions.create(model="tiny", prompt="the sun", max_tokens=20, temperature=0.9, top_p=0.9,
+                                         seed=7, extra_body={"top_k": 20}).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]

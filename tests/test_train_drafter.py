@@ -1,0 +1,84 @@
+"""Training smoke test: self-distilled data from a tiny target, a few training steps, save and reload."""
+import json
+
+import pytest
+import torch
+
+from specdec.drafters.eagle_head import load_head, new_head
+from specdec.errors import IncompatibleDraftError
+from specdec.models.loading import load_model
+from specdec.training.eagle_trainer import (TrainSettings, Trainer, choose_draft_vocab, collate, unrolled_losses,
+                                            unrolled_mask)
+from specdec.training.selfdistill import generate_training_data, read_shards
+
+PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
+           "they ran up and down the hill", "we see the blue sky", "I was on the mat again", "he ran from the dog"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, tiny_folder):
+    target = load_model(str(tiny_folder), dtype="float32")
+    folder = tmp_path_factory.mktemp("data")
+    generate_training_data(target, PROMPTS[:5], folder, max_new_tokens=24, batch_size=3, progress=False)
+    first = json.loads((folder / "index.json").read_text())
+    stats = generate_training_data(target, PROMPTS, folder, max_new_tokens=24, batch_size=3, progress=False)  # resumes
+    return target, folder, first, stats
+
+
+def test_self_distillation_records_features_and_choices(data):
+    target, folder, first, stats = data
+    assert first["done"] == 5 and stats["sequences"] == len(PROMPTS)
+    seqs = read_shards(folder)
+    assert len(seqs) == len(PROMPTS)
+    H = target.info.hidden_size
+    for s in seqs:
+        L = len(s["tokens"])
+        assert s["features"].shape == (L - 1, H) and s["labels"].shape == (L - 1,)
+    # the answer is the target's own greedy choice: labels after the prompt equal the next tokens
+    s = seqs[0]
+    prompt_len = len(target.tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}],
+                                                          add_generation_prompt=True, tokenize=True)["input_ids"])
+    assert s["labels"][prompt_len - 1:].tolist() == s["tokens"][prompt_len:].tolist()
+
+
+def test_unrolled_mask_reproduces_drafting_context():
+    m = unrolled_mask(4, 3).view(3, 4, 3, 4)
+    # step 1 is causal over true pairs
+    assert torch.equal(m[0, :, 0], torch.ones(4, 4, dtype=torch.bool).tril())
+    # step 3 at position 3 sees true pairs 0..1, its step-2 parent at 2 and itself at 3
+    assert m[2, 3, 0].tolist() == [True, True, False, False]
+    assert m[2, 3, 1].tolist() == [False, False, True, False]
+    assert m[2, 3, 2].tolist() == [False, False, False, True]
+
+
+def test_training_lowers_the_loss_and_the_head_reloads(data, tmp_path, other_vocab_folder):
+    target, folder, _, _ = data
+    seqs = read_shards(folder)
+    ids, coverage = choose_draft_vocab(seqs, 32, target.info.vocab_size)
+    assert 0 < coverage <= 1
+    torch.manual_seed(0)
+    head = new_head(target.hf_model, "tiny", ids)
+    settings = TrainSettings(steps=2, lr=3e-3, warmup=1, batch_tokens=512, holdout=0.2, feature_noise=0.0)
+    trainer = Trainer(head, seqs, tmp_path / "head", settings, time_budget_s=1e9)
+    vocab_index = trainer.vocab_index
+    batch = collate(trainer.train, 512)
+
+    def loss():
+        with torch.no_grad():
+            return float(sum(unrolled_losses(head, *batch, settings, vocab_index, train=False)[0]))
+
+    before = loss()
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    for _ in range(30):
+        total = sum(unrolled_losses(head, *batch, settings, vocab_index)[0])
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    assert loss() < 0.7 * before
+    trainer.checkpoint(trainer.evaluate())
+    loaded = load_head(tmp_path / "head", target)
+    for name, tensor in head.trainable_state().items():
+        torch.testing.assert_close(loaded.trainable_state()[name], tensor.to(torch.bfloat16).float())
+    other = load_model(str(other_vocab_folder), dtype="float32")
+    with pytest.raises(IncompatibleDraftError):
+        load_head(tmp_path / "head", other)
