@@ -11,7 +11,6 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec import engine as engine_module
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -19,7 +18,7 @@ from specdec.engine import SpecDecoder
 from specdec.sampling import probs_from_logits
 from specdec.verify import rejection_verify
 from stats import P_VALUE_FLOOR, fit_p_value
-from tiny import TableLM, table_target
+from tiny import TableLM, TableTreeDrafter, table_target
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 3, 10_000
 PROMPT = [1, 3, 1, 3, 2]
@@ -54,6 +53,8 @@ def draw(decoder: SpecDecoder, sampling: SamplingConfig, samples: int = SAMPLES)
 
 
 def make_drafter(kind: str):
+    if kind == "tree":
+        return TableTreeDrafter(TableLM(VOCAB, seed=11, scale=2.5), width=2, depth=2)
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=2)
     if kind == "self":
@@ -68,7 +69,7 @@ def decoder_for(kind: str, verifier: str = "rejection", k: int = 3) -> SpecDecod
 
 
 @pytest.mark.parametrize("sampling", SETTINGS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
-@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "self"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "self", "tree"])
 def test_rejection_sampling_matches_target_distribution(kind, sampling):
     decoder = decoder_for(kind)
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
@@ -76,7 +77,7 @@ def test_rejection_sampling_matches_target_distribution(kind, sampling):
     assert fit_p_value(counts, exact) > P_VALUE_FLOOR
 
 
-@pytest.mark.parametrize("kind", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "tree"])
 def test_coupled_sampling_matches_target_distribution(kind):
     sampling = SETTINGS[1]
     decoder = decoder_for(kind, verifier="coupled")
@@ -87,7 +88,8 @@ def test_coupled_sampling_matches_target_distribution(kind):
 def test_coupled_sampling_is_seed_stable():
     """The same seed gives the same tokens with and without speculation (a drafter changes only speed)."""
     plain = decoder_for("none", verifier="coupled")
-    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self") for k in (1, 4)]
+    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self", "tree")
+                   for k in (1, 4)]
     for seed in range(200):
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True, sampling=SamplingConfig(temperature=1.0, seed=seed))
         want, _ = plain.generate_ids(PROMPT, config)
@@ -114,7 +116,9 @@ def _resample_from_p(draft, draft_probs, target_probs, generator):
 
 @pytest.mark.parametrize("broken", [_accept_all, _resample_from_p])
 def test_broken_acceptance_rule_is_caught(monkeypatch, broken):
-    monkeypatch.setattr(engine_module, "rejection_verify", broken)
+    from specdec import sequence
+
+    monkeypatch.setattr(sequence, "rejection_verify", broken)
     sampling = SETTINGS[0]
     decoder = decoder_for("draft")
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
@@ -138,3 +142,24 @@ def test_warp_logits_matches_transformers_warpers():
         got = warp_logits(logits, SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
         assert torch.equal(torch.isinf(got), torch.isinf(want))
         torch.testing.assert_close(got.softmax(-1), want.softmax(-1))
+
+
+def _tree_accept_always(tokens, parents, target_probs, generator):
+    """Broken: follows the first child at every level without checking it."""
+    kids, path, node = {}, [], -1
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    while kids.get(node):
+        node = kids[node][0]
+        path.append(node)
+    return path, int(torch.multinomial(target_probs[node + 1], 1, generator=generator))
+
+
+def test_broken_tree_rule_is_caught(monkeypatch):
+    from specdec import sequence
+
+    monkeypatch.setattr(sequence, "tree_rejection_verify", _tree_accept_always)
+    sampling = SETTINGS[0]
+    decoder = decoder_for("tree")
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling), exact) < P_VALUE_FLOOR

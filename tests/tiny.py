@@ -80,10 +80,13 @@ class TableLM(CausalLM):
 
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
         tokens: list[int] = cache.state
+        new = input_ids.tolist()
+        start = len(tokens)
         rows = []
-        for t in input_ids.tolist():
-            tokens.append(t)
-            rows.append(self.logits_after(tokens))
+        for i, t in enumerate(new):
+            seen = [new[j] for j in range(i + 1) if tree_mask is None or tree_mask[i, j]]  # ancestors and itself
+            rows.append(self.logits_after(tokens + seen))
+        tokens.extend(new)
         cache.length = len(tokens)
         logits = torch.stack(rows)
         return ForwardOutput(logits=logits[-1:] if last_only else logits)
@@ -92,9 +95,49 @@ class TableLM(CausalLM):
         del cache.state[length:]
         cache.length = len(cache.state)
 
+    def compact(self, cache, start, keep):
+        kept = [cache.state[start + i] for i in keep]
+        del cache.state[start:]
+        cache.state.extend(kept)
+        cache.length = len(cache.state)
+
 
 def table_target(vocab: int = 5, seed: int = 0, scale: float = 1.5) -> LoadedModel:
     lm = TableLM(vocab, seed, scale)
     return LoadedModel(name=lm.info.name, hf_model=None, tokenizer=None, backend=lm)
 
 
+
+
+class TableTreeDrafter:
+    """A test drafter: a deterministic tree (top `width` tokens per node, `depth` levels) from a draft table."""
+
+    name = "table-tree"
+    needs_features = False
+    sizes_itself = True
+
+    def __init__(self, lm: TableLM, width: int = 2, depth: int = 2):
+        self.lm, self.width, self.depth = lm, width, depth
+
+    def begin(self, request):
+        self.request = request
+
+    def end(self):
+        pass
+
+    def observe(self, features):
+        pass
+
+    def propose(self, context, k):
+        from specdec.drafters.base import Draft
+
+        tokens, parents, frontier = [], [], [(-1, list(context))]
+        for _ in range(min(self.depth, k)):
+            nxt = []
+            for node, ctx in frontier:
+                for t in torch.topk(self.lm.logits_after(ctx), self.width).indices.tolist():
+                    tokens.append(t)
+                    parents.append(node)
+                    nxt.append((len(tokens) - 1, ctx + [t]))
+            frontier = nxt
+        return Draft(tokens=torch.tensor(tokens), parents=parents)

@@ -16,8 +16,11 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto")
-    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, plus draft-model "
-                                                    "when --draft-model is given)")
+    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, plus eagle when "
+                                                    "a head is known for the model, plus draft-model when --draft-model "
+                                                    "is given); eagle-chain is EAGLE drafting chains")
+    p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head")
+    p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
     p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--no-adaptive", action="store_true")
@@ -38,7 +41,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..adaptive import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
-    from ..drafters import create_drafter
+    from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder
     from ..errors import ConfigError
     from ..models.loading import LoadedModel, load_model, make_backend
@@ -51,9 +54,10 @@ def run(args) -> int:
         raise ConfigError("--max-new-tokens must be >= 1")
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
     prompts = load_prompts(args.prompts, args.limit)
-    drafters = [d for d in (args.drafters.split(",") if args.drafters else
-                            ["ngram"] + (["draft-model"] if args.draft_model else [])) if d and d != "none"]
     model_name = args.model or DEFAULT_MODEL
+    default = ["ngram"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
+        (["draft-model"] if args.draft_model else [])
+    drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
     target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                         backend=backends[0])
@@ -77,7 +81,9 @@ def run(args) -> int:
         costs = CostModel(measure_verify_costs(backend))
         methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation)))
         for name in drafters:
-            drafter = create_drafter(name, view, draft_model=draft)
+            kind = "eagle" if name == "eagle-chain" else name
+            drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
+                                     tree=name != "eagle-chain", layerskip_layers=args.layerskip_layers)
             methods.append(SpecdecMethod(f"{prefix}:{name}", SpecDecoder(view, drafter, speculation, costs=costs)))
         if i == 0:
             first_costs, first_backend = costs, type(backend).__name__

@@ -25,7 +25,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_speculation_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default="auto", help="auto, none, ngram, draft-model (default: auto = best available)")
+    p.add_argument("--drafter", default="auto",
+                   help="auto, none, ngram, draft-model, eagle, layerskip (default: auto = the best available: a given "
+                        "draft model, else a trained EAGLE head for the model, else ngram)")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8, help="most tokens drafted per step (default: 8)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
@@ -33,6 +35,10 @@ def add_speculation_options(p: argparse.ArgumentParser) -> None:
                    help="lossless check when sampling: rejection (min(1, p/q)) or coupled (seed-stable Gumbel coupling)")
     p.add_argument("--ngram-min", type=int, default=2, help="smallest n-gram the ngram drafter matches (default: 2)")
     p.add_argument("--ngram-max", type=int, default=4, help="largest n-gram the ngram drafter matches (default: 4)")
+    p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head (default: the one shipped for "
+                                                      "the model, if any)")
+    p.add_argument("--chain", action="store_true", help="EAGLE drafts a chain instead of a dynamic tree")
+    p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -51,4 +57,5 @@ def generation_config(args) -> GenerationConfig:
 
 
 def drafter_options(args) -> dict:
-    return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max}
+    return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
+            "eagle_head": args.eagle_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers}

@@ -79,6 +79,20 @@ def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ig
     return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
 
 
+@register("layerskip")
+def _layerskip(target, layerskip_layers: int | None = None, **ignored) -> Drafter:
+    from .draft_model import DraftModelDrafter
+    from .layerskip import DEFAULT_EXIT_LAYER, EarlyExit
+
+    total = target.info.num_layers
+    layers = layerskip_layers or min(DEFAULT_EXIT_LAYER, max(1, total // 2))
+    if not 1 <= layers < total:
+        raise ConfigError(f"layerskip needs 1 <= layers < {total} (the target's layer count), got {layers}")
+    if type(target.backend).__name__ == "HFBackend":
+        raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
+    return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip")
+
+
 @register("eagle")
 def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
     from .eagle import EagleDrafter

@@ -25,14 +25,15 @@ class DraftModelDrafter(Drafter):
 
     name = "draft-model"
 
-    def __init__(self, draft: CausalLM, target_vocab_size: int):
+    def __init__(self, draft: CausalLM, target_vocab_size: int, name: str = "draft-model"):
+        self.name = name
         self.draft = draft
         self.vocab = target_vocab_size
         self.cache = None
         self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
 
     def fork(self) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.draft, self.vocab)
+        return DraftModelDrafter(self.draft, self.vocab, self.name)
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)

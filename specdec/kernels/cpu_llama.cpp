@@ -220,10 +220,12 @@ class CpuLlama {
   // tokens token t sees), or an empty tensor for causal order; k_cache, v_cache: float32 (L, slots, kv_heads,
   // P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in blocks of
   // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
+  // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
   // Returns (logits (R, V), hidden (N, H) after the final norm).
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
-                                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows) {
+                                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
+                                     int64_t num_layers) {
     const auto& c = cfg_;
     const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
     const int64_t I = c.intermediate, S = offsets.size(0) - 1;
@@ -267,7 +269,8 @@ class CpuLlama {
 
     const int64_t layer_stride = slot_count * nkv * P * hd;
     const int64_t half = hd / 2;
-    for (int64_t l = 0; l < c.layers; ++l) {
+    const int64_t depth = num_layers > 0 ? std::min(num_layers, c.layers) : c.layers;
+    for (int64_t l = 0; l < depth; ++l) {
       const Layer& L = layers_[l];
       float* kc = k_cache.data_ptr<float>() + l * layer_stride;
       float* vc = v_cache.data_ptr<float>() + l * layer_stride;

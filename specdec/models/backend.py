@@ -54,12 +54,13 @@ class CausalLM(ABC):
 
     @abstractmethod
     def forward(self, cache: SequenceCache, input_ids: torch.Tensor, *, tree_mask: torch.Tensor | None = None,
-                output_hidden: bool = False, last_only: bool = False) -> ForwardOutput:
+                output_hidden: bool = False, last_only: bool = False, layers: int | None = None) -> ForwardOutput:
         """Scores `input_ids` (T,) appended to the cache, and caches their keys and values.
 
         Token t sits at position cache.length + t, or with a tree_mask (T, T) bool (row t: which new
         tokens token t sees, itself included) at cache.length + depth(t), depth = ancestors seen.
         Returns logits (T, V), or (1, V) for the last token with last_only. cache.length grows by T.
+        layers: run only the first `layers` decoder layers, then the final norm and LM head (early exit).
         """
 
     @abstractmethod
@@ -71,9 +72,9 @@ class CausalLM(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compact a tree into a path")
 
     def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
-                      output_hidden: bool = False) -> list[ForwardOutput]:
+                      output_hidden: bool = False, layers: int | None = None) -> list[ForwardOutput]:
         """Scores several sequences; the default runs them one after another."""
-        return [self.forward(c, ids, output_hidden=output_hidden) for c, ids in zip(caches, input_ids)]
+        return [self.forward(c, ids, output_hidden=output_hidden, layers=layers) for c, ids in zip(caches, input_ids)]
 
 
 def tree_positions(tree_mask: torch.Tensor) -> torch.Tensor:
@@ -94,7 +95,11 @@ class HFBackend(CausalLM):
         return SequenceCache(length=0, state=DynamicCache(config=self.model.config))
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+        if layers is not None:
+            from ..errors import ConfigError
+
+            raise ConfigError("early exit (layer skip) needs the kernels or torch backend, not transformers' forward")
         device = self.info.device
         ids = input_ids.to(device).view(1, -1)
         T = ids.shape[1]

@@ -89,7 +89,7 @@ class KernelLlama(CausalLM):
         cache.length = start + len(keep)
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
         ids = input_ids.reshape(-1).to(torch.long).cpu()
         T = ids.numel()
         if tree_mask is not None:
@@ -99,30 +99,30 @@ class KernelLlama(CausalLM):
             positions = torch.arange(cache.length, cache.length + T)
             masks = torch.empty(0, dtype=torch.uint8)
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
-        logits, hidden = self._run([cache], ids, [T], positions, masks, rows)
+        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers)
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False):
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, layers=None):
         lengths = [int(ids.numel()) for ids in input_ids]
         ids = torch.cat([i.reshape(-1).to(torch.long).cpu() for i in input_ids])
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
         logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8),
-                                   torch.arange(ids.numel()))
+                                   torch.arange(ids.numel()), layers)
         out, at = [], 0
         for n in lengths:
             out.append(ForwardOutput(logits=logits[at:at + n], hidden=hidden[at:at + n] if output_hidden else None))
             at += n
         return out
 
-    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows):
+    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None):
         offsets = torch.tensor([0] + lengths).cumsum(0)
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
         logits, hidden = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                             torch.tensor([c.length for c in caches]), positions.to(torch.long),
-                                            masks, self.pool.keys, self.pool.values, rows)
+                                            masks, self.pool.keys, self.pool.values, rows, layers or 0)
         for c, n in zip(caches, lengths):
             c.length += n
         return logits, hidden

@@ -108,24 +108,24 @@ class FastLlama(CausalLM):
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
         out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
-                                           output_hidden, last_only)
+                                           output_hidden, last_only, layers)
         return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False):
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, layers=None):
         lengths = [ids.numel() for ids in input_ids]
         T = max(lengths)
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
             padded[b, : lengths[b]] = ids.to(self.info.device)
-        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, False)
+        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, False, layers)
         return [ForwardOutput(logits=logits[b, : lengths[b]], hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
-                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool):
+                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None):
         """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T', V), hidden (B, T, H)."""
         device = self.info.device
         ids = ids.to(device)
@@ -149,7 +149,7 @@ class FastLlama(CausalLM):
         write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
         x = F.embedding(ids, self.embed)  # (B, T, H)
         nh, nkv, hd = self.nh, self.nkv, self.hd
-        for li, layer in enumerate(self.layers):
+        for li, layer in enumerate(self.layers[:layers]):
             h = _rms_norm(x, layer.input_norm, self.eps)
             q, k, v = layer.qkv(h)
             q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)

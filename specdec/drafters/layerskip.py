@@ -1,0 +1,33 @@
+"""Layer-skip self-speculation: the target's first L layers, its final norm and LM head draft.
+
+No training and no extra weights. The early exit is a view of the target backend (forward with
+layers=L) with caches of its own, driven like any draft model (drafters.draft_model).
+"""
+from __future__ import annotations
+
+from ..models.backend import CausalLM
+
+DEFAULT_EXIT_LAYER = 15  # measured on smollm2-135m (30 layers): see docs/drafters.md
+
+
+class EarlyExit(CausalLM):
+    """The first `layers` layers of a backend as a model of its own."""
+
+    batched = True
+
+    def __init__(self, backend: CausalLM, layers: int):
+        self.backend, self.layers = backend, layers
+        self.info = backend.info
+
+    def new_cache(self):
+        return self.backend.new_cache()
+
+    def release(self, cache) -> None:
+        self.backend.release(cache)
+
+    def truncate(self, cache, length: int) -> None:
+        self.backend.truncate(cache, length)
+
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+        return self.backend.forward(cache, input_ids, tree_mask=tree_mask, output_hidden=output_hidden,
+                                    last_only=last_only, layers=min(layers or self.layers, self.layers))
