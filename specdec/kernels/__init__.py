@@ -32,6 +32,11 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def has_bf16_products() -> bool:
+    """True where the CPU has AVX-512 BF16 (vdpbf16ps), for bfloat16 products."""
+    return "avx512_bf16" in cpu_flags()
+
+
 def unavailable_reason() -> str | None:
     """Why the kernels cannot run on this machine, or None."""
     if sys.platform != "linux":
@@ -75,8 +80,8 @@ def load():
     try:
         return cpp_extension.load(
             name=f"specdec_cpu_llama_{tag}", sources=[str(SOURCE)], build_directory=str(build_dir),
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-ffp-contract=off",
-                          "-fopenmp"],
+            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c",
+                          "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=_openmp_link_flags(),
             verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
     except (RuntimeError, OSError, ImportError) as exc:

@@ -22,7 +22,10 @@
 
 namespace {
 
-enum WType : int { F32 = 0, BF16 = 1, F16 = 2 };
+// F32, BF16, F16: weights widened to float32, products of float32 activations (fused multiply-add).
+// BF16DOT: bfloat16 weights and activations rounded to bfloat16 at the product's input, pairs of
+// products summed by vdpbf16ps into float32 (twice the arithmetic rate; everything else stays float32).
+enum WType : int { F32 = 0, BF16 = 1, F16 = 2, BF16DOT = 3 };
 
 template <int WT>
 inline __m512 load16(const void* base, int64_t k) {
@@ -98,14 +101,67 @@ void linear_impl(const float* x, int64_t M, const char* packed, int64_t N, int64
   });
 }
 
-// (N, K) row-major -> packed blocks, as a flat tensor of the same dtype
-torch::Tensor pack_blocks(const torch::Tensor& w) {
+// y[j, i] for the 8 rows of a packed bfloat16 block ([K/32][8][32]) and MR rows of bfloat16 x: each lane of
+// an accumulator sums the products of one pair of columns per step of 32, then the lanes are added.
+template <int MR>
+__attribute__((noinline)) void tile_dot(const uint16_t* __restrict x, int64_t K, const uint16_t* __restrict block,
+                                        int valid, const float* __restrict bias, float* __restrict y, int64_t ldy) {
+  constexpr int NR = kBlockRows;
+  __m512 acc[NR * MR];
+#pragma GCC unroll 32
+  for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const uint16_t* wk = block + k * NR;
+    __m512bh wv[NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(wk + i * 32);
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + j * K + k);
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) acc[i * MR + j] = _mm512_dpbf16_ps(acc[i * MR + j], wv[i], xv);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i) {
+    if (i >= valid) break;
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i * MR + j]) + (bias ? bias[i] : 0.0f);
+  }
+}
+
+void linear_dot(const float* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
+                int64_t ldy) {
+  // activations rounded to bfloat16 (nearest even) once per call
+  std::vector<uint16_t> xb(M * K);
+  for (int64_t e = 0; e < M * K; e += 32) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + e + 16), _mm512_loadu_ps(x + e));
+    _mm512_storeu_si512(xb.data() + e, (__m512i)pair);
+  }
+  const int64_t block_elems = kBlockRows * K;
+  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(packed);
+  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * kBlockRows;
+      const int valid = static_cast<int>(std::min<int64_t>(kBlockRows, N - n));
+      const uint16_t* block = w + b * block_elems;
+      const float* bn = bias ? bias + n : nullptr;
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) tile_dot<2>(xb.data() + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
+      if (m < M) tile_dot<1>(xb.data() + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
+    }
+  });
+}
+
+// (N, K) row-major -> packed blocks of 8 rows by `chunk` columns, as a flat tensor of the same dtype
+torch::Tensor pack_blocks(const torch::Tensor& w, int64_t chunk = 16) {
   const int64_t N = w.size(0), K = w.size(1);
   const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
   torch::Tensor padded = torch::zeros({blocks * kBlockRows, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
-  // (blocks, 8, K/16, 16) -> (blocks, K/16, 8, 16)
-  return padded.view({blocks, kBlockRows, K / 16, 16}).permute({0, 2, 1, 3}).contiguous().view({-1});
+  // (blocks, 8, K/chunk, chunk) -> (blocks, K/chunk, 8, chunk)
+  return padded.view({blocks, kBlockRows, K / chunk, chunk}).permute({0, 2, 1, 3}).contiguous().view({-1});
 }
 
 struct Weight {
@@ -115,17 +171,18 @@ struct Weight {
   int wtype = F32;
 };
 
-Weight make_weight(const torch::Tensor& t) {
+Weight make_weight(const torch::Tensor& t, bool bf16_dot = false) {
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.device().is_cpu(), "weights must be contiguous 2-D CPU tensors");
   TORCH_CHECK(t.size(1) % 16 == 0, "the kernels need inner sizes that are multiples of 16");
   Weight w;
-  w.tensor = pack_blocks(t);
   w.N = t.size(0);
   w.K = t.size(1);
   if (t.scalar_type() == torch::kFloat32) w.wtype = F32;
-  else if (t.scalar_type() == torch::kBFloat16) w.wtype = BF16;
+  else if (t.scalar_type() == torch::kBFloat16) w.wtype = bf16_dot ? BF16DOT : BF16;
   else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
   else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
+  TORCH_CHECK(w.wtype != BF16DOT || w.K % 32 == 0, "bfloat16 products need inner sizes that are multiples of 32");
+  w.tensor = pack_blocks(t, w.wtype == BF16DOT ? 32 : 16);
   w.data = static_cast<const char*>(w.tensor.data_ptr());
   return w;
 }
@@ -133,6 +190,7 @@ Weight make_weight(const torch::Tensor& t) {
 // y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias)
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
   switch (w.wtype) {
+    case BF16DOT: linear_dot(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     case BF16: linear_impl<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     case F16: linear_impl<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     default: linear_impl<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
@@ -187,7 +245,7 @@ struct Layer {
 class CpuLlama {
  public:
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
-           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin) {
+           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool bf16_dot) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
     TORCH_CHECK(cfg_.head_dim % 16 == 0 && cfg_.head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
@@ -197,18 +255,18 @@ class CpuLlama {
       const torch::Tensor* t = &layer_tensors[8 * l];
       Layer layer;
       layer.input_norm = t[0].contiguous().to(torch::kFloat32);
-      layer.qkv = make_weight(t[1]);
+      layer.qkv = make_weight(t[1], bf16_dot);
       layer.qkv_bias = t[2].defined() && t[2].numel() ? t[2].contiguous().to(torch::kFloat32) : torch::Tensor();
-      layer.o = make_weight(t[3]);
+      layer.o = make_weight(t[3], bf16_dot);
       layer.o_bias = t[4].defined() && t[4].numel() ? t[4].contiguous().to(torch::kFloat32) : torch::Tensor();
       layer.post_norm = t[5].contiguous().to(torch::kFloat32);
-      layer.gate_up = make_weight(t[6]);
-      layer.down = make_weight(t[7]);
+      layer.gate_up = make_weight(t[6], bf16_dot);
+      layer.down = make_weight(t[7], bf16_dot);
       layers_.push_back(layer);
     }
     embed_rows_ = embed.contiguous();
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
-    lm_head_ = make_weight(lm_head);
+    lm_head_ = make_weight(lm_head, bf16_dot);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -444,7 +502,8 @@ class CpuLlama {
 // the model's own products (batch-invariant).
 class PackedLinear {
  public:
-  PackedLinear(torch::Tensor weight, torch::Tensor bias) : weight_(make_weight(weight.contiguous())) {
+  PackedLinear(torch::Tensor weight, torch::Tensor bias, bool bf16_dot)
+      : weight_(make_weight(weight.contiguous(), bf16_dot)) {
     if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
   }
   torch::Tensor call(torch::Tensor x) const {
@@ -468,12 +527,13 @@ class PackedLinear {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<CpuLlama>(m, "CpuLlama")
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor>())
+                          torch::Tensor, torch::Tensor, torch::Tensor, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
       .def_static("matmul", &CpuLlama::matmul);
   pybind11::class_<PackedLinear>(m, "PackedLinear")
-      .def(pybind11::init<torch::Tensor, torch::Tensor>(), pybind11::arg("weight"), pybind11::arg("bias"))
+      .def(pybind11::init<torch::Tensor, torch::Tensor, bool>(), pybind11::arg("weight"), pybind11::arg("bias"),
+           pybind11::arg("bf16_dot"))
       .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("out_features", &PackedLinear::out_features)
       .def_property_readonly("in_features", &PackedLinear::in_features);

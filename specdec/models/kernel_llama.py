@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
-from .kvpool import KVPool
+from .kvpool import KVPool, PooledCaches, rope_tables
 
 
 def kernel_shape_problem(config) -> str | None:
@@ -24,13 +24,16 @@ def kernel_shape_problem(config) -> str | None:
     return None
 
 
-class KernelLlama(CausalLM):
+class KernelLlama(PooledCaches, CausalLM):
     """Llama family on the CPU kernels; KV cache float32 (layers, slots, kv_heads, capacity, head_dim)."""
 
     batched = True
 
-    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None):
-        from ..kernels import load
+    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
+                 bf16_products: bool = False):
+        """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
+        pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes."""
+        from ..kernels import has_bf16_products, load
 
         module = load()
         cfg = hf_model.config
@@ -61,26 +64,14 @@ class KernelLlama(CausalLM):
                         cat([p + "mlp.gate_proj", p + "mlp.up_proj"], "weight"), sd[p + "mlp.down_proj.weight"].contiguous()]
         embed = sd["model.embed_tokens.weight"].contiguous()
         lm_head = sd.get("lm_head.weight", embed).contiguous()
-        rotary = hf_model.model.rotary_emb
-        positions = torch.arange(self.max_context, dtype=torch.float32)
-        freqs = positions[:, None] * rotary.inv_freq.float()[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        scale = getattr(rotary, "attention_scaling", 1.0)
+        cos, sin = rope_tables(hf_model, self.max_context)
         dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
+        self.bf16_products = bool(bf16_products and info.dtype == torch.bfloat16 and has_bf16_products())
         self.model = module.CpuLlama(dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(),
-                                     lm_head, angles.cos() * scale, angles.sin() * scale)
+                                     lm_head, cos.cpu(), sin.cpu(), self.bf16_products)
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, torch.float32, info.device,
                            zeroed=False)
-
-    def new_cache(self) -> SequenceCache:
-        return self.pool.acquire()
-
-    def release(self, cache: SequenceCache) -> None:
-        self.pool.release(cache)
-
-    def truncate(self, cache: SequenceCache, length: int) -> None:
-        self.pool.truncate(cache, length)
 
     @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:

@@ -62,3 +62,31 @@ class KVPool:
             setattr(self, name, bigger)
         self._free = list(range(slots - 1, old - 1, -1)) + self._free
         self.slots = slots
+
+
+class PooledCaches:
+    """Cache methods of a backend (CausalLM) whose sequences live in `self.pool`, a KVPool."""
+
+    pool: KVPool
+
+    def new_cache(self) -> SequenceCache:
+        return self.pool.acquire()
+
+    def release(self, cache: SequenceCache) -> None:
+        self.pool.release(cache)
+
+    def truncate(self, cache: SequenceCache, length: int) -> None:
+        self.pool.truncate(cache, length)
+
+    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
+        self.pool.compact(cache, start, keep)
+
+
+def rope_tables(hf_model, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (positions, head_dim) in float32, computed as transformers' rotary embedding does."""
+    rotary = hf_model.model.rotary_emb
+    pos = torch.arange(positions, dtype=torch.float32, device=rotary.inv_freq.device)
+    freqs = pos[:, None] * rotary.inv_freq.float()[None, :]  # (P, hd/2)
+    angles = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
+    scale = getattr(rotary, "attention_scaling", 1.0)
+    return angles.cos() * scale, angles.sin() * scale

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
-from .kvpool import KVPool
+from .kvpool import KVPool, PooledCaches, rope_tables
 from .linear import FusedLinear, Linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
@@ -47,7 +47,7 @@ class _Layer:
     down: Linear  # I -> H
 
 
-class FastLlama(CausalLM):
+class FastLlama(PooledCaches, CausalLM):
     """Llama-family forward in torch, bit-identical to transformers', with a KVPool of `slots` sequences."""
 
     batched = True
@@ -83,28 +83,10 @@ class FastLlama(CausalLM):
         self.embed = sd["model.embed_tokens.weight"]  # (V, H)
         self.final_norm = sd["model.norm.weight"]
         self.lm_head = Linear(sd.get("lm_head.weight", self.embed), None, pack)
-        rotary = hf_model.model.rotary_emb
-        positions = torch.arange(self.max_context, device=info.device, dtype=torch.float32)
-        freqs = positions[:, None] * rotary.inv_freq.to(info.device, torch.float32)[None, :]  # (P, hd/2)
-        angles = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
-        scale = getattr(rotary, "attention_scaling", 1.0)
-        self.cos = (angles.cos() * scale).to(info.dtype)
-        self.sin = (angles.sin() * scale).to(info.dtype)
+        cos, sin = rope_tables(hf_model, self.max_context)
+        self.cos, self.sin = cos.to(info.device, info.dtype), sin.to(info.device, info.dtype)
         # Unused cache rows stay zero: SDPA multiplies masked-out values by 0, and 0 * NaN would leak.
         self.pool = KVPool(cfg.num_hidden_layers, slots, self.nkv, self.max_context, self.hd, info.dtype, info.device)
-
-    # ---- cache management -------------------------------------------------------------------
-    def new_cache(self) -> SequenceCache:
-        return self.pool.acquire()
-
-    def release(self, cache: SequenceCache) -> None:
-        self.pool.release(cache)
-
-    def truncate(self, cache: SequenceCache, length: int) -> None:
-        self.pool.truncate(cache, length)
-
-    def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
-        self.pool.compact(cache, start, keep)
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
