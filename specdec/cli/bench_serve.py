@@ -13,7 +13,8 @@ def register(sub) -> None:
                                            "speculation (starts one unless --url is given)")
     p.add_argument("--url", default=None, help="a running server (default: start `specdec serve` on a free port)")
     p.add_argument("--api-key", default=None, help="API key of the server at --url")
-    p.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl", help="Spec-Bench JSONL (default: %(default)s)")
+    p.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl",
+                   help="Spec-Bench JSONL (default: %(default)s)")
     p.add_argument("--limit", type=int, default=16, help="prompts per run, round-robin across categories (default: 16)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")

@@ -22,6 +22,8 @@ def register(sub) -> None:
                                                              "or smollm2-135m)")
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens of chat requests that give none, clipped to the context left (default: 256)")
+    p.add_argument("--max-prefill-tokens", type=int, default=512,
+                   help="prompt tokens that may join the batch per step, at least one request (default: 512)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
@@ -33,7 +35,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..errors import ConfigError
 
-    for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1), ("port", 0)):
+    minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0}
+    for name, low in minimums.items():
         if getattr(args, name) < low:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.port > 65535:
@@ -60,7 +63,7 @@ def run(args) -> int:
     name = args.served_model_name or model
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
-                              default_max_tokens=args.default_max_tokens)
+                              default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
           f"max batch {args.max_batch}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",

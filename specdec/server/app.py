@@ -24,7 +24,8 @@ OPEN_PATHS = ("/health",)
 def create_app(decoder, settings: ServerSettings) -> FastAPI:
     """An app serving `decoder` (a loaded SpecDecoder); the worker thread runs while the app does."""
     metrics = ServerMetrics()
-    server = ServerState(settings, EngineWorker(decoder, settings.max_batch, metrics), metrics)
+    worker = EngineWorker(decoder, settings.max_batch, metrics, settings.max_prefill_tokens)
+    server = ServerState(settings, worker, metrics)
 
     @asynccontextmanager
     async def lifespan(app):

@@ -18,13 +18,15 @@ def markdown(summary: dict) -> str:
              f"{meta['temperature']}, server drafter `{meta.get('drafter', '?')}`, {meta.get('url', '')}; 1-minute "
              f"load average {_f((meta.get('load_average_before') or [None])[0])} before, "
              f"{_f((meta.get('load_average_after') or [None])[0])} after", "",
-             "| concurrency | speculation | ok / failed / lost | tokens/s | TTFT mean / p90 (s) | latency mean / p90 (s) "
-             "| acceptance | MAT |", "|---:|---|---|---:|---|---|---:|---:|"]
+             "| concurrency | speculation | ok / failed / lost | prompt / completion tokens | tokens/s "
+             "| TTFT mean / p90 (s) | latency mean / p90 (s) | acceptance | MAT |",
+             "|---:|---|---|---|---:|---|---|---:|---:|"]
     for r in summary["runs"]:
         ttft, lat = r["ttft_s"], r["latency_s"]
         lines.append(f"| {r['concurrency']} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
-                     f"{r['tokens_per_s']:.1f} | {_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / "
-                     f"{_f(lat['p90'])} | {_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} |")
+                     f"{r.get('prompt_tokens', '?')} / {r['completion_tokens']} | {r['tokens_per_s']:.1f} | "
+                     f"{_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / {_f(lat['p90'])} | "
+                     f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} |")
     lines += ["", "| floor | measured | required | met |", "|---|---:|---:|---|"]
     for name, value in summary["floors"].items():
         if name == "lost_or_failed":

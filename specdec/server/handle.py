@@ -16,8 +16,11 @@ class ClientGone(Exception):
 
 async def _disconnect(receive) -> None:
     """Returns when the ASGI server reports that the client went away (the body has been read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a broken connection is a gone client too
+        return
 
 
 class RequestHandle:

@@ -21,6 +21,7 @@ class RequestResult:
     status: str  # "ok", "failed" or "lost"
     latency_s: float
     ttft_s: float | None = None
+    prompt_tokens: int = 0
     completion_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -56,8 +57,9 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
         return RequestResult("lost", latency, ttft, error="the stream ended without [DONE] and usage")
     spec = usage.get("speculation") or {}
     steps = spec.get("verify_steps") or 0
-    return RequestResult("ok", latency, ttft, usage["completion_tokens"], spec.get("drafted_tokens", 0),
-                         spec.get("accepted_tokens", 0), steps, (spec.get("mean_accepted_tokens") or 0.0) * steps)
+    return RequestResult("ok", latency, ttft, usage["prompt_tokens"], usage["completion_tokens"],
+                         spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0), steps,
+                         (spec.get("mean_accepted_tokens") or 0.0) * steps)
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, speculation: dict | None,
@@ -94,7 +96,7 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
     steps = sum(r.verify_steps for r in ok)
     return {"concurrency": concurrency, "speculation": mode, "requests": len(results), "ok": len(ok),
             "failed": sum(r.status == "failed" for r in results), "lost": sum(r.status == "lost" for r in results),
-            "wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "wall_s": wall, "prompt_tokens": sum(r.prompt_tokens for r in ok), "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "ttft_s": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
             "latency_s": _dist([r.latency_s for r in ok]),
             "acceptance_rate": accepted / drafted if drafted else None,

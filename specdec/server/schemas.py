@@ -85,8 +85,9 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
-                             max_tokens_given=max_tokens is not None, speculation=_speculation(body.get("speculation"), limits),
-                             stream=stream, include_usage=include_usage)
+                             max_tokens_given=max_tokens is not None,
+                             speculation=_speculation(body.get("speculation"), limits), stream=stream,
+                             include_usage=include_usage)
 
 
 def _check_fields(body: dict, endpoint: str) -> None:

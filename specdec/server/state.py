@@ -16,6 +16,7 @@ class ServerSettings:
     max_queue: int = 64  # requests waiting for a slot beyond max_batch; more get 429
     api_key: str | None = None
     default_max_tokens: int = 256  # chat requests without max_tokens (clipped to the context left)
+    max_prefill_tokens: int = 512  # prompt tokens that may join the batch in one step (at least one request)
     max_body_bytes: int = 8 << 20
 
 

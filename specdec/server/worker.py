@@ -2,8 +2,11 @@
 
 Submissions and cancellations arrive through a thread-safe inbox. A request waits in `pending` until
 the batch has a free slot, joins between steps (continuous batching) and leaves, its KV slot freed,
-as soon as it finishes or is cancelled. Its events (Started, Delta, Finished, Failed) leave through
-its own `emit` callback, which the asyncio side makes thread-safe (loop.call_soon_threadsafe).
+as soon as it finishes or is cancelled. Newcomers are prefilled within the step they join; at most
+`max_prefill_tokens` prompt tokens join per step (at least one request), so that a burst of long
+prompts neither stalls the running streams for long nor pads one huge ragged pass. A request's
+events (Started, Delta, Finished, Failed) leave through its own `emit` callback, which the asyncio
+side makes thread-safe (loop.call_soon_threadsafe).
 """
 from __future__ import annotations
 
@@ -68,12 +71,13 @@ class _Live:
 class EngineWorker:
     """Owns a BatchEngine and runs its steps while there is work; idle, it sleeps on the inbox."""
 
-    def __init__(self, decoder, max_batch: int, metrics=None):
+    def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512):
         self.decoder = decoder
         self.tokenizer = decoder.target.tokenizer
         self.engine = decoder.batch_engine(max_batch)
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
         self.metrics = metrics
+        self.max_prefill_tokens = max_prefill_tokens
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: deque[Job] = deque()
         self.live: dict[str, _Live] = {}
@@ -143,10 +147,11 @@ class EngineWorker:
             self._observe(live.state)
 
     def _admit(self) -> None:
-        while self.pending and self.engine.free_slots > 0:
+        budget = self.max_prefill_tokens
+        while self.pending and self.engine.free_slots > 0 and budget > 0:
             job = self.pending.popleft()
             try:
-                self._start(job)
+                budget -= self._start(job)
             except APIError as exc:
                 job.emit(Failed(exc))
             except ContextLengthError as exc:
@@ -158,7 +163,8 @@ class EngineWorker:
                 log.exception("could not start request %s", job.request_id)
                 job.emit(Failed(internal()))
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: Job) -> int:
+        """Adds the job to the engine; returns its prompt length."""
         request = job.request
         ids = self._encode(request)
         drafter, name = self._drafter(request.speculation)
@@ -173,6 +179,7 @@ class EngineWorker:
         state = self.engine.add(job.request_id, ids, config, speculation, drafter)
         self.live[job.request_id] = _Live(job, state, TextAssembler(self.tokenizer, config.stop), name)
         job.emit(Started(len(ids)))
+        return len(ids)
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         if isinstance(request.prompt, list) and request.endpoint == "completions":

@@ -1,0 +1,88 @@
+"""The engine worker in process: requests join within a prefill budget, cancellation frees the slot,
+stop strings end a request, and a failing engine step fails only the batch (the worker keeps serving)."""
+import queue
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from specdec.config import GenerationConfig  # noqa: E402
+from specdec.drafters.ngram import NgramDrafter  # noqa: E402
+from specdec.engine import SpecDecoder  # noqa: E402
+from specdec.models.loading import load_model  # noqa: E402
+from specdec.server.schemas import GenerationRequest, SpeculationChoice  # noqa: E402
+from specdec.server.worker import Delta, EngineWorker, Failed, Finished, Job, Started  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_folder):
+    return SpecDecoder(load_model(str(tiny_folder), dtype="float32"), NgramDrafter(1, 3))
+
+
+def request(prompt="the cat sat on the mat", max_tokens=20, stop=()):
+    config = GenerationConfig(max_new_tokens=max_tokens, stop=tuple(stop), ignore_eos=True)
+    return GenerationRequest(endpoint="completions", model="tiny", prompt=prompt, config=config, max_tokens_given=True,
+                             speculation=SpeculationChoice("ngram"), stream=False, include_usage=False)
+
+
+def submit(worker, rid, req):
+    events = queue.SimpleQueue()
+    worker.submit(Job(rid, req, events.put))
+    return events
+
+
+def until_end(events, timeout=30):
+    out = []
+    while not out or not isinstance(out[-1], (Finished, Failed)):
+        out.append(events.get(timeout=timeout))
+    return out
+
+
+def test_requests_join_within_the_prefill_budget(decoder):
+    worker = EngineWorker(decoder, max_batch=4, max_prefill_tokens=1)
+    for rid in "abc":
+        submit(worker, rid, request())
+    worker._drain(block=False)
+    worker._admit()
+    assert len(worker.engine.waiting) == 1 and len(worker.pending) == 2  # one request per step
+    worker.max_prefill_tokens = 10_000
+    worker._admit()
+    assert len(worker.engine.waiting) == 3 and not worker.pending
+
+
+def test_cancel_and_stop_strings_free_the_slot(decoder):
+    worker = EngineWorker(decoder, max_batch=2)
+    worker.start()
+    try:
+        full = "".join(e.text for e in until_end(submit(worker, "a", request())) if isinstance(e, Delta))
+        stop = full.split()[2]
+        events = until_end(submit(worker, "b", request(stop=[stop])))
+        assert isinstance(events[0], Started) and events[-1].finish_reason == "stop"
+        assert "".join(e.text for e in events if isinstance(e, Delta)) == full[: full.index(stop)]
+        long = submit(worker, "c", request(max_tokens=400, prompt="the"))
+        assert isinstance(long.get(timeout=30), Started)
+        worker.cancel("c")
+        assert isinstance(until_end(submit(worker, "d", request(max_tokens=2)))[-1], Finished)
+        assert len(worker.engine) == 0 and worker.engine.free_slots == 2
+        rest = []
+        while not long.empty():
+            rest.append(long.get())
+        assert not any(isinstance(e, (Finished, Failed)) for e in rest)  # "c" ended by cancellation
+    finally:
+        worker.stop()
+
+
+def test_a_failing_step_fails_the_batch_and_the_worker_keeps_serving(decoder, monkeypatch):
+    worker = EngineWorker(decoder, max_batch=2)
+    real_step = worker.engine.step
+    monkeypatch.setattr(worker.engine, "step", lambda: 1 / 0)
+    worker.start()
+    try:
+        failed = until_end(submit(worker, "a", request()))[-1]
+        assert isinstance(failed, Failed) and failed.error.status == 500
+        assert worker.engine.free_slots == 2
+        monkeypatch.setattr(worker.engine, "step", real_step)
+        assert isinstance(until_end(submit(worker, "b", request()))[-1], Finished)
+    finally:
+        worker.stop()
+    assert not worker.thread.is_alive()
