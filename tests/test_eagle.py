@@ -31,6 +31,14 @@ def test_tree_greedy_verify_walks_the_matching_branch():
     assert tree_greedy_verify(tokens, parents, logits) == ([1, 2, 3], 4)
 
 
+def test_tree_width_follows_the_cost_curve():
+    from specdec.adaptive import CostModel
+    from specdec.drafters.eagle import tree_width
+
+    assert tree_width(CostModel({1: 0.010, 64: 0.0105})) == 8  # flat (memory-bound) verify: wide trees
+    assert tree_width(CostModel({1: 0.010, 2: 0.011, 4: 0.013, 8: 0.025})) == 2  # compute-bound: narrow
+
+
 def test_node_choice_follows_the_cost_curve():
     from specdec.adaptive import CostModel
 

@@ -21,7 +21,9 @@ class EagleDrafter(Drafter):
     name = "eagle"
     needs_features = True
 
-    def __init__(self, head: EagleHead, tree: bool = True, width: int = 4, max_depth: int = 8, max_nodes: int = 48):
+    def __init__(self, head: EagleHead, tree: bool = True, width: int | None = None, max_depth: int = 8,
+                 max_nodes: int = 48):
+        """width None: chosen each step from the measured verify-cost curve (tree_width)."""
         self.head = head.eval()
         for p in self.head.parameters():
             p.requires_grad_(False)
@@ -116,7 +118,7 @@ class EagleDrafter(Drafter):
     def _tree(self, root: torch.Tensor, context_len: int, depth_cap: int) -> Draft:
         head, costs = self.head, self.request.costs
         n_true = len(self.pair_tokens)
-        width = self.width
+        width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
         tokens, parents, depths, scores = [], [], [], []
         hidden_of: dict[int, torch.Tensor] = {-1: root}
@@ -163,6 +165,17 @@ class EagleDrafter(Drafter):
         index = {node: j for j, node in enumerate(order)}
         return Draft(tokens=torch.tensor([tokens[i] for i in order]),
                      parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> int:
+    """Candidates kept per level: half the tokens one verify pass takes within `headroom` times the cost of a
+    one-token pass (a flat curve, as on GPUs, affords wide trees; a compute-bound CPU, narrow ones)."""
+    if costs is None:
+        return 4
+    base, T = costs.verify_s(1), 1
+    while T < 64 and costs.verify_s(T + 1) <= headroom * base:
+        T += 1
+    return max(low, min(high, T // 2))
 
 
 def _expand_floor(costs) -> float:

@@ -44,6 +44,8 @@ def unavailable_reason() -> str | None:
     missing = [f for f in REQUIRED_FLAGS if f not in cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
+    if not SOURCE.is_file():
+        return f"the kernel source {SOURCE.name} is not installed"
     return None
 
 

@@ -6,6 +6,7 @@ GGUF file (dequantized to float), or a Hugging Face hub id where the hub is reac
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
                 return KernelLlama(hf_model, info, slots=slots, max_context=max_context)
             except KernelUnavailable as exc:
                 reason = str(exc)
+                if backend == "auto":
+                    print(f"specdec: {reason}; using the torch backend", file=sys.stderr)
         if backend == "kernels":
             raise ConfigError(f"the kernels backend is unavailable: {reason}")
     return FastLlama(hf_model, info, slots=slots, max_context=max_context)

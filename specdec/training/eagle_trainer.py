@@ -152,8 +152,9 @@ def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: Tra
         loss = cfg.w_feature * (reg * valid).sum() / valid.sum().clamp(min=1) + \
             cfg.w_token * (ce * has_label).sum() / has_label.sum().clamp(min=1)
         losses.append(loss)
-        hit = (logits.argmax(-1) == lab) & has_label
-        accs.append((float(hit.sum()), float(valid.sum())))
+        if not train:
+            hit = (logits.argmax(-1) == lab) & has_label
+            accs.append((float(hit.sum()), float(valid.sum())))
     return losses, accs
 
 
@@ -187,6 +188,9 @@ class Trainer:
         vocab = head.config.vocab_size
         self.vocab_index = torch.full((vocab,), -1, dtype=torch.long)
         self.vocab_index[head.draft_ids] = torch.arange(len(head.draft_ids))
+        # the frozen tables are read in bfloat16 under autocast anyway: cast them once, not at every product
+        head.embed = head.embed.to(torch.bfloat16)
+        head.draft_lm_head = head.draft_lm_head.to(torch.bfloat16)
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.elapsed, self.history = 0, 0.0, []
@@ -225,7 +229,7 @@ class Trainer:
                 self.elapsed += dt
                 bar.update(int(self.elapsed) - bar.n)
                 if self.step % 20 == 0:
-                    bar.set_postfix(loss=f"{float(loss):.3f}", **stats)
+                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **stats)
                 if time.time() - last_ckpt > checkpoint_every_s:
                     stats = self.evaluate()
                     self.checkpoint(stats)
