@@ -193,3 +193,12 @@ def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128
         return table
     finally:
         backend.release(cache)
+
+
+def draft_length(state, costs: CostModel) -> int:
+    """k for a sequence verified alone (a SequenceState). The policy decides whether drafting pays at all
+    (pausing when it does not); a tree drafter then sizes its tree itself from the measured costs."""
+    k = choose_lengths([state.policy], costs, [state.draft_cap()])[0]
+    if k > 0 and getattr(state.drafter, "sizes_itself", False):
+        return state.draft_cap()
+    return k

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .adaptive import CostModel, choose_lengths
+from .adaptive import CostModel, choose_lengths, draft_length
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter
 from .sequence import SequenceState
@@ -54,7 +54,7 @@ class BatchEngine:
             raise RuntimeError("the batch is full")
         made = self.drafter_factory() if drafter == "default" else drafter
         state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs,
-                              allow_tree=False)
+                              allow_tree=False)  # until it runs alone (see step)
         self.waiting.append((request_id, state))
         return state
 
@@ -75,12 +75,22 @@ class BatchEngine:
         if not self.running:
             return events
         ids, states = list(self.running), list(self.running.values())
-        ks = choose_lengths([s.policy for s in states], self.costs, [s.draft_cap() for s in states])
+        solo = len(states) == 1  # alone, a sequence may draft a tree (the batched pass scores chains only)
+        for s in states:
+            _allow_tree(s, solo)
+        if solo:
+            ks = [draft_length(states[0], self.costs)]
+        else:
+            ks = choose_lengths([s.policy for s in states], self.costs, [s.draft_cap() for s in states])
         drafts = [s.propose(k) for s, k in zip(states, ks)]
         inputs = [s.step_ids(d) for s, d in zip(states, drafts)]
         t0 = time.perf_counter()
-        outputs = self.backend.forward_batch([s.cache for s in states], inputs,
-                                             output_hidden=any(s.needs_features for s in states))
+        if solo:
+            outputs = [self.backend.forward(states[0].cache, inputs[0], tree_mask=states[0].step_mask(drafts[0]),
+                                            output_hidden=states[0].needs_features)]
+        else:
+            outputs = self.backend.forward_batch([s.cache for s in states], inputs,
+                                                 output_hidden=any(s.needs_features for s in states))
         seconds = time.perf_counter() - t0
         self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
         for rid, state, draft, out in zip(ids, states, drafts, outputs):
@@ -108,3 +118,10 @@ class BatchEngine:
             self.running.pop(rid, None)
             state.close()
         return StepEvent(request_id=rid, new_tokens=new, finished=state.finished, state=state)
+
+
+def _allow_tree(state: SequenceState, allowed: bool) -> None:
+    """Lets a tree-drafting drafter draft trees in this step, or chains only."""
+    request = getattr(state.drafter, "request", None)
+    if request is not None:
+        request.allow_tree = allowed

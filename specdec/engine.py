@@ -11,7 +11,7 @@ from typing import Iterator
 
 import torch
 
-from .adaptive import CostModel, choose_lengths, measure_verify_costs
+from .adaptive import CostModel, draft_length, measure_verify_costs
 from .config import GenerationConfig, SpeculationConfig
 from .detokenize import TextAssembler
 from .drafters.base import Drafter
@@ -144,10 +144,7 @@ class SpecDecoder:
             out = backend.forward(state.cache, state.prefill_ids(), last_only=True, output_hidden=state.needs_features)
             yield state.start(out.logits, time.perf_counter() - t0, out.hidden)  # logits (1, V)
             while not state.finished:
-                if getattr(self.drafter, "sizes_itself", False):  # trees sized from measured costs
-                    k = state.draft_cap()
-                else:
-                    k = choose_lengths([state.policy], self.costs, [state.draft_cap()])[0]
+                k = draft_length(state, self.costs)
                 draft = state.propose(k)
                 ids = state.step_ids(draft)
                 t0 = time.perf_counter()

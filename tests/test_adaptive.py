@@ -1,7 +1,8 @@
-import random
-
 """The adaptive draft-length policy and its cost model."""
-from specdec.adaptive import CostModel, DraftLengthPolicy
+import random
+from types import SimpleNamespace
+
+from specdec.adaptive import CostModel, DraftLengthPolicy, draft_length
 
 
 def flat_costs() -> CostModel:
@@ -57,3 +58,17 @@ def test_fixed_k_when_not_adaptive():
     policy = DraftLengthPolicy(5, flat_costs(), adaptive=False)
     policy.observe(5, 0)
     assert policy.choose() == 5
+
+
+def test_trees_size_themselves_but_stop_drafting_when_it_does_not_pay():
+    """A tree drafter gets the whole cap while drafts pay, and nothing once they miss (then retries later)."""
+    costs = flat_costs()
+    state = SimpleNamespace(policy=DraftLengthPolicy(6, costs), drafter=SimpleNamespace(sizes_itself=True),
+                            draft_cap=lambda: 6)
+    assert draft_length(state, costs) == 6
+    for _ in range(30):
+        state.policy.observe(6, 0)
+    ks = [draft_length(state, costs) for _ in range(12)]
+    assert ks[0] == 0 and 6 in ks  # paused first, then a retry with a full tree
+    chain = SimpleNamespace(policy=DraftLengthPolicy(6, costs), drafter=SimpleNamespace(), draft_cap=lambda: 6)
+    assert 0 < draft_length(chain, costs) <= 6

@@ -85,3 +85,36 @@ def test_speculation_shrinks_as_the_batch_grows():
     per_seq_16 = sum(choose_lengths(policies(16), costs, [8] * 16)) / 16
     assert alone >= 3 and alone > per_seq_2 > per_seq_16
     assert per_seq_16 == 0  # a full compute-bound batch gains nothing from drafts
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend):
+    """An EAGLE drafter drafts trees while its sequence runs alone and chains once others join; the
+    tokens stay exactly each sequence's plain greedy output either way."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    target = loaded(model, backend)
+    torch.manual_seed(1)
+    drafter = EagleDrafter(new_head(model, "tiny", torch.arange(model.config.vocab_size)), tree=True, width=3)
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
+    alone = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = _prompts(4)
+    want = [alone.generate_ids(p, config)[0] for p in prompts]
+    engine = decoder.batch_engine(max_batch=4)
+    got, shapes = {}, []
+    engine.add(0, prompts[0], config)
+    for step in range(40):
+        if step == 6:  # the others join after the first has drafted alone for a while
+            for i, p in enumerate(prompts[1:], 1):
+                engine.add(i, p, config)
+        shapes.append((len(engine.running), [s.drafter.sizes_itself for s in engine.running.values()]))
+        for event in engine.step():
+            got.setdefault(event.request_id, []).extend(event.new_tokens)
+        if not len(engine):
+            break
+    assert [got[i] for i in range(len(prompts))] == want
+    assert any(n == 1 and trees == [True] for n, trees in shapes[1:6])
+    assert any(n > 1 and not any(trees) for n, trees in shapes[7:])
