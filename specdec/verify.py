@@ -155,7 +155,6 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
     n = len(parents)
     mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
     mask[:, 0] = True
-    mask[0, 0] = True
     for i, p in enumerate(parents):
         mask[i + 1] = mask[p + 1] if p >= 0 else mask[0]
         mask[i + 1, i + 1] = True

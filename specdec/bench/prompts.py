@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ..errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,14 +45,16 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
     return prompts
 
 
-def round_robin(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
-    """Takes the first prompt of each category in turn, then the second of each, and so on."""
-    by_category: dict[str, list[BenchPrompt]] = {}
-    for p in prompts:
-        by_category.setdefault(p.category, []).append(p)
+def round_robin(items: list[T], limit: int | None, key: Callable[[T], str] = lambda p: p.category) -> list[T]:
+    """Takes the first item of each group (by `key`, default: category) in turn, then the second of each, and
+    so on, up to `limit` items (None: all)."""
+    by_group: dict[str, list[T]] = {}
+    for item in items:
+        by_group.setdefault(key(item), []).append(item)
+    limit = len(items) if limit is None else limit
     picked, depth = [], 0
-    while len(picked) < limit and any(depth < len(v) for v in by_category.values()):
-        for group in by_category.values():
+    while len(picked) < limit and any(depth < len(v) for v in by_group.values()):
+        for group in by_group.values():
             if depth < len(group) and len(picked) < limit:
                 picked.append(group[depth])
         depth += 1

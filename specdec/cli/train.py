@@ -43,9 +43,7 @@ def run(args) -> int:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
     name = args.model or DEFAULT_MODEL
     target = load_model(name, dtype=args.dtype)
-    prompts = interleave_sources(args.prompts, args.max_prompts) if Path(args.prompts).is_file() else None
-    if prompts is None:
-        raise ConfigError(f"training prompt file not found: {args.prompts}")
+    prompts = interleave_sources(args.prompts, args.max_prompts)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
     data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / safe
     data = generate_training_data(target, prompts, data_dir, max_new_tokens=args.max_new_tokens,

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..config import SamplingConfig
+from ..sampling import sample
 
 
 @dataclass
@@ -40,6 +41,13 @@ class DraftRequest:
     costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
     allow_tree: bool = True  # False where the engine scores chains only (batched serving)
 
+    def draw(self, q: torch.Tensor, position: int) -> int:
+        """A draft token from q (V,) for `position`: argmax(log q + that position's noise) in coupled mode,
+        else a sample from the drafter's own stream."""
+        if self.noise is not None:
+            return int((q.log() + self.noise([position])[0].to(q.device)).argmax())
+        return int(sample(q.cpu(), self.generator))
+
 
 class Drafter(ABC):
     """Proposes draft tokens for one request at a time."""
@@ -65,3 +73,12 @@ class Drafter(ABC):
     def fork(self) -> "Drafter":
         """A fresh drafter for another concurrent request, sharing weights and other heavy state."""
         raise NotImplementedError(f"drafter {self.name!r} cannot serve concurrent requests")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

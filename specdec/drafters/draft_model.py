@@ -5,8 +5,8 @@ import torch
 
 from ..errors import IncompatibleDraftError
 from ..models.backend import CausalLM
-from ..sampling import probs_from_logits, sample
-from .base import Draft, Drafter, DraftRequest
+from ..sampling import probs_from_logits
+from .base import Draft, Drafter, DraftRequest, common_prefix
 
 
 def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
@@ -51,7 +51,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, context: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft.empty()
-        keep = _common_prefix(self.cached, context)
+        keep = common_prefix(self.cached, context)
         keep = min(keep, len(context) - 1)  # always re-feed at least the last token
         self.draft.truncate(self.cache, keep)
         pending = context[keep:]
@@ -67,10 +67,7 @@ class DraftModelDrafter(Drafter):
                 token = int(logits.argmax())
             else:
                 q = probs_from_logits(logits, sampling)
-                if self.request.noise is not None:
-                    token = int((q.log() + self.request.noise([position])[0].to(q.device)).argmax())
-                else:
-                    token = int(sample(q.cpu(), self.request.generator))
+                token = self.request.draw(q, position)
                 rows.append(q)
             tokens.append(token)
             pending = [token]
@@ -89,10 +86,3 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     pad = torch.full((vocab - logits.shape[-1],), float("-inf"), device=logits.device)
     return torch.cat([logits, pad])
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

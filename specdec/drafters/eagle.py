@@ -12,8 +12,9 @@ import math
 
 import torch
 
-from ..sampling import probs_from_logits, sample
-from .base import Draft, Drafter, DraftRequest
+from ..adaptive import CostModel
+from ..sampling import probs_from_logits
+from .base import Draft, Drafter, DraftRequest, common_prefix
 from .eagle_head import EagleHead
 
 
@@ -69,11 +70,7 @@ class EagleDrafter(Drafter):
         """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
         n = self.feat.shape[0]  # features of every context position but the last
         want = context[1: n + 1]
-        keep = 0
-        for a, b in zip(self.pair_tokens, want):
-            if a != b:
-                break
-            keep += 1
+        keep = common_prefix(self.pair_tokens, want)
         if self.kv is not None and keep < self.kv[0].shape[2]:
             self.kv = (self.kv[0][:, :, :keep], self.kv[1][:, :, :keep]) if keep else None
         if keep < n:
@@ -103,10 +100,7 @@ class EagleDrafter(Drafter):
                 token = int(head.draft_ids[int(logits.argmax())])
             else:
                 q = torch.zeros(self.vocab).index_copy_(0, head.draft_ids, probs_from_logits(logits, sampling))
-                if request.noise is not None:
-                    token = int((q.log() + request.noise([context_len + i])[0].cpu()).argmax())
-                else:
-                    token = int(sample(q, request.generator))
+                token = request.draw(q, context_len + i)
                 rows.append(q)
             tokens.append(token)
             if i < k - 1:
@@ -116,7 +110,8 @@ class EagleDrafter(Drafter):
 
     # ---- trees ---------------------------------------------------------------------------------------
     def _tree(self, root: torch.Tensor, context_len: int, depth_cap: int) -> Draft:
-        head, costs = self.head, self.request.costs
+        head = self.head
+        costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
@@ -170,8 +165,6 @@ class EagleDrafter(Drafter):
 def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> int:
     """Candidates kept per level: half the tokens one verify pass takes within `headroom` times the cost of a
     one-token pass (a flat curve, as on GPUs, affords wide trees; a compute-bound CPU, narrow ones)."""
-    if costs is None:
-        return 4
     base, T = costs.verify_s(1), 1
     while T < 64 and costs.verify_s(T + 1) <= headroom * base:
         T += 1
@@ -181,18 +174,16 @@ def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> in
 def _expand_floor(costs) -> float:
     """Smallest probability of reaching a node that can still pay for a deeper level: the marginal
     cost of one more verified token relative to a one-token pass, from the measured curve."""
-    if costs is None:
-        return 0.1
     return max(0.02, min(0.5, (costs.verify_s(9) - costs.verify_s(8)) / costs.verify_s(1)))
 
 
 def _choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int) -> list[int]:
     """The most probable nodes, closed under ancestors, as many as maximise E[accepted + 1] / verify cost."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:max_nodes]
-    best, best_rate, expected = 0, 1.0 / (costs.verify_s(1) if costs else 1.0), 1.0
+    best, best_rate, expected = 0, 1.0 / costs.verify_s(1), 1.0
     for n, i in enumerate(order, start=1):
         expected += math.exp(scores[i])
-        cost = costs.verify_s(n + 1) if costs else 1.0 + 0.03 * n
+        cost = costs.verify_s(n + 1)
         if expected / cost > best_rate:
             best, best_rate = n, expected / cost
     chosen = set(order[:best])

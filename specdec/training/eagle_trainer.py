@@ -52,7 +52,7 @@ def batches(sequences: list[dict], batch_tokens: int, max_len: int, rng: random.
     order = sorted(sequences, key=lambda s: min(len(s["tokens"]), max_len))
     out, cur = [], []
     for seq in order:
-        longest = max([min(len(s["tokens"]), max_len) for s in cur + [seq]])
+        longest = min(len(seq["tokens"]), max_len)  # sorted by length: the newcomer is the longest
         if cur and longest * (len(cur) + 1) > batch_tokens:
             out.append(cur)
             cur = []
@@ -105,7 +105,6 @@ def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: Tra
     """
     B, L = tokens.shape
     n = L - 2
-    c = head.config
     pos = torch.arange(n)
     positions = pos[None].expand(B, n)
     true_f = features[:, :n]  # f_p
@@ -113,27 +112,15 @@ def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: Tra
         rms = true_f.pow(2).mean().sqrt()
         true_f = true_f + (torch.rand_like(true_f) * 2 - 1) * cfg.feature_noise * rms
     feat_in = true_f
-    next_tokens = head.embed[tokens[:, 1: n + 1]]  # e(x_{p+1}) at pair position p, the same at every step
-    keys, values, outs = [], [], []
+    pair_tokens = tokens[:, 1: n + 1]  # x_{p+1} at pair position p, the same at every step
+    past, outs = None, []
     mask = unrolled_mask(n, cfg.steps)
     for s in range(1, cfg.steps + 1):
-        # step s at position p continues a chain that started from the true pair at p - s + 1
-        x = head.fc(torch.cat([next_tokens.to(feat_in.dtype), feat_in], dim=-1))
-        h = head.input_norm(x)
-        q = head.q_proj(h).view(B, n, c.num_heads, c.head_dim).transpose(1, 2)
-        k = head.k_proj(h).view(B, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = head.v_proj(h).view(B, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = head._rope(positions, x.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        keys.append(k)
-        values.append(v)
-        K, V = torch.cat(keys, 2), torch.cat(values, 2)
+        # step s at position p continues a chain that started from the true pair at p - s + 1;
+        # the head's own layer, over the keys of steps 1..s, sees exactly what it sees when drafting
         m = mask[(s - 1) * n: s * n, : s * n]
-        attn = F.scaled_dot_product_attention(q, K, V, attn_mask=m | _diag_guard(m), enable_gqa=c.num_kv_heads != c.num_heads)
-        x = x + head.o_proj(attn.transpose(1, 2).reshape(B, n, -1))
-        h2 = head.post_norm(x)
-        out = x + head.down_proj(F.silu(head.gate_proj(h2)) * head.up_proj(h2))
+        out, kv = head(feat_in, pair_tokens, positions, past=past, mask=m | _diag_guard(m))
+        past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
         outs.append(out)
         # the next step, at position p + 1, reads this step's guess of f_{p+1}
         feat_in = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
@@ -166,11 +153,6 @@ def _diag_guard(mask: torch.Tensor) -> torch.Tensor:
     idx = torch.arange(n)
     guard[idx, mask.shape[1] - n + idx] = empty
     return guard
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Trainer:

@@ -19,36 +19,17 @@ from safetensors.torch import load_file, save_file
 from ..errors import ConfigError
 
 
-def load_train_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a JSONL file with a `prompt` field (or Spec-Bench style `turns`)."""
+def interleave_sources(path: str | Path, limit: int | None) -> list[str]:
+    """Prompts (JSONL, a `prompt` field) taken round-robin across the file's `source` values, so that a limit
+    keeps the mix."""
+    from ..bench.prompts import round_robin
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"training prompt file not found: {path}")
-    prompts = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            text = row.get("prompt") or (row.get("turns") or [None])[0]
-            if isinstance(text, str) and text.strip():
-                prompts.append(text)
-    return prompts[:limit] if limit else prompts
-
-
-def interleave_sources(path: str | Path, limit: int | None) -> list[str]:
-    """Prompts taken round-robin across the file's `source` values, so that a limit keeps the mix."""
-    rows = [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
-    by_source: dict[str, list[str]] = {}
-    for row in rows:
-        text = row.get("prompt")
-        if isinstance(text, str) and text.strip():
-            by_source.setdefault(row.get("source", ""), []).append(text)
-    out, depth = [], 0
-    while any(depth < len(v) for v in by_source.values()) and (limit is None or len(out) < limit):
-        for group in by_source.values():
-            if depth < len(group) and (limit is None or len(out) < limit):
-                out.append(group[depth])
-        depth += 1
-    return out
+    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    rows = [r for r in rows if isinstance(r.get("prompt"), str) and r["prompt"].strip()]
+    return [r["prompt"] for r in round_robin(rows, limit, key=lambda r: r.get("source", ""))]
 
 
 class ShardWriter:
