@@ -6,8 +6,9 @@
 // sequences share the pass, or on how work is split among threads. So scoring k drafted tokens in one
 // pass gives bit for bit what k one-token passes give, and speculation cannot change a single token.
 //
-// Reduction order of a dot product over K: 16 float32 lanes, lane l accumulates k = l (mod 16) in
-// increasing k with fused multiply-adds, then the lanes are summed by _mm512_reduce_add_ps.
+// Reduction order of a matrix product's output: one float32 accumulator, over k = 0..K-1 in increasing order
+// with fused multiply-adds (for bfloat16 products: over pairs of k, by vdpbf16ps). Other dot products (norms,
+// attention scores) use 16 lanes, lane l accumulating k = l (mod 16), then _mm512_reduce_add_ps.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -16,6 +17,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <immintrin.h>
@@ -49,119 +51,113 @@ inline __m512 load16_any(const void* base, int64_t k, int wtype) {
 
 inline int64_t elem_size(int wtype) { return wtype == F32 ? 4 : 2; }
 
-// Weights are packed once into blocks of 8 rows: block b holds rows 8b..8b+7 as [K/16][8][16] values, so
-// that a block is read as one sequential stream (rows past N are zero). K is a multiple of 16.
-constexpr int kBlockRows = 8;
+// Weights are packed once into blocks of 64 output rows (4 vectors of 16 lanes, one output per lane), so that
+// a block is read as one sequential stream (rows past N are zero): block b holds W[64b + i, k] at [k][i], or
+// for bfloat16 products at [k/2][i][k%2] (pairs of adjacent k for vdpbf16ps). K is a multiple of 16.
+constexpr int kBlockCols = 64;
+constexpr int kVecs = kBlockCols / 16;
+constexpr int kMaxRows = 6;  // rows of x per tile: 6 x 4 accumulators + 4 weight vectors + 1 broadcast
 
-// y[j, i] = sum_k x[j, k] w[i, k] (+ bias[i]) for the 8 rows of one packed block and MR rows of x;
-// rows i >= valid are computed but not stored.
+// y[j, n + i] = sum_k x[j, k] W[n + i, k] (+ bias[i]) for the 64 outputs of one packed block and MR rows of x.
+// Each output accumulates in one lane, over k in increasing order (pairs of k for BF16DOT): the order depends on
+// nothing but K. x is float32, or bfloat16 for BF16DOT. Outputs i >= valid are computed but not stored.
 template <int MR, int WT>
-__attribute__((noinline)) void tile(const float* __restrict x, int64_t K, const char* __restrict block, int valid,
+__attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const char* __restrict block, int valid,
                                     const float* __restrict bias, float* __restrict y, int64_t ldy) {
-  constexpr int NR = kBlockRows;
-  constexpr int64_t ES = WT == F32 ? 4 : 2;
-  __m512 acc[NR * MR];
-#pragma GCC unroll 32
-  for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const char* wk = block + k * NR * ES;
-    __m512 wv[NR];
-#pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) wv[i] = load16<WT>(wk + i * 16 * ES, 0);
+  __m512 acc[MR][kVecs];
+#pragma GCC unroll 6
+  for (int j = 0; j < MR; ++j)
 #pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) {
-      const __m512 xv = _mm512_loadu_ps(x + j * K + k);
-#pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[i * MR + j] = _mm512_fmadd_ps(wv[i], xv, acc[i * MR + j]);
+    for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
+  if constexpr (WT == BF16DOT) {
+    const uint16_t* x = static_cast<const uint16_t*>(xv);
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(block);
+    for (int64_t k = 0; k < K; k += 2) {
+      __m512bh wk[kVecs];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) wk[v] = (__m512bh)_mm512_loadu_si512(w + k * kBlockCols + v * 32);
+#pragma GCC unroll 6
+      for (int j = 0; j < MR; ++j) {
+        int32_t pair;
+        std::memcpy(&pair, x + j * K + k, sizeof(pair));
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], wk[v], xb);
+      }
+    }
+  } else {
+    const float* x = static_cast<const float*>(xv);
+    for (int64_t k = 0; k < K; ++k) {
+      __m512 wk[kVecs];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) wk[v] = load16<WT>(block, k * kBlockCols + v * 16);
+#pragma GCC unroll 6
+      for (int j = 0; j < MR; ++j) {
+        const __m512 xb = _mm512_set1_ps(x[j * K + k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_fmadd_ps(wk[v], xb, acc[j][v]);
+      }
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) {
-    if (i >= valid) break;
 #pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i * MR + j]) + (bias ? bias[i] : 0.0f);
+  for (int v = 0; v < kVecs; ++v) {
+    const int cols = valid - v * 16;
+    if (cols <= 0) break;
+    const __mmask16 live = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + v * 16) : _mm512_setzero_ps();
+#pragma GCC unroll 6
+    for (int j = 0; j < MR; ++j) _mm512_mask_storeu_ps(y + j * ldy + v * 16, live, _mm512_add_ps(acc[j][v], b));
   }
 }
 
+template <int WT, int MR = kMaxRows>
+void tile_rows(int64_t rows, const void* x, int64_t K, const char* block, int valid, const float* bias, float* y,
+               int64_t ldy) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return tile<MR, WT>(x, K, block, valid, bias, y, ldy);
+    tile_rows<WT, MR - 1>(rows, x, K, block, valid, bias, y, ldy);
+  }
+}
+
+// y (M, ldy) columns [0, N) = x (M, K) @ W^T (+ bias); x float32, or bfloat16 for BF16DOT.
 template <int WT>
-void linear_impl(const float* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
-                 int64_t ldy) {
-  const int64_t block_bytes = kBlockRows * K * (WT == F32 ? 4 : 2);
-  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
-  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
+void linear_blocks(const void* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
+                   int64_t ldy) {
+  constexpr int64_t ES = WT == F32 ? 4 : 2;  // bytes per weight
+  constexpr int64_t XS = WT == BF16DOT ? 2 : 4;  // bytes per activation
+  const int64_t block_bytes = kBlockCols * K * ES;
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  const char* xc = static_cast<const char*>(x);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * kBlockRows;
-      const int valid = static_cast<int>(std::min<int64_t>(kBlockRows, N - n));
+      const int64_t n = b * kBlockCols;
+      const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
       const char* block = packed + b * block_bytes;
       const float* bn = bias ? bias + n : nullptr;
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) tile<2, WT>(x + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
-      if (m < M) tile<1, WT>(x + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
+      for (int64_t m = 0; m < M; m += kMaxRows)
+        tile_rows<WT>(std::min<int64_t>(kMaxRows, M - m), xc + m * K * XS, K, block, valid, bn, y + m * ldy + n, ldy);
     }
   });
 }
 
-// y[j, i] for the 8 rows of a packed bfloat16 block ([K/32][8][32]) and MR rows of bfloat16 x: each lane of
-// an accumulator sums the products of one pair of columns per step of 32, then the lanes are added.
-template <int MR>
-__attribute__((noinline)) void tile_dot(const uint16_t* __restrict x, int64_t K, const uint16_t* __restrict block,
-                                        int valid, const float* __restrict bias, float* __restrict y, int64_t ldy) {
-  constexpr int NR = kBlockRows;
-  __m512 acc[NR * MR];
-#pragma GCC unroll 32
-  for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const uint16_t* wk = block + k * NR;
-    __m512bh wv[NR];
-#pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(wk + i * 32);
-#pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + j * K + k);
-#pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[i * MR + j] = _mm512_dpbf16_ps(acc[i * MR + j], wv[i], xv);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) {
-    if (i >= valid) break;
-#pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i * MR + j]) + (bias ? bias[i] : 0.0f);
-  }
+// x (M, K) float32 -> bfloat16, rounded to nearest even; M * K is a multiple of 16
+std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
+  std::vector<uint16_t> out(count);
+  for (int64_t e = 0; e < count; e += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + e), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + e)));
+  return out;
 }
 
-void linear_dot(const float* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
-                int64_t ldy) {
-  // activations rounded to bfloat16 (nearest even) once per call
-  std::vector<uint16_t> xb(M * K);
-  for (int64_t e = 0; e < M * K; e += 32) {
-    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + e + 16), _mm512_loadu_ps(x + e));
-    _mm512_storeu_si512(xb.data() + e, (__m512i)pair);
-  }
-  const int64_t block_elems = kBlockRows * K;
-  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(packed);
-  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * kBlockRows;
-      const int valid = static_cast<int>(std::min<int64_t>(kBlockRows, N - n));
-      const uint16_t* block = w + b * block_elems;
-      const float* bn = bias ? bias + n : nullptr;
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) tile_dot<2>(xb.data() + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
-      if (m < M) tile_dot<1>(xb.data() + m * K, K, block, valid, bn, y + m * ldy + n, ldy);
-    }
-  });
-}
-
-// (N, K) row-major -> packed blocks of 8 rows by `chunk` columns, as a flat tensor of the same dtype
-torch::Tensor pack_blocks(const torch::Tensor& w, int64_t chunk = 16) {
+// (N, K) row-major -> packed blocks of 64 rows (see kBlockCols), as a flat tensor of the same dtype
+torch::Tensor pack_blocks(const torch::Tensor& w, bool pairs) {
   const int64_t N = w.size(0), K = w.size(1);
-  const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
-  torch::Tensor padded = torch::zeros({blocks * kBlockRows, K}, w.options());
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  torch::Tensor padded = torch::zeros({blocks * kBlockCols, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
-  // (blocks, 8, K/chunk, chunk) -> (blocks, K/chunk, 8, chunk)
-  return padded.view({blocks, kBlockRows, K / chunk, chunk}).permute({0, 2, 1, 3}).contiguous().view({-1});
+  if (pairs)  // (blocks, 64, K/2, 2) -> (blocks, K/2, 64, 2)
+    return padded.view({blocks, kBlockCols, K / 2, 2}).permute({0, 2, 1, 3}).contiguous().view({-1});
+  // (blocks, 64, K) -> (blocks, K, 64)
+  return padded.view({blocks, kBlockCols, K}).permute({0, 2, 1}).contiguous().view({-1});
 }
 
 struct Weight {
@@ -181,19 +177,22 @@ Weight make_weight(const torch::Tensor& t, bool bf16_dot = false) {
   else if (t.scalar_type() == torch::kBFloat16) w.wtype = bf16_dot ? BF16DOT : BF16;
   else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
   else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
-  TORCH_CHECK(w.wtype != BF16DOT || w.K % 32 == 0, "bfloat16 products need inner sizes that are multiples of 32");
-  w.tensor = pack_blocks(t, w.wtype == BF16DOT ? 32 : 16);
+  w.tensor = pack_blocks(t, w.wtype == BF16DOT);
   w.data = static_cast<const char*>(w.tensor.data_ptr());
   return w;
 }
 
-// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias)
+// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
   switch (w.wtype) {
-    case BF16DOT: linear_dot(x, M, w.data, w.N, w.K, bias, y, ldy); break;
-    case BF16: linear_impl<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
-    case F16: linear_impl<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
-    default: linear_impl<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    case BF16DOT: {
+      const std::vector<uint16_t> xb = to_bf16(x, M * w.K);  // activations rounded once per product
+      linear_blocks<BF16DOT>(xb.data(), M, w.data, w.N, w.K, bias, y, ldy);
+      break;
+    }
+    case BF16: linear_blocks<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    case F16: linear_blocks<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    default: linear_blocks<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
   }
 }
 
@@ -221,13 +220,75 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// rows per task when row-wise work is split among threads (a row's result never depends on the split)
+constexpr int64_t kRowGrain = 32;
+
 // x (M, H) -> out (M, H): out = weight * (x / sqrt(mean(x^2) + eps))
 void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* out) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = x + m * H;
-    const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
-    float* o = out + m * H;
-    for (int64_t h = 0; h < H; ++h) o[h] = weight[h] * (xr[h] * inv);
+  at::parallel_for(0, M, kRowGrain, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = x + m * H;
+      const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
+      float* o = out + m * H;
+      for (int64_t h = 0; h < H; ++h) o[h] = weight[h] * (xr[h] * inv);
+    }
+  });
+}
+
+// Attention scores of R query rows against blocks of 16 cached keys ([blocks][hd][16]): scores[r * width + j] =
+// scale * sum over d in increasing order of q[r][d] k_j[d]. R is a template argument so the accumulators stay in
+// registers.
+template <int R>
+void score_block_rows(const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+                      float* scores, int64_t width) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* kb = kbase + b * hd * 16;
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d) {
+      const __m512 kv = _mm512_loadu_ps(kb + d * 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), kv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * width + b * 16, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+  }
+}
+
+template <int R = 8>
+void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+                float* scores, int64_t width) {
+  if constexpr (R > 0) {
+    if (rows == R) return score_block_rows<R>(q, kbase, hd, blocks, scale, scores, width);
+    score_rows<R - 1>(rows, q, kbase, hd, blocks, scale, scores, width);
+  }
+}
+
+// out[d] = inv_total * sum over i in increasing order of weights[i] v[keys[i]][d], for DV vectors of 16 lanes of d
+// side by side (v rows of hd floats).
+template <int DV>
+void weighted_sum_vecs(const float* weights, const int64_t* keys, int64_t n, const float* v, int64_t hd,
+                       __m512 inv_total, float* out) {
+  __m512 acc[DV];
+#pragma GCC unroll 16
+  for (int j = 0; j < DV; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const __m512 wi = _mm512_set1_ps(weights[i]);
+    const float* row = v + keys[i] * hd;
+#pragma GCC unroll 16
+    for (int j = 0; j < DV; ++j) acc[j] = _mm512_fmadd_ps(wi, _mm512_loadu_ps(row + j * 16), acc[j]);
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < DV; ++j) _mm512_storeu_ps(out + j * 16, _mm512_mul_ps(acc[j], inv_total));
+}
+
+template <int DV = 16>
+void weighted_sum(int64_t dv, const float* weights, const int64_t* keys, int64_t n, const float* v, int64_t hd,
+                  __m512 inv_total, float* out) {
+  if constexpr (DV > 0) {
+    if (dv == DV) return weighted_sum_vecs<DV>(weights, keys, n, v, hd, inv_total, out);
+    weighted_sum<DV - 1>(dv, weights, keys, n, v, hd, inv_total, out);
   }
 }
 
@@ -334,8 +395,9 @@ class CpuLlama {
       float* vc = v_cache.data_ptr<float>() + l * layer_stride;
       rms_norm(x, N, H, L.input_norm.data_ptr<float>(), c.eps, h);
       linear(h, N, L.qkv, L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr, qkv, qkv_width);
-      // RoPE on q and k, then k and v into the cache
-      for (int64_t i = 0; i < N; ++i) {
+      // RoPE on q and k, then k and v into the cache (each row writes its own cache entries)
+      at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
         const float* cr = cos + pos[i] * hd;
         const float* sr = sin + pos[i] * hd;
         float* row = qkv + i * qkv_width;
@@ -358,17 +420,20 @@ class CpuLlama {
           std::copy(row + (nh + nkv + g) * hd, row + (nh + nkv + g + 1) * hd, vc + ((slot[s] * nkv + g) * P + at) * hd);
         }
       }
+      });
       attention(qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn);
       linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
       rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
       linear(h, N, L.gate_up, nullptr, gu, 2 * I);
-      for (int64_t i = 0; i < N; ++i)
-        for (int64_t e = 0; e < I; e += 16) {
-          const __m512 g = _mm512_loadu_ps(gu + i * 2 * I + e);
-          const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-          _mm512_storeu_ps(act + i * I + e, _mm512_mul_ps(silu, _mm512_loadu_ps(gu + i * 2 * I + I + e)));
-        }
+      at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t e = 0; e < I; e += 16) {
+            const __m512 g = _mm512_loadu_ps(gu + i * 2 * I + e);
+            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            _mm512_storeu_ps(act + i * I + e, _mm512_mul_ps(silu, _mm512_loadu_ps(gu + i * 2 * I + I + e)));
+          }
+      });
       linear(act, N, L.down, nullptr, h, H);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
     }
@@ -406,25 +471,18 @@ class CpuLlama {
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t s = tasks[w][0], g = tasks[w][1], first = tasks[w][2], rows = tasks[w][3];
         const int64_t Ts = off[s + 1] - off[s], base = start[s];
-        const int64_t keys = base + Ts, blocks = (keys + 15) / 16, width = blocks * 16;
+        // causal rows see no key past their own token: score only the blocks up to the chunk's last row
+        const int64_t keys = causal ? base + (first + rows - 1) / groups + 1 : base + Ts;
+        const int64_t blocks = (keys + 15) / 16, width = blocks * 16;
         scores.assign(rows * width, 0.0f);
         const float* kbase = kc + (slot[s] * nkv + g) * P * hd;
         const float* vbase = vc + (slot[s] * nkv + g) * P * hd;
-        auto qrow = [&](int64_t r) {
+        const float* q[8];
+        for (int64_t r = 0; r < rows; ++r) {
           const int64_t row = first + r;
-          return qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
-        };
-        for (int64_t b = 0; b < blocks; ++b) {
-          const float* kb = kbase + b * hd * 16;
-          __m512 acc[8];
-          for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
-          for (int64_t d = 0; d < hd; ++d) {
-            const __m512 kv = _mm512_loadu_ps(kb + d * 16);
-            for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qrow(r)[d]), kv, acc[r]);
-          }
-          for (int64_t r = 0; r < rows; ++r)
-            _mm512_storeu_ps(&scores[r * width + b * 16], _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+          q[r] = qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
         }
+        score_rows(rows, q, kbase, hd, blocks, scale, scores.data(), width);
         std::vector<int64_t> visible_keys;
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t row = first + r, t = row / groups;
@@ -449,12 +507,7 @@ class CpuLlama {
           }
           const __m512 inv_total = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
           float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;
-          for (int64_t d = 0; d < hd; d += 16) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t i = 0; i < n; ++i)
-              acc = _mm512_fmadd_ps(_mm512_set1_ps(weights[i]), _mm512_loadu_ps(vbase + visible_keys[i] * hd + d), acc);
-            _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, inv_total));
-          }
+          weighted_sum(hd / 16, weights.data(), visible_keys.data(), n, vbase, hd, inv_total, o);
         }
       }
     });
