@@ -7,6 +7,7 @@ from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
+from specdec.kernels import has_bf16_products
 from tiny import loaded, tiny_llama
 
 
@@ -20,6 +21,8 @@ def _prompts(n=12, vocab=64):
 
 
 @pytest.mark.parametrize("backend,dtype", [("kernels", torch.float32), ("kernels", torch.bfloat16),
+                                           pytest.param("kernels-bf16", torch.bfloat16, marks=pytest.mark.skipif(
+                                               not has_bf16_products(), reason="the CPU lacks AVX-512 BF16")),
                                            ("torch", torch.float32), ("hf", torch.float32)])
 @pytest.mark.parametrize("kind", ["ngram", "self"])
 def test_batched_speculation_equals_each_sequence_alone(backend, dtype, kind):

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from specdec.kernels import has_bf16_products
 from tiny import loaded, tiny_llama
 
 
@@ -101,11 +102,16 @@ def test_fast_backend_is_bit_identical_to_transformers(dtype):
         assert torch.equal(a.hidden, b.hidden)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_kernels_are_batch_invariant_bit_for_bit(dtype):
+needs_bf16_products = pytest.mark.skipif(not has_bf16_products(), reason="the CPU lacks AVX-512 BF16")
+KERNEL_VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16), ("kernels", torch.float16),
+                   pytest.param("kernels-bf16", torch.bfloat16, marks=needs_bf16_products)]
+
+
+@pytest.mark.parametrize("kind,dtype", KERNEL_VARIANTS)
+def test_kernels_are_batch_invariant_bit_for_bit(kind, dtype):
     """One pass over k tokens, k one-token passes, a tree and a batch of sequences give identical logits."""
     model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(dtype)
-    backend = loaded(model, "kernels", dtype=dtype).backend
+    backend = loaded(model, kind, dtype=dtype).backend
     prompt, steps = torch.arange(3, 40), torch.tensor([7, 1, 9, 4, 4, 2, 8, 5])
     cache = backend.new_cache()
     backend.forward(cache, prompt)
@@ -134,3 +140,16 @@ def test_kernels_match_transformers_in_float32(model):
     for chunk in ([3, 1, 4, 1, 5, 9, 2, 6] * 4, [5], [3, 5, 8]):
         torch.testing.assert_close(kern.forward(ck, torch.tensor(chunk)).logits,
                                    hf.forward(ch, torch.tensor(chunk)).logits, rtol=1e-4, atol=1e-4)
+
+
+@needs_bf16_products
+def test_bf16_products_stay_close_to_float32_products():
+    """kernels-bf16 only rounds each product's input to bfloat16: logits stay near the float32-activation ones."""
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(torch.bfloat16)
+    exact, fast = (loaded(model, kind, dtype=torch.bfloat16).backend for kind in ("kernels", "kernels-bf16"))
+    ids = torch.arange(3, 60)
+    a, b = exact.forward(exact.new_cache(), ids).logits, fast.forward(fast.new_cache(), ids).logits
+    assert not torch.equal(a, b)  # the products really are computed differently
+    error = (b - a).abs()
+    assert error.mean() < 0.02 * a.std() and error.max() < 0.2 * a.std()  # bfloat16 carries ~3 digits
+    assert torch.equal(a.argmax(-1), b.argmax(-1))

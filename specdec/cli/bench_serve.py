@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import DTYPES
+from ..config import BACKENDS, DTYPES
 
 
 def register(sub) -> None:
@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--draft-model", default=None)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--backend", default="auto", choices=("auto", "kernels", "torch", "hf"))
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import DTYPES, GenerationConfig
+from ..config import BACKENDS, DTYPES, GenerationConfig
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -17,8 +17,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="built-in alias, local folder, .gguf file or hub id (default: smollm2-135m)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations dtype (default: auto = bfloat16 where native)")
-    p.add_argument("--backend", default="auto", choices=("auto", "kernels", "torch", "hf"),
-                   help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family); torch: "
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family); kernels-bf16: the "
+                        "same with bfloat16 products (faster, less exact, still batch-invariant); torch: "
                         "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
                         "(default: auto, the first of these that supports the model and device)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import check_device_dtype
+from ..config import BACKENDS, check_device_dtype
 from ..errors import ConfigError, ModelLoadError
 from .backend import CausalLM, HFBackend, ModelInfo
 from .registry import KNOWN_MODELS
 
-BACKENDS = ("auto", "kernels", "torch", "hf")
 
 
 @dataclass
@@ -83,8 +82,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
                backend: str = "auto", slots: int = 1, max_context: int | None = None) -> LoadedModel:
     """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model."""
     check_device_dtype(device, dtype)
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    check_backend(backend)
     folder, gguf = locate(spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -95,13 +93,28 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
                        backend=make_backend(hf_model, info, backend, slots, max_context))
 
 
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
                  max_context: int | None = None) -> CausalLM:
-    """kernels: specdec's CPU kernels (batch-invariant, float32 compute); torch: specdec's Llama forward in
-    torch (bit-identical to transformers); hf: transformers' own forward. auto: the first that fits."""
+    """kernels: specdec's CPU kernels (batch-invariant, float32 compute); kernels-bf16: the same with bfloat16
+    weights and activations rounded to bfloat16 at each matrix product's input (AVX-512 BF16; faster, less exact,
+    still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
+    transformers' own forward. auto: the first that fits."""
     from .llama import FastLlama, fast_path_problem
 
+    check_backend(backend)
     problem = fast_path_problem(hf_model.config)
+    bf16_products = backend == "kernels-bf16"
+    if bf16_products:
+        from ..kernels import has_bf16_products
+
+        if info.dtype != torch.bfloat16 or not has_bf16_products():
+            raise ConfigError("the kernels-bf16 backend needs --dtype bfloat16 and a CPU with AVX-512 BF16")
+        backend = "kernels"
     if backend in ("kernels", "torch") and problem:
         raise ConfigError(f"the {backend} backend does not support this model: {problem}")
     if backend == "hf" or problem:
@@ -115,7 +128,7 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
         reason = reason or kernel_shape_problem(hf_model.config)
         if reason is None:
             try:
-                return KernelLlama(hf_model, info, slots=slots, max_context=max_context)
+                return KernelLlama(hf_model, info, slots=slots, max_context=max_context, bf16_products=bf16_products)
             except KernelUnavailable as exc:
                 reason = str(exc)
                 if backend == "auto":
