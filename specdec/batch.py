@@ -104,7 +104,7 @@ class BatchEngine:
         batch, self.waiting = self.waiting, []
         t0 = time.perf_counter()
         outputs = self.backend.forward_batch([s.cache for _, s in batch], [s.prefill_ids() for _, s in batch],
-                                             output_hidden=any(s.needs_features for _, s in batch))
+                                             output_hidden=any(s.needs_features for _, s in batch), last_only=True)
         seconds = time.perf_counter() - t0
         events = []
         for (rid, state), out in zip(batch, outputs):

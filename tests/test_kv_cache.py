@@ -82,6 +82,11 @@ def test_batched_forward_matches_single(model, kind):
     outs = batched.forward_batch(caches, [torch.tensor(s) for s in steps])
     for p, s, out in zip(prompts, steps, outs):
         check(out.logits, _fresh_logits(single, p + s)[-len(s):])
+    for c, p, s in zip(caches, prompts, steps):  # a prefill scores only each sequence's last token
+        batched.truncate(c, len(p))
+    lasts = batched.forward_batch(caches, [torch.tensor(s) for s in steps], last_only=True)
+    for p, s, out in zip(prompts, steps, lasts):
+        check(out.logits, _fresh_logits(single, p + s)[-1:])
     batched.release(caches[1])
     assert batched.new_cache().slot == caches[1].slot
 

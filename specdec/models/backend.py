@@ -72,9 +72,12 @@ class CausalLM(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compact a tree into a path")
 
     def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
-                      output_hidden: bool = False, layers: int | None = None) -> list[ForwardOutput]:
-        """Scores several sequences; the default runs them one after another."""
-        return [self.forward(c, ids, output_hidden=output_hidden, layers=layers) for c, ids in zip(caches, input_ids)]
+                      output_hidden: bool = False, last_only: bool = False,
+                      layers: int | None = None) -> list[ForwardOutput]:
+        """Scores several sequences (last_only: logits (1, V) of each one's last token, as for a prefill);
+        the default runs them one after another."""
+        return [self.forward(c, ids, output_hidden=output_hidden, last_only=last_only, layers=layers)
+                for c, ids in zip(caches, input_ids)]
 
 
 def tree_positions(tree_mask: torch.Tensor) -> torch.Tensor:

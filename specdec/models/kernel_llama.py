@@ -94,16 +94,17 @@ class KernelLlama(PooledCaches, CausalLM):
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, layers=None):
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
         lengths = [int(ids.numel()) for ids in input_ids]
         ids = torch.cat([i.reshape(-1).to(torch.long).cpu() for i in input_ids])
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
-        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8),
-                                   torch.arange(ids.numel()), layers)
-        out, at = [], 0
-        for n in lengths:
-            out.append(ForwardOutput(logits=logits[at:at + n], hidden=hidden[at:at + n] if output_hidden else None))
-            at += n
+        ends = torch.tensor(lengths).cumsum(0)
+        rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
+        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers)
+        out = []
+        for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
+            scored = logits[s:s + 1] if last_only else logits[end - n:end]
+            out.append(ForwardOutput(logits=scored, hidden=hidden[end - n:end] if output_hidden else None))
         return out
 
     def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None):

@@ -96,14 +96,15 @@ class FastLlama(PooledCaches, CausalLM):
         return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, layers=None):
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
         lengths = [ids.numel() for ids in input_ids]
         T = max(lengths)
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
             padded[b, : lengths[b]] = ids.to(self.info.device)
         logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, False, layers)
-        return [ForwardOutput(logits=logits[b, : lengths[b]], hidden=None if hidden is None else hidden[b, : lengths[b]])
+        return [ForwardOutput(logits=logits[b, lengths[b] - 1: lengths[b]] if last_only else logits[b, : lengths[b]],
+                              hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],

@@ -52,7 +52,7 @@ class ServerState:
 
     def health(self) -> dict:
         w = self.worker
-        status = "draining" if self.draining else "ok" if w.thread.is_alive() else "engine stopped"
+        status = "draining" if self.draining else "ok" if w.alive else "engine stopped"
         return {"status": status, "model": self.settings.model_name,
                 "drafter": w.default_drafter, "max_batch": self.settings.max_batch,
                 "running": w.running, "queued": w.queued, "free_slots": self.settings.max_batch - w.running,
