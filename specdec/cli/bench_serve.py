@@ -15,8 +15,10 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=None, help="API key of the server at --url")
     p.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl",
                    help="Spec-Bench JSONL (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=16, help="prompts per run, round-robin across categories (default: 16)")
-    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default: 64)")
+    p.add_argument("--limit", type=int, default=48,
+                   help="prompts per run, round-robin across categories (default: 48, three waves at concurrency 16, "
+                        "so that requests join and leave a running batch)")
+    p.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request (default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
