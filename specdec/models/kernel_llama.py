@@ -33,8 +33,12 @@ class KernelLlama(PooledCaches, CausalLM):
                  bf16_products: bool = False):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes."""
+        from ..errors import ConfigError
         from ..kernels import has_bf16_products, load
 
+        if bf16_products and (info.dtype != torch.bfloat16 or not has_bf16_products()):
+            raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
+                              "AVX-512 BF16")
         module = load()
         cfg = hf_model.config
         if info.device.type != "cpu":
@@ -66,9 +70,9 @@ class KernelLlama(PooledCaches, CausalLM):
         lm_head = sd.get("lm_head.weight", embed).contiguous()
         cos, sin = rope_tables(hf_model, self.max_context)
         dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
-        self.bf16_products = bool(bf16_products and info.dtype == torch.bfloat16 and has_bf16_products())
+        self.bf16_products = bf16_products
         self.model = module.CpuLlama(dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(),
-                                     lm_head, cos.cpu(), sin.cpu(), self.bf16_products)
+                                     lm_head, cos.cpu(), sin.cpu(), bf16_products)
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, torch.float32, info.device,
                            zeroed=False)

@@ -96,7 +96,8 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
     steps = sum(r.verify_steps for r in ok)
     return {"concurrency": concurrency, "speculation": mode, "requests": len(results), "ok": len(ok),
             "failed": sum(r.status == "failed" for r in results), "lost": sum(r.status == "lost" for r in results),
-            "wall_s": wall, "prompt_tokens": sum(r.prompt_tokens for r in ok), "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "wall_s": wall, "prompt_tokens": sum(r.prompt_tokens for r in ok), "completion_tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "ttft_s": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
             "latency_s": _dist([r.latency_s for r in ok]),
             "acceptance_rate": accepted / drafted if drafted else None,

@@ -85,6 +85,7 @@ class EngineWorker:
         self.accepting = True
         self.thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
         self.runs_in_caller = False  # set by whoever will call run() instead of start()
+        self.keep_running: Callable[[], bool] = lambda: True  # checked while idle
         self.stopped = threading.Event()
 
     @property
@@ -96,7 +97,8 @@ class EngineWorker:
         idle. Meant for the process's main thread: libgomp starts the OpenMP parallel regions of a non-initial
         thread about 40 us slower (its team sleeps between regions), which adds ~5 ms to each 10 ms step."""
         self.runs_in_caller = True
-        self._loop(keep_running)
+        self.keep_running = keep_running
+        self._loop()
 
     # ---- called from other threads --------------------------------------------------------------
     def start(self) -> None:
@@ -120,14 +122,14 @@ class EngineWorker:
             self.stopped.wait(timeout)
 
     # ---- the worker thread ----------------------------------------------------------------------
-    def _loop(self, keep_running: Callable[[], bool] = lambda: True) -> None:
+    def _loop(self) -> None:
         try:
-            self._steps(keep_running)
+            self._steps()
         finally:
             self.stopped.set()
 
-    def _steps(self, keep_running: Callable[[], bool]) -> None:
-        while self._drain(block=not (self.pending or len(self.engine)), keep_running=keep_running):
+    def _steps(self) -> None:
+        while self._drain(block=not (self.pending or len(self.engine))):
             try:
                 self._admit()
                 if len(self.engine):
@@ -142,10 +144,10 @@ class EngineWorker:
         self.pending.clear()
         self._publish()
 
-    def _drain(self, block: bool, keep_running: Callable[[], bool] = lambda: True) -> bool:
+    def _drain(self, block: bool) -> bool:
         """Applies every command in the inbox (waiting for one when idle); False once told to stop."""
         try:
-            command = self._wait(keep_running) if block else self.inbox.get_nowait()
+            command = self._wait() if block else self.inbox.get_nowait()
             if command is None:
                 return False
             while True:
@@ -160,10 +162,10 @@ class EngineWorker:
         except queue.Empty:
             return True
 
-    def _wait(self, keep_running: Callable[[], bool]):
+    def _wait(self):
         """The next command, or None once keep_running() is false. Wakes 4 times a second, so that a main
         thread waiting here still runs its signal handlers."""
-        while keep_running():
+        while self.keep_running():
             try:
                 return self.inbox.get(timeout=0.25)
             except queue.Empty:
