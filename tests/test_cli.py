@@ -53,6 +53,9 @@ def test_models_lists_the_default(capsys):
     (["generate", "   ", "--model", "{tiny}"], "prompt is empty"),
     (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
     (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--max-prompts", "0"],
+     "--max-prompts 0 needs --synthesize N"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(capsys, tiny_folder, other_vocab_folder, argv, message):
     argv = [a.replace("{tiny}", str(tiny_folder)).replace("{other}", str(other_vocab_folder)) for a in argv]
@@ -69,3 +72,29 @@ def test_errors_have_no_traceback_in_a_real_process(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not a model folder" in proc.stderr
+
+
+def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys, tiny_folder, tmp_path):
+    from specdec.drafters.eagle_head import load_head
+    from specdec.models.loading import load_model
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"source": "a", "prompt": "the cat sat on the mat"}, {"source": "a", "prompt": "a big red dog ran"},
+            {"source": "b", "prompt": "she was in the tree again"}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    common = ["train-drafter", "--model", str(tiny_folder), "--dtype", "float32", "--prompts", str(prompts),
+              "--max-new-tokens", "8", "--time-budget", "0.01", "--draft-vocab", "16"]
+    rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h1"), "--data-dir", str(tmp_path / "d1"),
+                         "--max-prompts", "2", "--synthesize", "6", "--temperature", "0.8")
+    assert rc == 0, err
+    first = json.loads((tmp_path / "h1" / "training_record.json").read_text())
+    synthetic = (tmp_path / "d1" / "synthetic_prompts.jsonl").read_text().splitlines()
+    assert len(synthetic) == 6 and first["answer_temperature"] == 0.8
+    assert 2 < first["data_sequences"] <= 8
+    rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h2"), "--data-dir", str(tmp_path / "d2"),
+                         "--max-prompts", "3", "--extra-data", str(tmp_path / "d1"),
+                         "--init-from", str(tmp_path / "h1"))
+    assert rc == 0, err
+    second = json.loads((tmp_path / "h2" / "training_record.json").read_text())
+    assert second["data_sequences"] == 3 + first["data_sequences"] and second["init_from"] == str(tmp_path / "h1")
+    assert load_head(tmp_path / "h2", load_model(str(tiny_folder), dtype="float32")).config.draft_vocab_size == 16

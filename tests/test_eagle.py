@@ -100,3 +100,42 @@ def test_eagle_self_consistent_head_is_fully_accepted(models):
     b = tree.propose(context, 4)
     assert b.parents == [-1, 0, 1, 2]  # width 1 is a chain
     assert a.tokens.tolist() == b.tokens.tolist()
+
+
+def test_lookup_path_joins_the_tree_through_matching_nodes():
+    from specdec.drafters.eagle import _add_path
+
+    tokens, parents, depths, scores = [5, 6, 7], [-1, -1, 0], [1, 1, 2], [-0.1, -0.5, -0.3]
+    chosen = _add_path([0, 1, 2], [5, 7, 9, 9], tokens, parents, depths, scores)
+    # 5 and 5->7 are reused; 9 and 9 are new nodes under 7, at depths 3 and 4, ranked last
+    assert chosen == [0, 1, 2, 3, 4]
+    assert tokens[3:] == [9, 9] and parents[3:] == [2, 3] and depths[3:] == [3, 4]
+    assert scores[3] == float("-inf")
+    # a path through an unchosen node does not reuse it: siblings among the chosen stay distinct
+    tokens, parents, depths, scores = [5, 6], [-1, -1], [1, 1], [-0.1, -0.5]
+    assert _add_path([0], [6], tokens, parents, depths, scores) == [0, 2]
+    assert tokens[2] == 6 and parents[2] == -1
+
+
+def test_tree_drafts_hold_the_prompt_lookup_continuation(models):
+    from specdec.adaptive import CostModel
+    from specdec.drafters.base import DraftRequest
+
+    target = loaded(models, "kernels")
+    torch.manual_seed(2)
+    head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]  # ... 3 4 5 occurred before, followed by 6 7 8
+    out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
+    drafts = {}
+    for lookup in (False, True):
+        d = EagleDrafter(head, tree=True, width=2, max_depth=4, lookup=lookup)
+        d.begin(DraftRequest(prompt_ids=prompt, costs=CostModel({1: 0.01, 64: 0.0101})))
+        d.observe(out.hidden[:-1])
+        drafts[lookup] = d.propose(prompt, 4)
+    tree = drafts[True]
+    node, path = -1, []
+    for want in (6, 7, 8, 9):  # the lookup continuation is a root-to-leaf path
+        node = next(i for i, (t, p) in enumerate(zip(tree.tokens.tolist(), tree.parents)) if p == node and t == want)
+        path.append(node)
+    assert len(path) == 4
+    assert len(tree) >= len(drafts[False])

@@ -82,3 +82,55 @@ def test_training_lowers_the_loss_and_the_head_reloads(data, tmp_path, other_voc
     other = load_model(str(other_vocab_folder), dtype="float32")
     with pytest.raises(IncompatibleDraftError):
         load_head(tmp_path / "head", other)
+
+
+def test_sampled_answers_still_record_the_targets_greedy_choices(tiny_folder, tmp_path):
+    target = load_model(str(tiny_folder), dtype="float32")
+    generate_training_data(target, PROMPTS[:3], tmp_path, max_new_tokens=24, batch_size=3, temperature=1.5,
+                           progress=False)
+    sampled_off_greedy = 0
+    for s in read_shards(tmp_path):
+        cache = target.backend.new_cache()
+        logits = target.backend.forward(cache, s["tokens"][:-1]).logits  # teacher-forced: (L-1, V)
+        target.backend.release(cache)
+        assert s["labels"].tolist() == logits.argmax(-1).tolist()
+        sampled_off_greedy += int((s["labels"] != s["tokens"][1:]).sum())
+    assert sampled_off_greedy > 0  # the answers were sampled, not greedy
+
+
+def test_synthetic_prompts_open_with_training_words_and_are_cached(tiny_folder, tmp_path, monkeypatch):
+    from specdec.training import selfdistill
+
+    target = load_model(str(tiny_folder), dtype="float32")
+    openings = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
+    made = selfdistill.synthesize_prompts(target, openings, tmp_path, temperature=3.0, max_tokens=64, batch_size=8,
+                                          progress=False)
+    assert made and len(set(made)) == len(made)
+    starts = {" ".join(o.split()[:n]) for o in openings for n in range(2, 6)}
+    assert all(any(p.startswith(s) for s in starts) and len(p.split()) > 2 for p in made)
+    assert len((tmp_path / "synthetic_prompts.jsonl").read_text().splitlines()) == len(openings)
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("the cached prompts should have been reused")
+
+    monkeypatch.setattr(selfdistill, "_decode_batch", no_generation)
+    assert selfdistill.synthesize_prompts(target, openings, tmp_path, progress=False) == made
+
+
+def test_synthetic_openings_cycle_over_sources(tmp_path):
+    from specdec.training.selfdistill import cycle_sources
+
+    path = tmp_path / "p.jsonl"
+    rows = [{"source": "big", "prompt": f"b{i}"} for i in range(5)] + [{"source": "small", "prompt": "s0"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert cycle_sources(path, 6) == ["b0", "s0", "b1", "s0", "b2", "s0"]
+
+
+def test_training_data_of_another_target_is_refused(data, other_vocab_folder):
+    from specdec.errors import ConfigError
+    from specdec.training.selfdistill import read_data
+
+    target, folder, _, _ = data
+    assert len(read_data([folder, folder], target)) == 2 * len(PROMPTS)
+    with pytest.raises(ConfigError, match="holds data from target"):
+        read_data([folder], load_model(str(other_vocab_folder), dtype="float32"))

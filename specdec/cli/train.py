@@ -16,8 +16,20 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="training prompts, JSONL with a 'prompt' field")
-    p.add_argument("--max-prompts", type=int, default=None, help="use this many prompts (round-robin over sources)")
-    p.add_argument("--data-dir", default=None, help="where self-distilled data is cached (default: in the specdec cache)")
+    p.add_argument("--max-prompts", type=int, default=None,
+                   help="use this many prompts (round-robin over sources; 0: synthetic ones only)")
+    p.add_argument("--synthesize", type=int, default=0, metavar="N",
+                   help="also answer N prompts the target writes itself, each opening with a few words of a "
+                        "training prompt (Self-Instruct style, sampled; more varied than the prompt file)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the answers at this temperature (0: greedy); the head always learns the "
+                        "target's greedy choices")
+    p.add_argument("--data-dir", default=None, help="where self-distilled data is cached (default: in the specdec "
+                   "cache, a folder per data setting)")
+    p.add_argument("--extra-data", action="append", default=[], metavar="DIR",
+                   help="train on this cached data too (another run's --data-dir for the same target); repeatable")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from this trained head's weights instead of fresh ones")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest answer generated per prompt")
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     p.add_argument("--time-budget", type=float, default=60.0, help="training minutes (data generation not counted)")
@@ -37,21 +49,30 @@ def run(args) -> int:
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
     from ..training.eagle_trainer import Trainer, TrainSettings, choose_draft_vocab
-    from ..training.selfdistill import generate_training_data, interleave_sources, read_shards
+    from ..training.selfdistill import (cycle_sources, generate_training_data, interleave_sources, read_data,
+                                        synthesize_prompts)
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
+    if args.synthesize < 0 or args.temperature < 0 or (args.max_prompts is not None and args.max_prompts < 0):
+        raise ConfigError("--synthesize, --temperature and --max-prompts must be >= 0")
     name = args.model or DEFAULT_MODEL
     target = load_model(name, dtype=args.dtype)
-    prompts = interleave_sources(args.prompts, args.max_prompts)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-    data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / safe
+    setting = (f"-synth{args.synthesize}" if args.synthesize else "") + \
+        (f"-t{args.temperature:g}" if args.temperature > 0 else "")
+    data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / (safe + setting)
+    prompts = interleave_sources(args.prompts, args.max_prompts)
+    if args.synthesize:
+        prompts += synthesize_prompts(target, cycle_sources(args.prompts, args.synthesize), data_dir)
+    if not prompts:
+        raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
     data = generate_training_data(target, prompts, data_dir, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.batch_size)
+                                  batch_size=args.batch_size, temperature=args.temperature)
     print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens", file=sys.stderr)
     if args.data_only:
         return 0
-    sequences = read_shards(data_dir)
+    sequences = read_data([data_dir, *map(Path, args.extra_data)], target)
     out = Path(args.out)
     torch.manual_seed(0)
     if (out / CONFIG_FILE).is_file():
@@ -60,14 +81,18 @@ def run(args) -> int:
     else:
         ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
         head = new_head(target.hf_model, name, ids)
+        if args.init_from:  # a trained head's weights; the draft vocabulary (frozen LM head rows) is this data's
+            head.load_state_dict(load_head(args.init_from, target).float().state_dict())
         print(f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices",
               file=sys.stderr)
     settings = TrainSettings(steps=args.steps, lr=args.lr)
     trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60)
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "target": name,
-              "prompts": args.prompts, "prompts_used": len(prompts), "data_sequences": data["sequences"],
-              "data_tokens": data["tokens"], "draft_vocab_coverage": coverage, "train_seconds": round(trainer.elapsed),
+              "prompts": args.prompts, "prompts_used": len(prompts), "synthetic_prompts": args.synthesize,
+              "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
+              "data_sequences": len(sequences), "data_tokens": sum(len(s["tokens"]) for s in sequences),
+              "draft_vocab_coverage": coverage, "train_seconds": round(trainer.elapsed),
               "optimizer_steps": trainer.step, "heldout": stats}
     (out / "training_record.json").write_text(json.dumps(record, indent=1))
     print(json.dumps(record["heldout"]))

@@ -99,6 +99,8 @@ def _layerskip(target, layerskip_layers: int | None = None, **ignored) -> Drafte
 
 @register("eagle")
 def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
+    import torch
+
     from .eagle import EagleDrafter
     from .eagle_head import load_head
 
@@ -106,7 +108,10 @@ def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
     if folder is None:
         raise ConfigError(f"no EAGLE head is known for {target.name!r}: train one with `specdec train-drafter "
                           f"--model {target.name} --out DIR` and pass --eagle-head DIR")
-    return EagleDrafter(load_head(folder, target), tree=tree)
+    head = load_head(folder, target)
+    if target.info.dtype == torch.bfloat16:  # the head runs on the CPU, where bfloat16 products are the fast ones
+        head = head.to(torch.bfloat16)
+    return EagleDrafter(head, tree=tree)
 
 
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

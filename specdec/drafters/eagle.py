@@ -16,6 +16,7 @@ from ..adaptive import CostModel
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
 from .eagle_head import EagleHead
+from .ngram import NgramDrafter
 
 
 class EagleDrafter(Drafter):
@@ -23,17 +24,20 @@ class EagleDrafter(Drafter):
     needs_features = True
 
     def __init__(self, head: EagleHead, tree: bool = True, width: int | None = None, max_depth: int = 8,
-                 max_nodes: int = 48):
-        """width None: chosen each step from the measured verify-cost curve (tree_width)."""
+                 max_nodes: int = 48, lookup: bool = True):
+        """width None: chosen each step from the measured verify-cost curve (tree_width). lookup: trees also hold
+        the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies."""
         self.head = head.eval()
         for p in self.head.parameters():
             p.requires_grad_(False)
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
+        self.dtype = head.fc.weight.dtype  # features are cast to the head's dtype
+        self.lookup = NgramDrafter() if lookup else None
         self.vocab = head.config.vocab_size
         self._reset()
 
     def fork(self) -> "EagleDrafter":
-        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes)
+        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup is not None)
 
     @property
     def sizes_itself(self) -> bool:
@@ -41,7 +45,7 @@ class EagleDrafter(Drafter):
         return self.tree and getattr(self, "request", None) is not None and self.request.allow_tree
 
     def _reset(self) -> None:
-        self.feat = torch.empty(0, self.head.config.hidden_size)
+        self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype)
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
         self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
@@ -54,7 +58,7 @@ class EagleDrafter(Drafter):
         self._reset()
 
     def observe(self, features: torch.Tensor) -> None:
-        self.feat = torch.cat([self.feat, features.detach().float().cpu()])
+        self.feat = torch.cat([self.feat, features.detach().to("cpu", self.dtype)])
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> Draft:
@@ -62,7 +66,7 @@ class EagleDrafter(Drafter):
             return Draft.empty()
         root = self._sync(context)
         if self.sizes_itself:
-            return self._tree(root, len(context), min(k, self.max_depth))
+            return self._tree(root, context, min(k, self.max_depth))
         return self._chain(root, len(context), k)
 
     # ---- the head's view of the accepted context ----------------------------------------------------
@@ -95,7 +99,7 @@ class EagleDrafter(Drafter):
         position = len(self.pair_tokens)  # pair position of the first draft
         kv, tokens, rows = self.kv, [], []
         for i in range(k):
-            logits = head.draft_logits(h)  # (K,)
+            logits = head.draft_logits(h).float()  # (K,)
             if sampling.greedy:
                 token = int(head.draft_ids[int(logits.argmax())])
             else:
@@ -109,7 +113,7 @@ class EagleDrafter(Drafter):
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows) if rows else None)
 
     # ---- trees ---------------------------------------------------------------------------------------
-    def _tree(self, root: torch.Tensor, context_len: int, depth_cap: int) -> Draft:
+    def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
         head = self.head
         costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
         n_true = len(self.pair_tokens)
@@ -122,20 +126,19 @@ class EagleDrafter(Drafter):
         kv = self.kv
         expand_floor = _expand_floor(costs)
         for depth in range(1, depth_cap + 1):
-            candidates = []
-            for node in frontier:
-                lp = torch.log_softmax(head.draft_logits(hidden_of[node]).float(), -1)
-                top = torch.topk(lp, width)
-                base = scores[node] if node >= 0 else 0.0
-                candidates += [(base + float(v), node, int(head.draft_ids[int(i)]))
-                               for v, i in zip(top.values, top.indices)]
-            candidates.sort(key=lambda c: -c[0])
-            frontier = []
-            for score, parent, token in candidates[:width]:
-                tokens.append(token)
-                parents.append(parent)
+            # the whole frontier's draft distributions in one product: (F, K)
+            lp = torch.log_softmax(head.draft_logits(torch.stack([hidden_of[n] for n in frontier])).float(), -1)
+            top = torch.topk(lp, width, dim=-1)
+            base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
+            total = (base[:, None] + top.values).flatten()  # (F * width,) cumulative log-probs
+            keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
+            cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
+            frontier_before, frontier = frontier, []
+            for c in keep:
+                tokens.append(int(head.draft_ids[cand_ids[c]]))
+                parents.append(frontier_before[c // width])
                 depths.append(depth)
-                scores.append(score)
+                scores.append(cand_scores[c])
                 frontier.append(len(tokens) - 1)
             if depth == depth_cap or math.exp(scores[frontier[0]]) < expand_floor:
                 break
@@ -156,10 +159,32 @@ class EagleDrafter(Drafter):
                 hidden_of[node] = out[r]
             fed += frontier
         chosen = _choose_nodes(scores, parents, costs, self.max_nodes)
+        if self.lookup is not None:
+            chain = self.lookup.propose(context, depth_cap).tokens.tolist()
+            chosen = _add_path(chosen, chain, tokens, parents, depths, scores)
         order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
         index = {node: j for j, node in enumerate(order)}
         return Draft(tokens=torch.tensor([tokens[i] for i in order]),
                      parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+def _add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int],
+              scores: list[float]) -> list[int]:
+    """Adds `chain` as a path from the root, through chosen nodes where they already hold its tokens (siblings
+    stay distinct); new nodes are appended to the node lists with the lowest score. Returns the chosen set."""
+    chosen = set(chosen)
+    child = {(parents[i], tokens[i]): i for i in chosen}
+    node = -1
+    for depth, token in enumerate(chain, start=1):
+        if (node, token) not in child:
+            tokens.append(token)
+            parents.append(node)
+            depths.append(depth)
+            scores.append(-math.inf)
+            child[(node, token)] = len(tokens) - 1
+            chosen.add(len(tokens) - 1)
+        node = child[(node, token)]
+    return sorted(chosen)
 
 
 def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> int:

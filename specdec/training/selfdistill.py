@@ -24,12 +24,7 @@ def interleave_sources(path: str | Path, limit: int | None) -> list[str]:
     keeps the mix."""
     from ..bench.prompts import round_robin
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"training prompt file not found: {path}")
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
-    rows = [r for r in rows if isinstance(r.get("prompt"), str) and r["prompt"].strip()]
-    return [r["prompt"] for r in round_robin(rows, limit, key=lambda r: r.get("source", ""))]
+    return [prompt for prompt, _ in round_robin(_prompt_rows(path), limit, key=lambda row: row[1])]
 
 
 class ShardWriter:
@@ -84,10 +79,92 @@ def read_shards(folder: Path) -> list[dict]:
     return out
 
 
+def cycle_sources(path: str | Path, count: int) -> list[str]:
+    """`count` prompts taken round-robin across the file's `source` values, each source repeating once it runs
+    out, so that every source opens the same share of synthetic prompts however small it is."""
+    by_source: dict[str, list[str]] = {}
+    for prompt, source in _prompt_rows(path):
+        by_source.setdefault(source, []).append(prompt)
+    groups = list(by_source.values())
+    return [groups[i % len(groups)][(i // len(groups)) % len(groups[i % len(groups)])] for i in range(count)]
+
+
+def _prompt_rows(path: str | Path) -> list[tuple[str, str]]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"training prompt file not found: {path}")
+    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    return [(r["prompt"], r.get("source", "")) for r in rows
+            if isinstance(r.get("prompt"), str) and r["prompt"].strip()]
+
+
+@torch.inference_mode()
+def synthesize_prompts(target, openings: list[str], folder: Path, temperature: float = 0.9, max_tokens: int = 96,
+                       batch_size: int = 32, progress: bool = True) -> list[str]:
+    """Self-Instruct-style prompts written by the target itself: its chat template's user turn opens with the
+    first 2-5 words of a training prompt (`openings`, one prompt each) and the target, sampling at
+    `temperature`, writes the rest of the turn. Turns that do not end within `max_tokens` are dropped, as are
+    repeats. Cached in folder/synthetic_prompts.jsonl, which later runs reuse and extend."""
+    from tqdm.auto import tqdm
+
+    tokenizer, backend = target.tokenizer, target.backend
+    if not tokenizer.chat_template:
+        raise ConfigError("--synthesize needs a model with a chat template")
+    marker = "\x00SPECDEC\x00"
+    template = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False,
+                                             tokenize=False)
+    before = template[: template.index(marker)]
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = folder / "synthetic_prompts.jsonl"
+    done = [json.loads(l) for l in cache.read_text(encoding="utf-8").splitlines()] if cache.exists() else []
+    heads = [" ".join(o.split()[: 2 + i % 4]) for i, o in enumerate(openings)]  # 2-5 opening words
+    if any(row["opening"] != h for row, h in zip(done, heads)):
+        raise ConfigError(f"{cache} was written from other training prompts; use another --data-dir")
+    eos = target.info.eos_token_ids
+    bar = tqdm(total=len(openings), initial=len(done), desc="synthetic prompts", unit="prompt", disable=not progress,
+               file=sys.stderr)
+    for first in range(len(done), len(openings), batch_size):
+        chunk = heads[first:first + batch_size]
+        ids = [tokenizer(before + h, add_special_tokens=False)["input_ids"] for h in chunk]
+        answers = _decode_batch(backend, ids, max_tokens, eos, temperature, seeds=range(first, first + len(ids)),
+                                keep_features=False)
+        rows = []
+        for opening, prefix, (tokens, _, _) in zip(chunk, ids, answers):
+            ended = tokens[-1] in eos
+            text = opening + tokenizer.decode(tokens[len(prefix):-1 if ended else None], skip_special_tokens=True)
+            rows.append({"opening": opening, "prompt": text.strip(), "ended": ended})
+        with cache.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        done += rows
+        bar.update(len(rows))
+    bar.close()
+    seen, out = set(), []
+    for row in done[: len(openings)]:
+        if row["ended"] and len(row["prompt"]) > len(row["opening"]) + 8 and row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            out.append(row["prompt"])
+    return out
+
+
+def read_data(folders: list[Path], target) -> list[dict]:
+    """The sequences of several data folders, each checked to come from this target."""
+    out = []
+    for folder in folders:
+        index_path = folder / "index.json"
+        if not index_path.is_file():
+            raise ConfigError(f"{folder} holds no self-distilled data (index.json)")
+        index = json.loads(index_path.read_text())
+        if (index.get("target"), index.get("hidden_size")) != (target.name, target.info.hidden_size):
+            raise ConfigError(f"{folder} holds data from target {index.get('target')!r}, not {target.name!r}")
+        out += read_shards(folder)
+    return out
+
+
 @torch.inference_mode()
 def generate_training_data(target, prompts: list[str], folder: Path, max_new_tokens: int = 256, batch_size: int = 16,
-                           progress: bool = True) -> dict:
-    """Greedy answers of the target to `prompts`, with features and labels; resumes where it stopped."""
+                           temperature: float = 0.0, progress: bool = True) -> dict:
+    """The target's answers to `prompts` (greedy, or sampled at `temperature`), with its features and greedy
+    choices at every position; resumes where it stopped."""
     from tqdm.auto import tqdm
 
     from ..engine import SpecDecoder
@@ -95,6 +172,8 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
     backend, info = target.backend, target.info
     meta = {"target": target.name, "vocab_size": info.vocab_size, "hidden_size": info.hidden_size,
             "max_new_tokens": max_new_tokens}
+    if temperature > 0:
+        meta["temperature"] = temperature
     writer = ShardWriter(folder, meta)
     encoder = SpecDecoder(target, None)
     start = writer.done
@@ -103,7 +182,8 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
     t0 = time.time()
     for first in range(start, len(prompts), batch_size):
         chunk = [encoder.encode(p) for p in prompts[first:first + batch_size]]
-        for tokens, features, labels in _greedy_batch(backend, chunk, max_new_tokens, info.eos_token_ids):
+        for tokens, features, labels in _decode_batch(backend, chunk, max_new_tokens, info.eos_token_ids,
+                                                      temperature, seeds=range(first, first + len(chunk))):
             writer.add(tokens, features, labels)
         writer.flush(min(first + batch_size, len(prompts)))
         bar.update(len(chunk))
@@ -113,31 +193,41 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
             "seconds": time.time() - t0}
 
 
-def _greedy_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]):
-    """Plain batched greedy decoding that keeps every position's feature and argmax."""
+def _decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...],
+                  temperature: float = 0.0, seeds=None, keep_features: bool = True):
+    """Plain batched decoding that keeps every position's feature (H,) and argmax. The next token is the argmax
+    (temperature 0) or drawn from softmax(logits / temperature) with one generator per sequence (`seeds`, ints).
+    Yields (tokens, features (L-1, H) or None, labels) per prompt."""
+    generators = [torch.Generator().manual_seed(s) for s in (seeds or range(len(prompts)))]
+
+    def choose(i: int, logits: torch.Tensor) -> int:
+        if temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / temperature, -1)
+        return int(torch.multinomial(probs, 1, generator=generators[i]))
+
     caches = [backend.new_cache() for _ in prompts]
     try:
-        outs = backend.forward_batch(caches, [torch.tensor(p) for p in prompts], output_hidden=True)
+        outs = backend.forward_batch(caches, [torch.tensor(p) for p in prompts], output_hidden=keep_features)
         tokens = [list(p) for p in prompts]
-        feats = [[o.hidden.float()] for o in outs]
+        feats = [[o.hidden.float()] if keep_features else [] for o in outs]
         labels = [o.logits.float().argmax(-1).tolist() for o in outs]
-        live = [i for i in range(len(prompts))]
-        for i in live:
-            tokens[i].append(labels[i][-1])
+        for i, o in enumerate(outs):
+            tokens[i].append(choose(i, o.logits[-1]))
         steps = 1
-        live = [i for i in live if tokens[i][-1] not in eos]
+        live = [i for i in range(len(prompts)) if tokens[i][-1] not in eos]
         while live and steps < max_new_tokens:
             outs = backend.forward_batch([caches[i] for i in live], [torch.tensor(tokens[i][-1:]) for i in live],
-                                         output_hidden=True)
+                                         output_hidden=keep_features)
             for i, o in zip(live, outs):
-                choice = int(o.logits[0].float().argmax())
-                feats[i].append(o.hidden.float())
-                labels[i].append(choice)
-                tokens[i].append(choice)
+                if keep_features:
+                    feats[i].append(o.hidden.float())
+                labels[i].append(int(o.logits[0].float().argmax()))
+                tokens[i].append(choose(i, o.logits[0]))
             steps += 1
             live = [i for i in live if tokens[i][-1] not in eos]
         for i in range(len(prompts)):
-            yield tokens[i], torch.cat(feats[i]), labels[i]
+            yield tokens[i], torch.cat(feats[i]) if keep_features else None, labels[i]
     finally:
         for c in caches:
             backend.release(c)
