@@ -139,3 +139,11 @@ def test_tree_drafts_hold_the_prompt_lookup_continuation(models):
         path.append(node)
     assert len(path) == 4
     assert len(tree) >= len(drafts[False])
+
+
+def test_a_bfloat16_head_keeps_float32_rope_frequencies(models):
+    head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
+    exact = head.inv_freq.clone()
+    head = head.to(torch.bfloat16)
+    assert head.fc.weight.dtype == torch.bfloat16 and head.embed.dtype == torch.bfloat16
+    assert head.inv_freq.dtype == torch.float32 and torch.equal(head.inv_freq, exact)

@@ -127,6 +127,14 @@ class EagleHead(nn.Module):
         """(..., H) -> (..., K) logits over the draft vocabulary."""
         return hidden @ self.draft_lm_head.to(hidden.dtype).T
 
+    def _apply(self, fn, recurse=True):
+        """Casts and moves as nn.Module does, except that the RoPE frequencies stay float32: rounded to
+        bfloat16 they would shift the angles of far positions by radians."""
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
         angles = torch.cat([freqs, freqs], dim=-1)
