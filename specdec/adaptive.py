@@ -4,13 +4,18 @@ With a_i the chance that draft position i is accepted once all before it were, a
 emits E(k) = 1 + a_0 + a_0 a_1 + ... + a_0..a_{k-1} tokens and costs C(k) = verify(k + 1) + draft(k)
 seconds. The policy picks argmax_k E(k) / C(k) over 0..k_max; k = 0 is a plain decoding step, so a
 drafter that keeps missing is switched off, and retried after a pause that doubles on each miss,
-which bounds what a wrong guess can cost.
+which bounds what a wrong guess can cost. The retry is a probe that drafts whatever the estimates say:
+estimates only change when drafting happens, so a wrong one (a slow first call) would otherwise
+switch drafting off for good.
 """
 from __future__ import annotations
 
 import time
 
 import torch
+
+
+PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
 
 
 class CostModel:
@@ -36,7 +41,12 @@ class CostModel:
         return max(self.table[lo] + slope * (T - lo), 1e-9)
 
     def draft_s(self, k: int) -> float:
+        """Seconds to draft k positions (a tree's cost is counted per level)."""
         return k * self.draft_per_token_s
+
+    def reset_draft(self) -> None:
+        """Forgets the drafting cost (after a warm-up, whose first calls pay for allocations)."""
+        self.draft_per_token_s, self._drafted = 0.0, False
 
     def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
         old = self.table.get(T)
@@ -55,8 +65,8 @@ class DraftLengthPolicy:
 
     When no k > 0 pays, speculation pauses for `cooldown` plain steps; each pause that ends in
     another miss doubles the next one (up to max_cooldown), and any accepted draft resets it.
-    After a pause half the evidence is forgotten, so estimates move back towards the prior and a
-    short draft is tried again.
+    After a pause half the evidence is forgotten, and the next step drafts whatever the estimates
+    say (a probe), so that a wrong estimate of acceptance or of drafting cost is measured again.
     """
 
     def __init__(self, k_max: int, costs: CostModel, adaptive: bool = True, prior: float = 0.5,
@@ -70,6 +80,7 @@ class DraftLengthPolicy:
         self.first_cooldown, self.max_cooldown = cooldown, max_cooldown
         self.next_cooldown = cooldown
         self.paused = 0
+        self.probing = False  # the first step after a pause drafts regardless of the estimates
 
     def acceptance(self) -> list[float]:
         """a_i for i < k_max, smoothed towards a_{i-1} (towards the prior for i = 0)."""
@@ -102,6 +113,7 @@ class DraftLengthPolicy:
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
+                self.probing = True
             return False
         return True
 
@@ -140,6 +152,9 @@ def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: li
             continue
         if not policy.adaptive:
             ks[i] = cap
+        elif policy.probing:
+            policy.probing = False
+            ks[i] = min(cap, PROBE_LENGTH)
         elif policy.ready():
             if policy.best_k() == 0:
                 policy.pause()

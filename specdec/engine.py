@@ -6,7 +6,7 @@ same loop is plain autoregressive decoding (the baseline), so both run the same 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -18,6 +18,9 @@ from .drafters.base import Drafter
 from .errors import ConfigError
 from .metrics import GenerationMetrics
 from .sequence import SequenceState
+
+
+WARM_UP_PROMPT = "List the days of the week, then the months of the year."
 
 
 @dataclass
@@ -57,7 +60,23 @@ class SpecDecoder:
         made = create_drafter(drafter, target, draft_model=draft_model, trust_remote_code=trust_remote_code,
                               **drafter_options)
         costs = CostModel(measure_verify_costs(target.backend)) if calibrate and made is not None else None
-        return cls(target, made, speculation, chat=chat, costs=costs)
+        decoder = cls(target, made, speculation, chat=chat, costs=costs)
+        if calibrate:
+            decoder.warm_up()
+        return decoder
+
+    def warm_up(self, max_new_tokens: int = 16) -> None:
+        """Runs a short generation twice with drafting forced on: the first run pays the drafter's first-call
+        costs (allocations, kernel selection), the second measures its cost per drafted position, so the
+        draft-length policy starts from a warm figure. Nothing to do without a drafter."""
+        if self.drafter is None:
+            return
+        forced = SpecDecoder(self.target, self.drafter, replace(self.speculation, adaptive=False), chat=self.chat,
+                             costs=self.costs)
+        ids = forced.encode(WARM_UP_PROMPT)
+        for _ in range(2):
+            self.costs.reset_draft()
+            forced.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens))
 
     # ---- prompts ------------------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:

@@ -92,7 +92,7 @@ class SequenceState:
         draft = self.drafter.propose(self.tokens, k)
         seconds = time.perf_counter() - t0
         self.metrics.draft_time_s += seconds
-        self.costs.observe_draft(len(draft), seconds)
+        self.costs.observe_draft(draft.positions, seconds)
         return draft
 
     def step_ids(self, draft: Draft) -> torch.Tensor:

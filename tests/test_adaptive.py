@@ -72,3 +72,28 @@ def test_trees_size_themselves_but_stop_drafting_when_it_does_not_pay():
     assert ks[0] == 0 and 6 in ks  # paused first, then a retry with a full tree
     chain = SimpleNamespace(policy=DraftLengthPolicy(6, costs), drafter=SimpleNamespace(), draft_cap=lambda: 6)
     assert 0 < draft_length(chain, costs) <= 6
+
+
+def test_a_probe_follows_each_pause_so_a_wrong_cost_estimate_is_measured_again():
+    """A slow first call (20 s a draft) makes every k look unprofitable; the first step after the pause
+    drafts anyway, and once cheap drafts are measured, drafting resumes."""
+    costs = flat_costs()
+    costs.observe_draft(1, 20.0)
+    policy = DraftLengthPolicy(8, costs)
+    ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+    assert ks[0] == 0 and ks[-1] > 0, ks  # paused, then the probe
+    costs.observe_draft(ks[-1], ks[-1] * 0.0001, weight=1.0)  # the probe's drafts were cheap and accepted
+    policy.observe(ks[-1], ks[-1])
+    assert policy.choose() > 0
+
+
+def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine import SpecDecoder
+    from specdec.models.loading import load_model
+
+    costs = flat_costs()
+    costs.observe_draft(1, 20.0)
+    decoder = SpecDecoder(load_model(str(tiny_folder), dtype="float32"), NgramDrafter(1, 3), costs=costs)
+    decoder.warm_up()
+    assert 0 < costs.draft_per_token_s < 0.1

@@ -58,14 +58,24 @@ def models():
     return target
 
 
+def kernel_head(head):
+    from specdec.drafters.eagle_kernels import KernelEagleHead, kernel_head_problem
+
+    problem = kernel_head_problem(head.config)
+    if problem:
+        pytest.skip(f"the CPU kernels cannot run here: {problem}")
+    return KernelEagleHead(head)
+
+
 @pytest.mark.parametrize("backend", ["kernels", "torch", "hf"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_eagle_drafting_keeps_greedy_output(models, backend, tree):
+@pytest.mark.parametrize("head_products", ["torch", "kernels"])
+def test_eagle_drafting_keeps_greedy_output(models, backend, tree, head_products):
     """An untrained head drafts poorly, but the output must still be exactly the target's."""
     target = loaded(models, backend)
     torch.manual_seed(1)
     head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
-    drafter = EagleDrafter(head, tree=tree, width=3)
+    drafter = EagleDrafter(head if head_products == "torch" else kernel_head(head), tree=tree, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
     baseline = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=30, ignore_eos=True)
@@ -147,3 +157,44 @@ def test_a_bfloat16_head_keeps_float32_rope_frequencies(models):
     head = head.to(torch.bfloat16)
     assert head.fc.weight.dtype == torch.bfloat16 and head.embed.dtype == torch.bfloat16
     assert head.inv_freq.dtype == torch.float32 and torch.equal(head.inv_freq, exact)
+
+
+def test_the_kernel_head_computes_what_the_torch_head_does(models):
+    """Prompt pairs, then a tree level under a mask, through both: same hidden states, keys and logits (float32)."""
+    torch.manual_seed(4)
+    head = new_head(models, "tiny", torch.arange(40))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    fast = kernel_head(head)
+    H = models.config.hidden_size
+    feats, tokens, positions = torch.randn(1, 9, H), torch.randint(0, 64, (1, 9)), torch.arange(9)[None]
+    level = torch.randn(1, 3, H), torch.tensor([[4, 5, 6]]), torch.full((1, 3), 9)
+    mask = torch.ones(1, 1, 3, 12, dtype=torch.bool)
+    mask[0, 0, :, 9:] = torch.eye(3, dtype=torch.bool)  # siblings see the prompt and themselves
+    with torch.no_grad():
+        want, want_kv = head(feats, tokens, positions)
+        got, got_kv = fast(feats, tokens, positions)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
+        want2, _ = head(*level, past=want_kv, mask=mask)
+        got2, _ = fast(*level, past=got_kv, mask=mask)
+        torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.draft_logits(got2), head.draft_logits(want2), atol=1e-5, rtol=1e-5)
+
+
+def test_the_head_reads_the_prompt_during_prefill(models):
+    """The head's pass over the prompt belongs to prefill: it runs when the prompt's features arrive, so the
+    first proposal (timed as drafting) feeds the head one pair only."""
+    from specdec.drafters.base import DraftRequest
+
+    target = loaded(models, "kernels")
+    head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
+    prompt = list(range(3, 23))
+    out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
+    drafter = EagleDrafter(head, tree=False)
+    drafter.begin(DraftRequest(prompt_ids=prompt))
+    drafter.observe(out.hidden)  # the prefill's features, one per prompt token
+    assert drafter.kv[0].shape[2] == len(prompt) - 1  # every pair (f_t, x_t+1) the prompt holds
+    drafter.propose(prompt + [7], 2)
+    assert drafter.kv[0].shape[2] == len(prompt)

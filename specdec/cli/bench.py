@@ -85,8 +85,9 @@ def run(args) -> int:
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
                                      tree=name != "eagle-chain", layerskip_layers=args.layerskip_layers)
             # each drafter learns its own drafting cost; the measured verify curve is shared
-            own_costs = CostModel(costs.table)
-            methods.append(SpecdecMethod(f"{prefix}:{name}", SpecDecoder(view, drafter, speculation, costs=own_costs)))
+            decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
+            decoder.warm_up()
+            methods.append(SpecdecMethod(f"{prefix}:{name}", decoder))
         if i == 0:
             first_costs, first_backend = costs, type(backend).__name__
 

@@ -101,17 +101,23 @@ def _layerskip(target, layerskip_layers: int | None = None, **ignored) -> Drafte
 def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
     import torch
 
+    from ..kernels import KernelUnavailable
     from .eagle import EagleDrafter
     from .eagle_head import load_head
+    from .eagle_kernels import KernelEagleHead, kernel_head_problem
 
     folder = eagle_head or bundled_head(target.name)
     if folder is None:
         raise ConfigError(f"no EAGLE head is known for {target.name!r}: train one with `specdec train-drafter "
                           f"--model {target.name} --out DIR` and pass --eagle-head DIR")
     head = load_head(folder, target)
-    if target.info.dtype == torch.bfloat16:  # the head runs on the CPU, where bfloat16 products are the fast ones
-        head = head.to(torch.bfloat16)
-    return EagleDrafter(head, tree=tree)
+    bfloat16 = target.info.dtype == torch.bfloat16  # the head runs on the CPU, where bfloat16 products are fast
+    if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
+        try:
+            return EagleDrafter(KernelEagleHead(head, bfloat16=bfloat16), tree=tree)
+        except KernelUnavailable:
+            pass  # the kernels failed to build here: torch's products
+    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree)
 
 
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

@@ -14,6 +14,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..sampling import sample
+from ..verify import tree_depths
 
 
 @dataclass
@@ -24,6 +25,13 @@ class Draft:
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
+
+    @property
+    def positions(self) -> int:
+        """Positions drafted ahead: the length of a chain, the depth of a tree (what drafting cost scales with)."""
+        if not self.parents:
+            return len(self)
+        return max(tree_depths(self.parents))
 
     @staticmethod
     def empty() -> "Draft":

@@ -27,11 +27,11 @@ class EagleDrafter(Drafter):
                  max_nodes: int = 48, lookup: bool = True):
         """width None: chosen each step from the measured verify-cost curve (tree_width). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies."""
-        self.head = head.eval()
-        for p in self.head.parameters():
-            p.requires_grad_(False)
+        if isinstance(head, torch.nn.Module):
+            head.eval().requires_grad_(False)
+        self.head = head  # an EagleHead, or its KernelEagleHead view
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
-        self.dtype = head.fc.weight.dtype  # features are cast to the head's dtype
+        self.dtype = head.feature_dtype
         self.lookup = NgramDrafter() if lookup else None
         self.vocab = head.config.vocab_size
         self._reset()
@@ -59,6 +59,8 @@ class EagleDrafter(Drafter):
 
     def observe(self, features: torch.Tensor) -> None:
         self.feat = torch.cat([self.feat, features.detach().to("cpu", self.dtype)])
+        if self.kv is None and getattr(self, "request", None) is not None:
+            self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> Draft:
@@ -72,7 +74,7 @@ class EagleDrafter(Drafter):
     # ---- the head's view of the accepted context ----------------------------------------------------
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
-        n = self.feat.shape[0]  # features of every context position but the last
+        n = min(self.feat.shape[0], len(context) - 1)  # pairs known: features of every position but the last
         want = context[1: n + 1]
         keep = common_prefix(self.pair_tokens, want)
         if self.kv is not None and keep < self.kv[0].shape[2]:

@@ -99,29 +99,19 @@ class EagleHead(nn.Module):
         for causal order over past + new. Returns (hidden (B, T, H), (keys, values) of these T pairs).
         """
         c = self.config
-        B, T, _ = features.shape
         x = self.fc(torch.cat([self.embed[tokens].to(features.dtype), features], dim=-1))
         h = self.input_norm(x)
-        q = self.q_proj(h).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = self._rope(positions, x.dtype)  # (B, 1, T, hd)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        new_kv = (k, v)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
-        causal = mask is None and past is None and T > 1
-        if mask is None and past is not None and T > 1:
-            S = k.shape[2] - T
-            mask = torch.ones(T, S + T, dtype=torch.bool, device=x.device).tril(S)[None, None]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=c.num_kv_heads != c.num_heads)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+        attn, new_kv = attention(self.q_proj(h), self.k_proj(h), self.v_proj(h), c, positions, self.inv_freq,
+                                 past, mask)
+        x = x + self.o_proj(attn)
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         return x, new_kv
+
+    @property
+    def feature_dtype(self) -> torch.dtype:
+        """The dtype features are cast to before they enter the head."""
+        return self.fc.weight.dtype
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) logits over the draft vocabulary."""
@@ -134,11 +124,6 @@ class EagleHead(nn.Module):
         super()._apply(fn, recurse)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
         return self
-
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
 
     # ---- files ------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -155,6 +140,35 @@ class EagleHead(nn.Module):
         if extra:
             data["training"] = extra
         (folder / CONFIG_FILE).write_text(json.dumps(data, indent=1))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig, positions: torch.Tensor,
+              inv_freq: torch.Tensor, past=None, mask: torch.Tensor | None = None):
+    """The head's self-attention from projected q (B, T, nh*hd), k, v (B, T, nkv*hd), before RoPE.
+
+    Returns (attended (B, T, nh*hd), (keys, values) (B, nkv, T, hd) of these T pairs); past and mask as in
+    EagleHead.forward.
+    """
+    B, T, _ = q.shape
+    q = q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
+    k = k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+    v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+    freqs = positions[..., None].float() * inv_freq  # (B, T, hd/2), float32 whatever the head's dtype
+    angles = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = angles.cos().to(q.dtype)[:, None], angles.sin().to(q.dtype)[:, None]  # (B, 1, T, hd)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    new_kv = (k, v)
+    if past is not None:
+        k = torch.cat([past[0], k], dim=2)
+        v = torch.cat([past[1], v], dim=2)
+    causal = mask is None and past is None and T > 1
+    if mask is None and past is not None and T > 1:
+        S = k.shape[2] - T
+        mask = torch.ones(T, S + T, dtype=torch.bool, device=q.device).tril(S)[None, None]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=c.num_kv_heads != c.num_heads)
+    return out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim), new_kv
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

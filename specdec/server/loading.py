@@ -29,4 +29,6 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
                            trust_remote_code=trust_remote_code, slots=slots)
     made = create_drafter(drafter, target, draft_model=draft, trust_remote_code=trust_remote_code, **drafter_options)
     costs = CostModel(measure_verify_costs(target.backend))
-    return SpecDecoder(target, made, speculation, costs=costs)
+    decoder = SpecDecoder(target, made, speculation, costs=costs)
+    decoder.warm_up()
+    return decoder

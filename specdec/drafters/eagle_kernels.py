@@ -1,0 +1,75 @@
+"""The EAGLE head's drafting pass on specdec's CPU kernels.
+
+The same network as EagleHead.forward, with each product packed once for the kernels (PackedLinear):
+for the few rows a draft level scores they are two to four times faster than torch's. Activations and
+keys/values are float32; with bfloat16 weights the products round their inputs to bfloat16 on CPUs with
+AVX-512 BF16, as the kernels-bf16 backend does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .eagle_head import EagleConfig, EagleHead, attention
+
+
+def kernel_head_problem(config: EagleConfig) -> str | None:
+    """Why the kernels cannot run this head, or None (they need the products' inner sizes in multiples of 16)."""
+    from ..kernels import unavailable_reason
+
+    sizes = {"hidden size": config.hidden_size, "intermediate size": config.intermediate_size,
+             "attention width": config.num_heads * config.head_dim}
+    odd = [f"{name} {size}" for name, size in sizes.items() if size % 16]
+    return f"{', '.join(odd)} not a multiple of 16" if odd else unavailable_reason()
+
+
+class KernelEagleHead:
+    """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
+
+    feature_dtype = torch.float32
+
+    def __init__(self, head: EagleHead, bfloat16: bool = False):
+        """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
+        AVX-512 BF16); otherwise float32 weights and products."""
+        from ..kernels import has_bf16_products, load
+
+        module = load()
+        self.config, self.draft_ids, self.inv_freq = head.config, head.draft_ids, head.inv_freq.float()
+        self.embed = head.embed
+        weight_dtype = torch.bfloat16 if bfloat16 else torch.float32
+        bf16_dot = bfloat16 and has_bf16_products()
+
+        def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
+            w = torch.cat([x.detach() for x in weights]).to(weight_dtype).contiguous()
+            return module.PackedLinear(w, torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
+
+        self.fc = pack(head.fc.weight, bias=head.fc.bias)
+        self.qkv = pack(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
+        self.o = pack(head.o_proj.weight)
+        self.gate_up = pack(head.gate_proj.weight, head.up_proj.weight)
+        self.down = pack(head.down_proj.weight)
+        self.lm = pack(head.draft_lm_head)
+        self.norms = [(n.weight.detach().float(), n.eps) for n in (head.input_norm, head.post_norm)]
+
+    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
+        c = self.config
+        B, T, H = features.shape
+        q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
+        q, k, v = self.qkv(_rms_norm(x, *self.norms[0])).split([q_width, kv_width, kv_width], dim=-1)
+        attn, new_kv = attention(q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), c, positions,
+                                 self.inv_freq, past, mask)
+        x = x + self.o(attn.reshape(B * T, q_width))
+        gate, up = self.gate_up(_rms_norm(x, *self.norms[1])).chunk(2, dim=-1)
+        x = x + self.down(F.silu(gate) * up)
+        return x.view(B, T, H), new_kv
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
+        flat = hidden.reshape(-1, hidden.shape[-1]).float()
+        return self.lm(flat).view(*hidden.shape[:-1], -1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
