@@ -113,11 +113,15 @@ KERNEL_VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16), ("ke
 
 
 @pytest.mark.parametrize("kind,dtype", KERNEL_VARIANTS)
-def test_kernels_are_batch_invariant_bit_for_bit(kind, dtype):
-    """One pass over k tokens, k one-token passes, a tree and a batch of sequences give identical logits."""
-    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(dtype)
+@pytest.mark.parametrize("shape", [(64, 4, 2), (128, 2, 1)], ids=["head_dim16", "head_dim64"])
+def test_kernels_are_batch_invariant_bit_for_bit(kind, dtype, shape):
+    """One pass over k tokens, k one-token passes, a tree and a batch of sequences give identical logits
+    (attention rows that share their keys' values are summed side by side, each in its own order)."""
+    hidden, heads, kv_heads = shape
+    model = tiny_llama(seed=5, hidden=hidden, heads=heads, kv_heads=kv_heads).to(dtype)
     backend = loaded(model, kind, dtype=dtype).backend
-    prompt, steps = torch.arange(3, 40), torch.tensor([7, 1, 9, 4, 4, 2, 8, 5])
+    # 24 steps: enough attention rows that the wide pass sums them in groups of 8 (the narrow ones, one by one)
+    prompt, steps = torch.arange(3, 40), torch.tensor([7, 1, 9, 4, 4, 2, 8, 5] * 3)
     cache = backend.new_cache()
     backend.forward(cache, prompt)
     wide = backend.forward(cache, steps).logits

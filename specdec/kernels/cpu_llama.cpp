@@ -265,30 +265,52 @@ void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t
   }
 }
 
-// out[d] = inv_total * sum over i in increasing order of weights[i] v[keys[i]][d], for DV vectors of 16 lanes of d
-// side by side (v rows of hd floats).
-template <int DV>
-void weighted_sum_vecs(const float* weights, const int64_t* keys, int64_t n, const float* v, int64_t hd,
-                       __m512 inv_total, float* out) {
-  __m512 acc[DV];
+// Value sums of R attention rows over consecutive keys [i0, i1): acc_r[d] += w_r[i] v[i][d], i in increasing order,
+// for DV vectors of 16 lanes of d (v rows of hd floats). The rows share every load of v; each row's sum is the
+// same chain of fused multiply-adds as if it ran alone, so a row's result does not depend on its neighbours.
+template <int R, int DV>
+void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd, float* const* acc) {
+  __m512 a[R][DV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-  for (int j = 0; j < DV; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; ++i) {
-    const __m512 wi = _mm512_set1_ps(weights[i]);
-    const float* row = v + keys[i] * hd;
+    for (int j = 0; j < DV; ++j) a[r][j] = _mm512_loadu_ps(acc[r] + j * 16);
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* row = v + i * hd;
+    __m512 vv[DV];
 #pragma GCC unroll 16
-    for (int j = 0; j < DV; ++j) acc[j] = _mm512_fmadd_ps(wi, _mm512_loadu_ps(row + j * 16), acc[j]);
+    for (int j = 0; j < DV; ++j) vv[j] = _mm512_loadu_ps(row + j * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 wi = _mm512_set1_ps(w[r][i]);
+#pragma GCC unroll 16
+      for (int j = 0; j < DV; ++j) a[r][j] = _mm512_fmadd_ps(wi, vv[j], a[r][j]);
+    }
   }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-  for (int j = 0; j < DV; ++j) _mm512_storeu_ps(out + j * 16, _mm512_mul_ps(acc[j], inv_total));
+    for (int j = 0; j < DV; ++j) _mm512_storeu_ps(acc[r] + j * 16, a[r][j]);
+}
+
+// rows sharing one pass over v: as many as keep the accumulators in registers
+constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
+
+template <int DV>
+void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+                     float* const* acc) {
+  constexpr int R = rows_per_pass(DV);
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) accumulate_rows<R, DV>(w + r, i0, i1, v, hd, acc + r);
+  for (; r < rows; ++r) accumulate_rows<1, DV>(w + r, i0, i1, v, hd, acc + r);
 }
 
 template <int DV = 16>
-void weighted_sum(int64_t dv, const float* weights, const int64_t* keys, int64_t n, const float* v, int64_t hd,
-                  __m512 inv_total, float* out) {
+void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+                float* const* acc) {
   if constexpr (DV > 0) {
-    if (dv == DV) return weighted_sum_vecs<DV>(weights, keys, n, v, hd, inv_total, out);
-    weighted_sum<DV - 1>(dv, weights, keys, n, v, hd, inv_total, out);
+    if (dv == DV) return accumulate_some<DV>(rows, w, i0, i1, v, hd, acc);
+    accumulate<DV - 1>(dv, rows, w, i0, i1, v, hd, acc);
   }
 }
 
@@ -467,7 +489,12 @@ class CpuLlama {
         for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});
       }
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
-      std::vector<float> scores, weights;
+      std::vector<float> scores, weights, acc;
+      std::vector<int64_t> tail_keys;
+      int64_t contig[8], count[8];
+      float inv_totals[8];
+      const float* wptr[8];
+      float* aptr[8];
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t s = tasks[w][0], g = tasks[w][1], first = tasks[w][2], rows = tasks[w][3];
         const int64_t Ts = off[s + 1] - off[s], base = start[s];
@@ -483,31 +510,62 @@ class CpuLlama {
           q[r] = qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
         }
         score_rows(rows, q, kbase, hd, blocks, scale, scores.data(), width);
-        std::vector<int64_t> visible_keys;
+        // Each row sees keys [0, base) and the new tokens its mask allows, in increasing order: the first
+        // `contig[r]` of them are keys 0, 1, ... (all of them for causal rows), the rest are listed in tail_keys.
+        const int64_t stride = (base + Ts + 15) / 16 * 16;
+        weights.assign(rows * stride, 0.0f);
+        tail_keys.assign(rows * Ts, 0);
+        acc.assign(rows * hd, 0.0f);
+        int64_t shared = base + Ts;
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t row = first + r, t = row / groups;
           const float* sc = &scores[r * width];
-          visible_keys.clear();
-          for (int64_t j = 0; j < base; ++j) visible_keys.push_back(j);
+          int64_t n = base, tails = 0;
           for (int64_t u = 0; u < Ts; ++u)
-            if (causal ? u <= t : mask[(s * T + t) * T + u] != 0) visible_keys.push_back(base + u);
-          // Dense over the visible keys in increasing order: a token's attention depends on which keys it
+            if (causal ? u <= t : mask[(s * T + t) * T + u] != 0) {
+              if (tails == 0 && base + u == n) ++n;  // still consecutive
+              else tail_keys[r * Ts + tails++] = base + u;
+            }
+          contig[r] = n;
+          count[r] = n + tails;
+          shared = std::min(shared, n);
+          // Softmax over the visible keys in increasing order: a token's attention depends on which keys it
           // sees, never on where they sit in the cache (a tree node and its compacted path agree bit for bit).
-          const int64_t n = static_cast<int64_t>(visible_keys.size()), padded = (n + 15) / 16 * 16;
+          const int64_t* tk = &tail_keys[r * Ts];
           float top = -INFINITY;
-          for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[visible_keys[i]]);
-          weights.assign(padded, 0.0f);
-          for (int64_t i = 0; i < n; ++i) weights[i] = sc[visible_keys[i]] - top;
+          for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[i]);
+          for (int64_t i = 0; i < tails; ++i) top = std::max(top, sc[tk[i]]);
+          float* wr = &weights[r * stride];
+          for (int64_t i = 0; i < n; ++i) wr[i] = sc[i] - top;
+          for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]] - top;
+          const int64_t all = count[r], padded = (all + 15) / 16 * 16;
           __m512 total = _mm512_setzero_ps();
           for (int64_t i = 0; i < padded; i += 16) {
-            const __mmask16 live = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_loadu_ps(&weights[i])));
-            _mm512_storeu_ps(&weights[i], e);
+            const __mmask16 live = (__mmask16)(all - i >= 16 ? 0xFFFF : (1u << (all - i)) - 1);
+            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_loadu_ps(wr + i)));
+            _mm512_storeu_ps(wr + i, e);
             total = _mm512_add_ps(total, e);
           }
-          const __m512 inv_total = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+          inv_totals[r] = 1.0f / _mm512_reduce_add_ps(total);
+          wptr[r] = wr;
+          aptr[r] = &acc[r * hd];
+        }
+        // value sums: the keys every row sees together (sharing each load of v), then each row's own
+        accumulate(hd / 16, rows, wptr, 0, shared, vbase, hd, aptr);
+        for (int64_t r = 0; r < rows; ++r) {
+          accumulate(hd / 16, 1, wptr + r, shared, contig[r], vbase, hd, aptr + r);
+          const float* wr = wptr[r];
+          float* a = aptr[r];
+          for (int64_t i = contig[r]; i < count[r]; ++i) {
+            const __m512 wi = _mm512_set1_ps(wr[i]);
+            const float* vrow = vbase + tail_keys[r * Ts + (i - contig[r])] * hd;
+            for (int64_t d = 0; d < hd; d += 16)
+              _mm512_storeu_ps(a + d, _mm512_fmadd_ps(wi, _mm512_loadu_ps(vrow + d), _mm512_loadu_ps(a + d)));
+          }
+          const int64_t row = first + r, t = row / groups;
           float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;
-          weighted_sum(hd / 16, weights.data(), visible_keys.data(), n, vbase, hd, inv_total, o);
+          const __m512 inv_total = _mm512_set1_ps(inv_totals[r]);
+          for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), inv_total));
         }
       }
     });
