@@ -54,6 +54,7 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
     (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--document-tasks", "-2"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--max-prompts", "0"],
      "--max-prompts 0 needs --synthesize N"),
 ])
@@ -93,8 +94,10 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
     assert 2 < first["data_sequences"] <= 8
     rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h2"), "--data-dir", str(tmp_path / "d2"),
                          "--max-prompts", "3", "--extra-data", str(tmp_path / "d1"),
-                         "--init-from", str(tmp_path / "h1"))
+                         "--init-from", str(tmp_path / "h1"), "--document-tasks", "4")
     assert rc == 0, err
     second = json.loads((tmp_path / "h2" / "training_record.json").read_text())
-    assert second["data_sequences"] == 3 + first["data_sequences"] and second["init_from"] == str(tmp_path / "h1")
+    assert second["data_sequences"] == 3 + first["data_sequences"] + 4 and second["init_from"] == str(tmp_path / "h1")
+    documents = json.loads((tmp_path / "d2-doc4" / "index.json").read_text())
+    assert documents["done"] == 4 and documents["documents_from"] == [str(tmp_path / "d2"), str(tmp_path / "d1")]
     assert load_head(tmp_path / "h2", load_model(str(tiny_folder), dtype="float32")).config.draft_vocab_size == 16

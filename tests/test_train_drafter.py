@@ -134,3 +134,28 @@ def test_training_data_of_another_target_is_refused(data, other_vocab_folder):
     assert len(read_data([folder, folder], target)) == 2 * len(PROMPTS)
     with pytest.raises(ConfigError, match="holds data from target"):
         read_data([folder], load_model(str(other_vocab_folder), dtype="float32"))
+
+
+def test_document_tasks_wrap_the_targets_own_answers(tiny_folder):
+    """Each task holds one answer the target wrote (the text after its turn opens), under the templates in turn;
+    answers too short to summarise are skipped, and texts serve again under the next template."""
+    from specdec.errors import ConfigError
+    from specdec.training.selfdistill import DOCUMENT_TASKS, document_prompts
+
+    tokenizer = load_model(str(tiny_folder), dtype="float32").tokenizer
+
+    def sequence(prompt: str, answer: str) -> dict:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return {"tokens": torch.tensor(ids + tokenizer(answer, add_special_tokens=False)["input_ids"])}
+
+    long_a, long_b = "the cat sat on the mat and ran to the big house", "we see the sun and the moon in the sky"
+    sequences = [sequence("the cat", long_a), sequence("a dog", "he ran"), sequence("the sky", long_b)]
+    tasks = document_prompts(sequences, tokenizer, 5, min_tokens=6)
+    assert tasks[0] == DOCUMENT_TASKS[0].format(doc=long_a)
+    assert tasks[1] == DOCUMENT_TASKS[1].format(doc=long_b)
+    assert tasks[2] == DOCUMENT_TASKS[3].format(doc=long_a)  # second round: the next template
+    assert all("he ran" not in t for t in tasks)
+    with pytest.raises(ConfigError, match="no answer of"):
+        document_prompts(sequences, tokenizer, 2, min_tokens=50)

@@ -21,6 +21,10 @@ def register(sub) -> None:
     p.add_argument("--synthesize", type=int, default=0, metavar="N",
                    help="also answer N prompts the target writes itself, each opening with a few words of a "
                         "training prompt (Self-Instruct style, sampled; more varied than the prompt file)")
+    p.add_argument("--document-tasks", type=int, default=0, metavar="N",
+                   help="also answer N tasks about texts the target wrote (its answers in this run's data and "
+                        "--extra-data): summaries, questions, extraction, rewriting; the long-context work the "
+                        "prompt file lacks")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the answers at this temperature (0: greedy); the head always learns the "
                         "target's greedy choices")
@@ -49,13 +53,13 @@ def run(args) -> int:
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
     from ..training.eagle_trainer import Trainer, TrainSettings, choose_draft_vocab
-    from ..training.selfdistill import (cycle_sources, generate_training_data, interleave_sources, read_data,
-                                        synthesize_prompts)
+    from ..training.selfdistill import (cycle_sources, document_prompts, generate_training_data, interleave_sources,
+                                        read_data, synthesize_prompts)
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
-    if args.synthesize < 0 or args.temperature < 0 or (args.max_prompts is not None and args.max_prompts < 0):
-        raise ConfigError("--synthesize, --temperature and --max-prompts must be >= 0")
+    if min(args.synthesize, args.document_tasks, args.temperature) < 0 or (args.max_prompts or 0) < 0:
+        raise ConfigError("--synthesize, --document-tasks, --temperature and --max-prompts must be >= 0")
     name = args.model or DEFAULT_MODEL
     target = load_model(name, dtype=args.dtype)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
@@ -70,9 +74,20 @@ def run(args) -> int:
     data = generate_training_data(target, prompts, data_dir, max_new_tokens=args.max_new_tokens,
                                   batch_size=args.batch_size, temperature=args.temperature)
     print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens", file=sys.stderr)
+    folders = [data_dir, *map(Path, args.extra_data)]
+    sequences = read_data(folders, target)
+    if args.document_tasks:
+        tasks = document_prompts(sequences, target.tokenizer, args.document_tasks,
+                                 min_tokens=min(64, args.max_new_tokens // 2))
+        doc_dir = data_dir.with_name(f"{data_dir.name}-doc{args.document_tasks}")
+        done = generate_training_data(target, tasks, doc_dir, max_new_tokens=args.max_new_tokens,
+                                      batch_size=args.batch_size, temperature=args.temperature,
+                                      extra_meta={"documents_from": [str(f) for f in folders]})
+        print(f"specdec: document tasks in {doc_dir}: {done['sequences']} sequences, {done['tokens']} tokens",
+              file=sys.stderr)
+        sequences += read_data([doc_dir], target)
     if args.data_only:
         return 0
-    sequences = read_data([data_dir, *map(Path, args.extra_data)], target)
     out = Path(args.out)
     torch.manual_seed(0)
     if (out / CONFIG_FILE).is_file():
@@ -90,6 +105,7 @@ def run(args) -> int:
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "target": name,
               "prompts": args.prompts, "prompts_used": len(prompts), "synthetic_prompts": args.synthesize,
+              "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
               "data_sequences": len(sequences), "data_tokens": sum(len(s["tokens"]) for s in sequences),
               "draft_vocab_coverage": coverage, "train_seconds": round(trainer.elapsed),

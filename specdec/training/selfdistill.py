@@ -146,6 +146,46 @@ def synthesize_prompts(target, openings: list[str], folder: Path, temperature: f
     return out
 
 
+DOCUMENT_TASKS = (
+    "Summarize the following text in a few sentences.\n\n{doc}",
+    "Read the passage and answer the question.\n\nPassage:\n{doc}\n\nQuestion: What is the main point of the passage?",
+    "List the key facts, names and numbers in this text.\n\n{doc}",
+    "Write a one-paragraph summary of this article:\n{doc}",
+    "Based only on the passage below, what does it conclude or recommend?\n\n{doc}",
+    "Rewrite the following text in simpler words.\n\n{doc}",
+    "Extract the main points of the text below as a bulleted list.\n\n{doc}",
+    "Give the text below a title, then summarize it in two sentences.\n\n{doc}",
+)
+
+
+def document_prompts(sequences: list[dict], tokenizer, count: int, min_tokens: int = 64) -> list[str]:
+    """`count` prompts asking about texts the target wrote itself: its answers in self-distilled `sequences`
+    (at least `min_tokens` long) wrapped in summary, question, extraction and rewriting tasks (DOCUMENT_TASKS,
+    in turn). They give the head the long-context work (RAG, summaries) the prompt file lacks; a text serves
+    again, under the next task, once every text has served."""
+    if not tokenizer.chat_template:
+        raise ConfigError("--document-tasks needs a model with a chat template")
+    marker = "\x00SPECDEC\x00"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
+                                             tokenize=False)
+    answer_start = rendered[rendered.index(marker) + len(marker):]  # what opens the assistant's turn
+    documents, seen = [], set()
+    for seq in sequences:
+        text = tokenizer.decode(seq["tokens"].tolist(), skip_special_tokens=False)
+        at = text.rfind(answer_start)
+        if at < 0:
+            continue
+        answer = tokenizer.decode(tokenizer(text[at + len(answer_start):], add_special_tokens=False)["input_ids"],
+                                  skip_special_tokens=True).strip()
+        if len(tokenizer(answer, add_special_tokens=False)["input_ids"]) >= min_tokens and answer not in seen:
+            seen.add(answer)
+            documents.append(answer)
+    if not documents:
+        raise ConfigError(f"no answer of {min_tokens} tokens or more in the data to build document tasks from")
+    n = len(documents)
+    return [DOCUMENT_TASKS[(i + i // n) % len(DOCUMENT_TASKS)].format(doc=documents[i % n]) for i in range(count)]
+
+
 def read_data(folders: list[Path], target) -> list[dict]:
     """The sequences of several data folders, each checked to come from this target."""
     out = []
@@ -162,9 +202,9 @@ def read_data(folders: list[Path], target) -> list[dict]:
 
 @torch.inference_mode()
 def generate_training_data(target, prompts: list[str], folder: Path, max_new_tokens: int = 256, batch_size: int = 16,
-                           temperature: float = 0.0, progress: bool = True) -> dict:
+                           temperature: float = 0.0, progress: bool = True, extra_meta: dict | None = None) -> dict:
     """The target's answers to `prompts` (greedy, or sampled at `temperature`), with its features and greedy
-    choices at every position; resumes where it stopped."""
+    choices at every position; resumes where it stopped. extra_meta: more settings the cached data must match."""
     from tqdm.auto import tqdm
 
     from ..engine import SpecDecoder
@@ -174,6 +214,7 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
             "max_new_tokens": max_new_tokens}
     if temperature > 0:
         meta["temperature"] = temperature
+    meta.update(extra_meta or {})
     writer = ShardWriter(folder, meta)
     encoder = SpecDecoder(target, None)
     start = writer.done
