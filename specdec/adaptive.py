@@ -26,6 +26,17 @@ class CostModel:
         self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
         self.draft_per_token_s = draft_per_token_s
         self._drafted = False
+        self._views: dict[str, CostModel] = {}
+
+    def for_drafter(self, name: str) -> "CostModel":
+        """The view of one kind of drafter: the same verify curve (one table, which every pass updates) with
+        that drafter's own drafting cost, so that drafters serving side by side do not mix their costs."""
+        if name not in self._views:
+            view = CostModel.__new__(CostModel)
+            view.table, view._views = self.table, self._views
+            view.draft_per_token_s, view._drafted = self.draft_per_token_s, self._drafted
+            self._views[name] = view
+        return self._views[name]
 
     def verify_s(self, T: int) -> float:
         keys = sorted(self.table)
@@ -136,7 +147,8 @@ class DraftLengthPolicy:
 
 
 def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: list[int]) -> list[int]:
-    """Draft lengths for sequences scored in one target pass, maximising expected tokens per second.
+    """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
+    drafting cost from its policy's), maximising expected tokens per second.
 
     Every sequence emits at least one token; giving sequence i its next draft token adds the chance
     that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
@@ -161,9 +173,9 @@ def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: li
             else:
                 candidates.append((i, cap, policy.acceptance()))
     tokens = len(policies) + sum(ks)
-    drafted = sum(ks)
+    drafting = sum(policy.costs.draft_s(k) for policy, k in zip(policies, ks))  # each drafter at its own cost
     expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
-    best_rate = expected / (costs.verify_s(tokens) + costs.draft_s(drafted))
+    best_rate = expected / (costs.verify_s(tokens) + drafting)
     reach = {i: 1.0 for i, _, _ in candidates}
     given = {i: 0 for i, _, _ in candidates}
     order, best_prefix = [], 0
@@ -176,9 +188,9 @@ def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: li
         given[i] += 1
         expected += gain
         tokens += 1
-        drafted += 1
+        drafting += policies[i].costs.draft_s(1)
         order.append(i)
-        rate = expected / (costs.verify_s(tokens) + costs.draft_s(drafted))
+        rate = expected / (costs.verify_s(tokens) + drafting)
         if rate > best_rate:
             best_rate, best_prefix = rate, len(order)
     for i in order[:best_prefix]:

@@ -68,14 +68,17 @@ class SpecDecoder:
     def warm_up(self, max_new_tokens: int = 16) -> None:
         """Runs a short generation twice with drafting forced on: the first run pays the drafter's first-call
         costs (allocations, kernel selection), the second measures its cost per drafted position, so the
-        draft-length policy starts from a warm figure. Nothing to do without a drafter."""
+        draft-length policy starts from a warm figure. Nothing to do without a drafter, or without the room for it
+        in a (very) short context."""
         if self.drafter is None:
             return
         forced = SpecDecoder(self.target, self.drafter, replace(self.speculation, adaptive=False), chat=self.chat,
                              costs=self.costs)
         ids = forced.encode(WARM_UP_PROMPT)
+        if len(ids) + max_new_tokens + self.speculation.num_speculative_tokens + 1 > self.target.info.max_context:
+            return
         for _ in range(2):
-            self.costs.reset_draft()
+            self.costs.for_drafter(self.drafter.name).reset_draft()
             forced.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens))
 
     # ---- prompts ------------------------------------------------------------------------------

@@ -44,15 +44,15 @@ class SequenceState:
         self.generator = make_generator(self.seed)
         self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
         self.eos = () if config.ignore_eos else info.eos_token_ids
-        self.policy = DraftLengthPolicy(self.k_max, costs, adaptive=speculation.adaptive)
-        self.costs = costs
+        self.costs = costs.for_drafter(drafter.name) if drafter is not None else costs  # its own drafting cost
+        self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=speculation.adaptive)
         self.cache = backend.new_cache()
         self.started_at = time.perf_counter()
         self.needs_features = drafter is not None and drafter.needs_features
         if drafter is not None:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
                                        generator=make_generator(self.seed + 1),
-                                       noise=self.noise if self.coupled else None, costs=costs,
+                                       noise=self.noise if self.coupled else None, costs=self.costs,
                                        allow_tree=allow_tree))
 
     @property

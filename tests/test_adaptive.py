@@ -93,7 +93,32 @@ def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
     from specdec.models.loading import load_model
 
     costs = flat_costs()
-    costs.observe_draft(1, 20.0)
+    costs.for_drafter("ngram").observe_draft(1, 20.0)
     decoder = SpecDecoder(load_model(str(tiny_folder), dtype="float32"), NgramDrafter(1, 3), costs=costs)
     decoder.warm_up()
-    assert 0 < costs.draft_per_token_s < 0.1
+    assert 0 < costs.for_drafter("ngram").draft_per_token_s < 0.1
+
+
+def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve():
+    costs = flat_costs()
+    eagle, ngram = costs.for_drafter("eagle"), costs.for_drafter("ngram")
+    assert costs.for_drafter("eagle") is eagle
+    eagle.observe_draft(4, 0.02)
+    assert eagle.draft_s(1) == 0.005 and ngram.draft_s(1) == 0.0
+    ngram.observe_verify(8, 0.5, weight=1.0)
+    assert eagle.verify_s(8) == costs.verify_s(8) == 0.5
+
+
+def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
+    """Two sequences with the same acceptance in one pass: the one with costly drafts gets fewer."""
+    from specdec.adaptive import choose_lengths
+
+    costs = flat_costs()
+    costly, cheap = costs.for_drafter("slow"), costs.for_drafter("fast")
+    costly.observe_draft(1, 0.004)
+    policies = [DraftLengthPolicy(8, costly), DraftLengthPolicy(8, cheap)]
+    for p in policies:
+        for _ in range(30):
+            p.observe(8, 5)
+    slow_k, fast_k = choose_lengths(policies, costs, [8, 8])
+    assert fast_k > slow_k

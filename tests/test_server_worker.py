@@ -86,3 +86,30 @@ def test_a_failing_step_fails_the_batch_and_the_worker_keeps_serving(decoder, mo
     finally:
         worker.stop()
     assert not worker.thread.is_alive()
+
+
+def test_a_drafter_chosen_by_requests_is_built_once_and_forked_for_each(decoder, monkeypatch):
+    import specdec.drafters as drafters
+
+    built = []
+    real = drafters.create_drafter
+    monkeypatch.setattr(drafters, "create_drafter", lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    worker = EngineWorker(decoder, max_batch=2)
+    made = [worker._drafter(SpeculationChoice("layerskip"))[0] for _ in range(3)]
+    assert built == ["layerskip"]  # built once
+    assert len({id(d) for d in made}) == 3 and all(d.name == "layerskip" for d in made)  # each request its own state
+    assert worker._drafter(SpeculationChoice("ngram"))[0] == "default"
+
+
+def test_requests_may_pick_the_head_specdec_ships_for_the_model():
+    from types import SimpleNamespace
+
+    from specdec.server.state import ServerSettings, ServerState
+
+    def limits(model: str) -> tuple:
+        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64))
+        worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
+        return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
+
+    assert limits("smollm2-135m") == ("none", "ngram", "eagle")
+    assert limits("tiny") == ("none", "ngram")

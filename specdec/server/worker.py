@@ -76,6 +76,7 @@ class EngineWorker:
         self.tokenizer = decoder.target.tokenizer
         self.engine = decoder.batch_engine(max_batch)
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
+        self._other_drafters: dict[str, object] = {}  # drafters requests chose by name, built once, forked per request
         self.metrics = metrics
         self.max_prefill_tokens = max_prefill_tokens
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -236,9 +237,11 @@ class EngineWorker:
             return None, "none"
         if choice.drafter == self.default_drafter:
             return "default", choice.drafter
-        from ..drafters import create_drafter
+        if choice.drafter not in self._other_drafters:  # built on first use only (a drafter may load weights)
+            from ..drafters import create_drafter
 
-        return create_drafter(choice.drafter, self.decoder.target), choice.drafter
+            self._other_drafters[choice.drafter] = create_drafter(choice.drafter, self.decoder.target)
+        return self._other_drafters[choice.drafter].fork(), choice.drafter
 
     def _step(self) -> None:
         if self.metrics is not None:
