@@ -4,9 +4,9 @@ With a_i the chance that draft position i is accepted once all before it were, a
 emits E(k) = 1 + a_0 + a_0 a_1 + ... + a_0..a_{k-1} tokens and costs C(k) = verify(k + 1) + draft(k)
 seconds. The policy picks argmax_k E(k) / C(k) over 0..k_max; k = 0 is a plain decoding step, so a
 drafter that keeps missing is switched off, and retried after a pause that doubles on each miss,
-which bounds what a wrong guess can cost. The retry is a probe that drafts whatever the estimates say:
-estimates only change when drafting happens, so a wrong one (a slow first call) would otherwise
-switch drafting off for good.
+which bounds what a wrong guess can cost. Estimates only change when drafting happens, so when only the
+drafting cost keeps k at 0 (drafts would pay at the cheapest cost measured), the retry is a probe that
+drafts anyway and measures again: one slow spell would otherwise switch drafting off for good.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class CostModel:
         # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
         self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
         self.draft_per_token_s = draft_per_token_s
+        self.cheapest_draft_s = draft_per_token_s  # the lowest per-token drafting cost measured
         self._drafted = False
         self._views: dict[str, CostModel] = {}
 
@@ -35,6 +36,7 @@ class CostModel:
             view = CostModel.__new__(CostModel)
             view.table, view._views = self.table, self._views
             view.draft_per_token_s, view._drafted = self.draft_per_token_s, self._drafted
+            view.cheapest_draft_s = self.cheapest_draft_s
             self._views[name] = view
         return self._views[name]
 
@@ -51,13 +53,13 @@ class CostModel:
         slope = (self.table[hi] - self.table[lo]) / (hi - lo)
         return max(self.table[lo] + slope * (T - lo), 1e-9)
 
-    def draft_s(self, k: int) -> float:
-        """Seconds to draft k positions (a tree's cost is counted per level)."""
-        return k * self.draft_per_token_s
+    def draft_s(self, k: int, cheapest: bool = False) -> float:
+        """Seconds to draft k positions (a tree's cost is counted per level); cheapest: at the lowest cost measured."""
+        return k * (self.cheapest_draft_s if cheapest else self.draft_per_token_s)
 
     def reset_draft(self) -> None:
         """Forgets the drafting cost (after a warm-up, whose first calls pay for allocations)."""
-        self.draft_per_token_s, self._drafted = 0.0, False
+        self.draft_per_token_s, self.cheapest_draft_s, self._drafted = 0.0, 0.0, False
 
     def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
         old = self.table.get(T)
@@ -68,6 +70,7 @@ class CostModel:
             return
         per = seconds / k
         self.draft_per_token_s = per if not self._drafted else (1 - weight) * self.draft_per_token_s + weight * per
+        self.cheapest_draft_s = per if not self._drafted else min(self.cheapest_draft_s, per)
         self._drafted = True
 
 
@@ -76,8 +79,10 @@ class DraftLengthPolicy:
 
     When no k > 0 pays, speculation pauses for `cooldown` plain steps; each pause that ends in
     another miss doubles the next one (up to max_cooldown), and any accepted draft resets it.
-    After a pause half the evidence is forgotten, and the next step drafts whatever the estimates
-    say (a probe), so that a wrong estimate of acceptance or of drafting cost is measured again.
+    After a pause half the evidence is forgotten, so estimates move back towards the prior and a
+    short draft is tried again when they say it pays; when it would pay at the cheapest drafting cost
+    measured but not at the current estimate, the next step drafts anyway (a probe), so that a stale
+    cost is measured again.
     """
 
     def __init__(self, k_max: int, costs: CostModel, adaptive: bool = True, prior: float = 0.5,
@@ -91,7 +96,7 @@ class DraftLengthPolicy:
         self.first_cooldown, self.max_cooldown = cooldown, max_cooldown
         self.next_cooldown = cooldown
         self.paused = 0
-        self.probing = False  # the first step after a pause drafts regardless of the estimates
+        self.probing = False  # the next step drafts to measure the drafting cost again
 
     def acceptance(self) -> list[float]:
         """a_i for i < k_max, smoothed towards a_{i-1} (towards the prior for i = 0)."""
@@ -101,14 +106,14 @@ class DraftLengthPolicy:
             out.append(base)
         return out
 
-    def best_k(self) -> int:
-        """argmax_k E(k) / C(k) for the current estimates."""
+    def best_k(self, cheapest: bool = False) -> int:
+        """argmax_k E(k) / C(k) for the current estimates (cheapest: at the lowest drafting cost measured)."""
         best_k, best_rate = 0, 1.0 / self.costs.verify_s(1)
         expected, reach = 1.0, 1.0
         for k, a in enumerate(self.acceptance(), start=1):
             reach *= a
             expected += reach
-            rate = expected / (self.costs.verify_s(k + 1) + self.costs.draft_s(k))
+            rate = expected / (self.costs.verify_s(k + 1) + self.costs.draft_s(k, cheapest))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -124,7 +129,7 @@ class DraftLengthPolicy:
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
-                self.probing = True
+                self.probing = self.best_k() == 0 and self.best_k(cheapest=True) > 0  # only the cost says no
             return False
         return True
 

@@ -74,17 +74,29 @@ def test_trees_size_themselves_but_stop_drafting_when_it_does_not_pay():
     assert 0 < draft_length(chain, costs) <= 6
 
 
-def test_a_probe_follows_each_pause_so_a_wrong_cost_estimate_is_measured_again():
-    """A slow first call (20 s a draft) makes every k look unprofitable; the first step after the pause
-    drafts anyway, and once cheap drafts are measured, drafting resumes."""
+def test_a_probe_follows_a_pause_when_only_a_stale_cost_keeps_drafting_off():
+    """After cheap drafts, one slow spell (20 s a draft) makes every k look unprofitable; the first step after
+    the pause drafts anyway, and once cheap drafts are measured again, drafting resumes."""
     costs = flat_costs()
-    costs.observe_draft(1, 20.0)
+    costs.observe_draft(1, 0.0001)
+    costs.observe_draft(1, 20.0, weight=1.0)
     policy = DraftLengthPolicy(8, costs)
     ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
     assert ks[0] == 0 and ks[-1] > 0, ks  # paused, then the probe
     costs.observe_draft(ks[-1], ks[-1] * 0.0001, weight=1.0)  # the probe's drafts were cheap and accepted
     policy.observe(ks[-1], ks[-1])
     assert policy.choose() > 0
+
+
+def test_no_probe_when_drafts_would_not_pay_at_any_measured_cost():
+    """A drafter as costly as half a target pass per token whose drafts are never accepted (layer-skip on a
+    model not trained for it): pauses end without drafting, as probes would cost more than they could find."""
+    costs = flat_costs()
+    costs.observe_draft(2, 2 * 0.010)
+    policy = DraftLengthPolicy(8, costs)
+    for _ in range(20):
+        policy.observe(2, 0)
+    assert [policy.choose() for _ in range(100)] == [0] * 100
 
 
 def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
