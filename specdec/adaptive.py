@@ -4,9 +4,10 @@ With a_i the chance that draft position i is accepted once all before it were, a
 emits E(k) = 1 + a_0 + a_0 a_1 + ... + a_0..a_{k-1} tokens and costs C(k) = verify(k + 1) + draft(k)
 seconds. The policy picks argmax_k E(k) / C(k) over 0..k_max; k = 0 is a plain decoding step, so a
 drafter that keeps missing is switched off, and retried after a pause that doubles on each miss,
-which bounds what a wrong guess can cost. Estimates only change when drafting happens, so when only the
-drafting cost keeps k at 0 (drafts would pay at the cheapest cost measured), the retry is a probe that
-drafts anyway and measures again: one slow spell would otherwise switch drafting off for good.
+which bounds what a wrong guess can cost. Estimates only change when drafting happens, so for a drafter
+that could pay at all (at the prior acceptance and the cheapest cost measured) the retry is a probe that
+drafts anyway and measures again: a slow spell or a run of misses would otherwise switch it off for good,
+while a drafter that cannot pay here (layer-skip on a model not trained for it) is not probed.
 """
 from __future__ import annotations
 
@@ -79,10 +80,9 @@ class DraftLengthPolicy:
 
     When no k > 0 pays, speculation pauses for `cooldown` plain steps; each pause that ends in
     another miss doubles the next one (up to max_cooldown), and any accepted draft resets it.
-    After a pause half the evidence is forgotten, so estimates move back towards the prior and a
-    short draft is tried again when they say it pays; when it would pay at the cheapest drafting cost
-    measured but not at the current estimate, the next step drafts anyway (a probe), so that a stale
-    cost is measured again.
+    After a pause half the evidence is forgotten, so estimates move back towards the prior; the next
+    step drafts (a probe) when the estimates say it pays, or when drafts would pay at the prior
+    acceptance and the cheapest drafting cost measured, so that stale estimates are measured again.
     """
 
     def __init__(self, k_max: int, costs: CostModel, adaptive: bool = True, prior: float = 0.5,
@@ -106,11 +106,12 @@ class DraftLengthPolicy:
             out.append(base)
         return out
 
-    def best_k(self, cheapest: bool = False) -> int:
-        """argmax_k E(k) / C(k) for the current estimates (cheapest: at the lowest drafting cost measured)."""
+    def best_k(self, acceptance: list[float] | None = None, cheapest: bool = False) -> int:
+        """argmax_k E(k) / C(k) for the current estimates, or for `acceptance`; cheapest: at the lowest drafting
+        cost measured."""
         best_k, best_rate = 0, 1.0 / self.costs.verify_s(1)
         expected, reach = 1.0, 1.0
-        for k, a in enumerate(self.acceptance(), start=1):
+        for k, a in enumerate(acceptance or self.acceptance(), start=1):
             reach *= a
             expected += reach
             rate = expected / (self.costs.verify_s(k + 1) + self.costs.draft_s(k, cheapest))
@@ -129,7 +130,7 @@ class DraftLengthPolicy:
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
-                self.probing = self.best_k() == 0 and self.best_k(cheapest=True) > 0  # only the cost says no
+                self.probing = self.best_k([self.prior] * self.k_max, cheapest=True) > 0  # it could pay
             return False
         return True
 

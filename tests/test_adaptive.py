@@ -88,6 +88,20 @@ def test_a_probe_follows_a_pause_when_only_a_stale_cost_keeps_drafting_off():
     assert policy.choose() > 0
 
 
+def test_a_cheap_drafter_that_kept_missing_is_probed_after_each_pause():
+    """Acceptance varies along a text (an EAGLE head): after a run of misses the estimates say no, but a cheap
+    drafter drafts again once each pause ends, and a hit there brings drafting back."""
+    costs = flat_costs()
+    costs.observe_draft(4, 4 * 0.0002)
+    policy = DraftLengthPolicy(8, costs)
+    for _ in range(30):
+        policy.observe(8, 0)
+    ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+    assert ks[0] == 0 and ks[-1] > 0, ks
+    policy.observe(ks[-1], ks[-1])
+    assert policy.choose() > 0
+
+
 def test_no_probe_when_drafts_would_not_pay_at_any_measured_cost():
     """A drafter as costly as half a target pass per token whose drafts are never accepted (layer-skip on a
     model not trained for it): pauses end without drafting, as probes would cost more than they could find."""
