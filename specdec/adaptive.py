@@ -11,6 +11,7 @@ while a drafter that cannot pay here (layer-skip on a model not trained for it) 
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -34,11 +35,7 @@ class CostModel:
         """The view of one kind of drafter: the same verify curve (one table, which every pass updates) with
         that drafter's own drafting cost, so that drafters serving side by side do not mix their costs."""
         if name not in self._views:
-            view = CostModel.__new__(CostModel)
-            view.table, view._views = self.table, self._views
-            view.draft_per_token_s, view._drafted = self.draft_per_token_s, self._drafted
-            view.cheapest_draft_s = self.cheapest_draft_s
-            self._views[name] = view
+            self._views[name] = copy.copy(self)  # shares `table` and `_views`; drafting figures are its own
         return self._views[name]
 
     def verify_s(self, T: int) -> float:

@@ -75,7 +75,9 @@ def run(args) -> int:
                                   batch_size=args.batch_size, temperature=args.temperature)
     print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens", file=sys.stderr)
     folders = [data_dir, *map(Path, args.extra_data)]
-    sequences = read_data(folders, target)
+    if args.data_only and not args.document_tasks:
+        return 0
+    sequences = read_data(folders, target)  # document tasks are built from the answers in it
     if args.document_tasks:
         tasks = document_prompts(sequences, target.tokenizer, args.document_tasks,
                                  min_tokens=min(64, args.max_new_tokens // 2))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .eagle_head import EagleConfig, EagleHead, attention
+from .eagle_head import EagleConfig, EagleHead, attention, rms_norm
 
 
 def kernel_head_problem(config: EagleConfig) -> str | None:
@@ -57,11 +57,11 @@ class KernelEagleHead:
         B, T, H = features.shape
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
-        q, k, v = self.qkv(_rms_norm(x, *self.norms[0])).split([q_width, kv_width, kv_width], dim=-1)
+        q, k, v = self.qkv(rms_norm(x, *self.norms[0])).split([q_width, kv_width, kv_width], dim=-1)
         attn, new_kv = attention(q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), c, positions,
                                  self.inv_freq, past, mask)
         x = x + self.o(attn.reshape(B * T, q_width))
-        gate, up = self.gate_up(_rms_norm(x, *self.norms[1])).chunk(2, dim=-1)
+        gate, up = self.gate_up(rms_norm(x, *self.norms[1])).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
         return x.view(B, T, H), new_kv
 
@@ -70,6 +70,3 @@ class KernelEagleHead:
         flat = hidden.reshape(-1, hidden.shape[-1]).float()
         return self.lm(flat).view(*hidden.shape[:-1], -1)
 
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))

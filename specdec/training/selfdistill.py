@@ -108,12 +108,7 @@ def synthesize_prompts(target, openings: list[str], folder: Path, temperature: f
     from tqdm.auto import tqdm
 
     tokenizer, backend = target.tokenizer, target.backend
-    if not tokenizer.chat_template:
-        raise ConfigError("--synthesize needs a model with a chat template")
-    marker = "\x00SPECDEC\x00"
-    template = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False,
-                                             tokenize=False)
-    before = template[: template.index(marker)]
+    before, _ = _around_user_turn(tokenizer, "--synthesize", generation_prompt=False)
     folder.mkdir(parents=True, exist_ok=True)
     cache = folder / "synthetic_prompts.jsonl"
     done = [json.loads(l) for l in cache.read_text(encoding="utf-8").splitlines()] if cache.exists() else []
@@ -163,12 +158,7 @@ def document_prompts(sequences: list[dict], tokenizer, count: int, min_tokens: i
     (at least `min_tokens` long) wrapped in summary, question, extraction and rewriting tasks (DOCUMENT_TASKS,
     in turn). They give the head the long-context work (RAG, summaries) the prompt file lacks; a text serves
     again, under the next task, once every text has served."""
-    if not tokenizer.chat_template:
-        raise ConfigError("--document-tasks needs a model with a chat template")
-    marker = "\x00SPECDEC\x00"
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
-                                             tokenize=False)
-    answer_start = rendered[rendered.index(marker) + len(marker):]  # what opens the assistant's turn
+    _, answer_start = _around_user_turn(tokenizer, "--document-tasks", generation_prompt=True)  # opens the reply
     documents, seen = [], set()
     for seq in sequences:
         text = tokenizer.decode(seq["tokens"].tolist(), skip_special_tokens=False)
@@ -184,6 +174,18 @@ def document_prompts(sequences: list[dict], tokenizer, count: int, min_tokens: i
         raise ConfigError(f"no answer of {min_tokens} tokens or more in the data to build document tasks from")
     n = len(documents)
     return [DOCUMENT_TASKS[(i + i // n) % len(DOCUMENT_TASKS)].format(doc=documents[i % n]) for i in range(count)]
+
+
+def _around_user_turn(tokenizer, option: str, generation_prompt: bool) -> tuple[str, str]:
+    """The chat template's text before and after a user turn's content (after: up to the assistant's turn
+    opening when generation_prompt); `option` names what needs a template, for the error."""
+    if not tokenizer.chat_template:
+        raise ConfigError(f"{option} needs a model with a chat template")
+    marker = "\x00SPECDEC\x00"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}],
+                                             add_generation_prompt=generation_prompt, tokenize=False)
+    at = rendered.index(marker)
+    return rendered[:at], rendered[at + len(marker):]
 
 
 def read_data(folders: list[Path], target) -> list[dict]:
