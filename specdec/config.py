@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from .errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-BACKENDS = ("auto", "kernels", "kernels-bf16", "torch", "hf")
+BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "torch", "hf")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLING_VERIFIERS = ("rejection", "coupled")
 

@@ -109,7 +109,7 @@ def test_fast_backend_is_bit_identical_to_transformers(dtype):
 
 needs_bf16_products = pytest.mark.skipif(not has_bf16_products(), reason="the CPU lacks AVX-512 BF16")
 KERNEL_VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16), ("kernels", torch.float16),
-                   pytest.param("kernels-bf16", torch.bfloat16, marks=needs_bf16_products)]
+                   ("kernels-fp32", torch.bfloat16), pytest.param("kernels-bf16", torch.bfloat16, marks=needs_bf16_products)]
 
 
 @pytest.mark.parametrize("kind,dtype", KERNEL_VARIANTS)
@@ -134,8 +134,10 @@ def test_kernels_are_batch_invariant_bit_for_bit(kind, dtype, shape):
     scored = backend.forward(cache, steps[:3], tree_mask=tree).logits
     assert torch.equal(scored[:2], wide[:2])
     backend.compact(cache, len(prompt), [0, 2])
+    path = backend.new_cache()  # the kept path scored afresh after the same prompt pass (a sequence's first pass
+    backend.forward(path, prompt)  # may multiply differently from its later ones)
     assert torch.equal(backend.forward(cache, steps[3:4]).logits[0],
-                       _fresh_logits(backend, prompt.tolist() + [7, 9, 4])[-1])
+                       backend.forward(path, torch.tensor([7, 9, 4])).logits[-1])
     # the same sequence inside a batch of three ragged ones
     others = [backend.new_cache() for _ in range(2)]
     backend.truncate(cache, len(prompt))
@@ -155,10 +157,36 @@ def test_kernels_match_transformers_in_float32(model):
 def test_bf16_products_stay_close_to_float32_products():
     """kernels-bf16 only rounds each product's input to bfloat16: logits stay near the float32-activation ones."""
     model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(torch.bfloat16)
-    exact, fast = (loaded(model, kind, dtype=torch.bfloat16).backend for kind in ("kernels", "kernels-bf16"))
+    exact, fast = (loaded(model, kind, dtype=torch.bfloat16).backend for kind in ("kernels-fp32", "kernels-bf16"))
     ids = torch.arange(3, 60)
     a, b = exact.forward(exact.new_cache(), ids).logits, fast.forward(fast.new_cache(), ids).logits
     assert not torch.equal(a, b)  # the products really are computed differently
     error = (b - a).abs()
     assert error.mean() < 0.02 * a.std() and error.max() < 0.2 * a.std()  # bfloat16 carries ~3 digits
     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@needs_bf16_products
+def test_kernels_prefill_prompts_with_bf16_products():
+    """With bfloat16 weights, `kernels` multiplies in bfloat16 in a sequence's first pass (as kernels-bf16 does) and in
+    float32 afterwards (as kernels-fp32 does); a pass that mixes first and later passes scores each as it would alone."""
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(torch.bfloat16)
+    default, fp32, bf16 = (loaded(model, kind, dtype=torch.bfloat16).backend
+                           for kind in ("kernels", "kernels-fp32", "kernels-bf16"))
+    prompt, steps = torch.arange(3, 60), torch.tensor([7, 1, 9, 4])
+    first = [b.forward(b.new_cache(), prompt).logits for b in (default, fp32, bf16)]
+    assert torch.equal(first[0], first[2]) and not torch.equal(first[0], first[1])
+    # later passes: float32 products over the bfloat16-prefilled cache (so unlike kernels-bf16's)
+    caches = [b.new_cache() for b in (default, bf16)]
+    later = []
+    for b, c in zip((default, bf16), caches):
+        b.forward(c, prompt)
+        later.append(b.forward(c, steps).logits)
+    assert not torch.equal(later[0], later[1])
+    torch.testing.assert_close(later[0], later[1], rtol=0.05, atol=0.05 * float(later[1].std()))
+    # one ragged pass holding a continuing sequence and a new one
+    going, new = default.new_cache(), default.new_cache()
+    default.forward(going, prompt)
+    outs = default.forward_batch([going, new], [steps, prompt])
+    assert torch.equal(outs[0].logits, later[0]) and torch.equal(outs[1].logits, first[0])
+    assert going.length == len(prompt) + len(steps) and new.length == len(prompt)

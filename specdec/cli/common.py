@@ -18,8 +18,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations dtype (default: auto = bfloat16 where native)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family); kernels-bf16: the "
-                        "same with bfloat16 products (faster, less exact, still batch-invariant); torch: "
+                   help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family; bfloat16 "
+                        "products for prompts where the weights are bfloat16 and the CPU has AVX-512 BF16); "
+                        "kernels-fp32: float32 products for prompts too; kernels-bf16: bfloat16 products in every pass "
+                        "(faster, less exact, still batch-invariant); torch: "
                         "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
                         "(default: auto, the first of these that supports the model and device)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")

@@ -7,7 +7,8 @@
 // pass gives bit for bit what k one-token passes give, and speculation cannot change a single token.
 //
 // Reduction order of a matrix product's output: one float32 accumulator, over k = 0..K-1 in increasing order
-// with fused multiply-adds (for bfloat16 products: over pairs of k, by vdpbf16ps). Other dot products (norms,
+// with fused multiply-adds (for bfloat16 products: over pairs of k, by vdpbf16ps). Which of the two a pass uses
+// is the caller's choice per pass (the Python side: bfloat16 for a sequence's first pass, or for every pass). Other dot products (norms,
 // attention scores) use 16 lanes, lane l accumulating k = l (mod 16), then _mm512_reduce_add_ps.
 
 #include <torch/extension.h>
@@ -25,9 +26,11 @@
 namespace {
 
 // F32, BF16, F16: weights widened to float32, products of float32 activations (fused multiply-add).
+// BF16PAIRS: the same products from bfloat16 weights packed in pairs of k (the layout BF16DOT reads), so that
+// one packed copy serves both kinds of product.
 // BF16DOT: bfloat16 weights and activations rounded to bfloat16 at the product's input, pairs of
 // products summed by vdpbf16ps into float32 (twice the arithmetic rate; everything else stays float32).
-enum WType : int { F32 = 0, BF16 = 1, F16 = 2, BF16DOT = 3 };
+enum WType : int { F32 = 0, BF16 = 1, F16 = 2, BF16DOT = 3, BF16PAIRS = 4 };
 
 template <int WT>
 inline __m512 load16(const void* base, int64_t k) {
@@ -83,6 +86,27 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
         const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 4
         for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], wk[v], xb);
+      }
+    }
+  } else if constexpr (WT == BF16PAIRS) {
+    // the pair layout holds W[k] in the low and W[k + 1] in the high half of each 32-bit lane; k, then k + 1
+    const float* x = static_cast<const float*>(xv);
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(block);
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    for (int64_t k = 0; k < K; k += 2) {
+      for (int half = 0; half < 2; ++half) {
+        __m512 wk[kVecs];
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) {
+          const __m512i raw = _mm512_loadu_si512(w + k * kBlockCols + v * 32);
+          wk[v] = _mm512_castsi512_ps(half ? _mm512_and_si512(raw, high) : _mm512_slli_epi32(raw, 16));
+        }
+#pragma GCC unroll 6
+        for (int j = 0; j < MR; ++j) {
+          const __m512 xb = _mm512_set1_ps(x[j * K + k + half]);
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_fmadd_ps(wk[v], xb, acc[j][v]);
+        }
       }
     }
   } else {
@@ -164,32 +188,42 @@ struct Weight {
   torch::Tensor tensor;  // packed blocks, kept alive here
   const char* data = nullptr;
   int64_t N = 0, K = 0;
-  int wtype = F32;
+  int wtype = F32;  // the stored type: F32, BF16 or F16
+  bool pairs = false;  // bfloat16 packed in pairs of k: products in float32 (BF16PAIRS) or bfloat16 (BF16DOT)
 };
 
-Weight make_weight(const torch::Tensor& t, bool bf16_dot = false) {
+// pairs: pack bfloat16 weights for both kinds of product (a no-op for other dtypes)
+Weight make_weight(const torch::Tensor& t, bool pairs = false) {
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.device().is_cpu(), "weights must be contiguous 2-D CPU tensors");
   TORCH_CHECK(t.size(1) % 16 == 0, "the kernels need inner sizes that are multiples of 16");
   Weight w;
   w.N = t.size(0);
   w.K = t.size(1);
   if (t.scalar_type() == torch::kFloat32) w.wtype = F32;
-  else if (t.scalar_type() == torch::kBFloat16) w.wtype = bf16_dot ? BF16DOT : BF16;
+  else if (t.scalar_type() == torch::kBFloat16) w.wtype = BF16;
   else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
   else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
-  w.tensor = pack_blocks(t, w.wtype == BF16DOT);
+  w.pairs = pairs && w.wtype == BF16;
+  w.tensor = pack_blocks(t, w.pairs);
   w.data = static_cast<const char*>(w.tensor.data_ptr());
   return w;
 }
 
-// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32
-void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
-  switch (w.wtype) {
-    case BF16DOT: {
+// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32; bf16_products: round x to bfloat16 and
+// multiply in pairs (only for weights packed in pairs)
+void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
+            bool bf16_products = false) {
+  TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
+  if (w.pairs) {
+    if (bf16_products) {
       const std::vector<uint16_t> xb = to_bf16(x, M * w.K);  // activations rounded once per product
       linear_blocks<BF16DOT>(xb.data(), M, w.data, w.N, w.K, bias, y, ldy);
-      break;
+    } else {
+      linear_blocks<BF16PAIRS>(x, M, w.data, w.N, w.K, bias, y, ldy);
     }
+    return;
+  }
+  switch (w.wtype) {
     case BF16: linear_blocks<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     case F16: linear_blocks<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     default: linear_blocks<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
@@ -328,7 +362,7 @@ struct Layer {
 class CpuLlama {
  public:
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
-           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool bf16_dot) {
+           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool pairs) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
     TORCH_CHECK(cfg_.head_dim % 16 == 0 && cfg_.head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
@@ -338,18 +372,18 @@ class CpuLlama {
       const torch::Tensor* t = &layer_tensors[8 * l];
       Layer layer;
       layer.input_norm = t[0].contiguous().to(torch::kFloat32);
-      layer.qkv = make_weight(t[1], bf16_dot);
+      layer.qkv = make_weight(t[1], pairs);
       layer.qkv_bias = t[2].defined() && t[2].numel() ? t[2].contiguous().to(torch::kFloat32) : torch::Tensor();
-      layer.o = make_weight(t[3], bf16_dot);
+      layer.o = make_weight(t[3], pairs);
       layer.o_bias = t[4].defined() && t[4].numel() ? t[4].contiguous().to(torch::kFloat32) : torch::Tensor();
       layer.post_norm = t[5].contiguous().to(torch::kFloat32);
-      layer.gate_up = make_weight(t[6], bf16_dot);
-      layer.down = make_weight(t[7], bf16_dot);
+      layer.gate_up = make_weight(t[6], pairs);
+      layer.down = make_weight(t[7], pairs);
       layers_.push_back(layer);
     }
     embed_rows_ = embed.contiguous();
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
-    lm_head_ = make_weight(lm_head, bf16_dot);
+    lm_head_ = make_weight(lm_head, pairs);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -362,11 +396,12 @@ class CpuLlama {
   // P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in blocks of
   // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
   // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
+  // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only).
   // Returns (logits (R, V), hidden (N, H) after the final norm).
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
                                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
-                                     int64_t num_layers) {
+                                     int64_t num_layers, bool bf16_products) {
     const auto& c = cfg_;
     const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
     const int64_t I = c.intermediate, S = offsets.size(0) - 1;
@@ -416,7 +451,7 @@ class CpuLlama {
       float* kc = k_cache.data_ptr<float>() + l * layer_stride;
       float* vc = v_cache.data_ptr<float>() + l * layer_stride;
       rms_norm(x, N, H, L.input_norm.data_ptr<float>(), c.eps, h);
-      linear(h, N, L.qkv, L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr, qkv, qkv_width);
+      linear(h, N, L.qkv, L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr, qkv, qkv_width, bf16_products);
       // RoPE on q and k, then k and v into the cache (each row writes its own cache entries)
       at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
@@ -444,10 +479,10 @@ class CpuLlama {
       }
       });
       attention(qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn);
-      linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H);
+      linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H, bf16_products);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
       rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
-      linear(h, N, L.gate_up, nullptr, gu, 2 * I);
+      linear(h, N, L.gate_up, nullptr, gu, 2 * I, bf16_products);
       at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i)
           for (int64_t e = 0; e < I; e += 16) {
@@ -456,7 +491,7 @@ class CpuLlama {
             _mm512_storeu_ps(act + i * I + e, _mm512_mul_ps(silu, _mm512_loadu_ps(gu + i * 2 * I + I + e)));
           }
       });
-      linear(act, N, L.down, nullptr, h, H);
+      linear(act, N, L.down, nullptr, h, H, bf16_products);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
     }
     rms_norm(x, N, H, final_norm_.data_ptr<float>(), c.eps, h);
@@ -465,7 +500,7 @@ class CpuLlama {
     torch::Tensor picked = torch::empty({R, H}, f32);
     for (int64_t r = 0; r < R; ++r) std::copy(h + rows[r] * H, h + (rows[r] + 1) * H, picked.data_ptr<float>() + r * H);
     torch::Tensor logits = torch::empty({R, lm_head_.N}, f32);
-    linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N);
+    linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
     return {logits, h_t};
   }
 
@@ -614,7 +649,7 @@ class CpuLlama {
 class PackedLinear {
  public:
   PackedLinear(torch::Tensor weight, torch::Tensor bias, bool bf16_dot)
-      : weight_(make_weight(weight.contiguous(), bf16_dot)) {
+      : weight_(make_weight(weight.contiguous(), bf16_dot)), bf16_dot_(bf16_dot && weight_.pairs) {
     if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
   }
   torch::Tensor call(torch::Tensor x) const {
@@ -622,7 +657,7 @@ class PackedLinear {
     x = x.contiguous().to(torch::kFloat32);
     torch::Tensor y = torch::empty({x.size(0), weight_.N}, torch::TensorOptions().dtype(torch::kFloat32));
     linear(x.data_ptr<float>(), x.size(0), weight_, bias_.defined() ? bias_.data_ptr<float>() : nullptr,
-           y.data_ptr<float>(), weight_.N);
+           y.data_ptr<float>(), weight_.N, bf16_dot_);
     return y;
   }
   int64_t out_features() const { return weight_.N; }
@@ -630,6 +665,7 @@ class PackedLinear {
 
  private:
   Weight weight_;
+  bool bf16_dot_;
   torch::Tensor bias_;
 };
 

@@ -3,6 +3,11 @@
 Weights stay in the model's dtype (float32, bfloat16 or float16); every activation, the KV cache and
 the logits are float32. Results do not depend on how many tokens or sequences one pass scores, so a
 verify pass over k drafts returns exactly what k one-token passes would: speculation is bit-exact.
+
+Matrix products multiply float32 activations, except where bfloat16 products are asked for: in every
+pass (kernels-bf16), or in a sequence's first pass only (its prompt, where the products are
+compute-bound: the default for bfloat16 weights on a CPU with AVX-512 BF16). A prompt is prefilled
+the same way whatever shares its pass, so plain and speculative decoding still agree token for token.
 """
 from __future__ import annotations
 
@@ -30,15 +35,18 @@ class KernelLlama(PooledCaches, CausalLM):
     batched = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 bf16_products: bool = False):
+                 bf16_products: bool = False, bf16_prefill: bool | None = None):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
-        pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes."""
+        pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
+        bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow)."""
         from ..errors import ConfigError
         from ..kernels import has_bf16_products, load
 
-        if bf16_products and (info.dtype != torch.bfloat16 or not has_bf16_products()):
+        bf16_ready = info.dtype == torch.bfloat16 and has_bf16_products()
+        if bf16_products and not bf16_ready:
             raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
                               "AVX-512 BF16")
+        self.bf16_prefill = bf16_ready if bf16_prefill is None else bf16_prefill and bf16_ready
         module = load()
         cfg = hf_model.config
         if info.device.type != "cpu":
@@ -72,7 +80,7 @@ class KernelLlama(PooledCaches, CausalLM):
         dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
         self.bf16_products = bf16_products
         self.model = module.CpuLlama(dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(),
-                                     lm_head, cos.cpu(), sin.cpu(), bf16_products)
+                                     lm_head, cos.cpu(), sin.cpu(), bf16_products or self.bf16_prefill)
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, torch.float32, info.device,
                            zeroed=False)
@@ -99,6 +107,15 @@ class KernelLlama(PooledCaches, CausalLM):
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
+        fresh = [c.length == 0 for c in caches]
+        if self.bf16_prefill and not self.bf16_products and any(fresh) and not all(fresh):
+            # first passes and later ones multiply differently: two passes, each as it would run alone
+            parts = [[i for i, f in enumerate(fresh) if f == want] for want in (True, False)]
+            outs = [self.forward_batch([caches[i] for i in part], [input_ids[i] for i in part],
+                                       output_hidden=output_hidden, last_only=last_only, layers=layers)
+                    for part in parts]
+            merged = dict(zip(parts[0] + parts[1], outs[0] + outs[1]))
+            return [merged[i] for i in range(len(caches))]
         lengths = [int(ids.numel()) for ids in input_ids]
         ids = torch.cat([i.reshape(-1).to(torch.long).cpu() for i in input_ids])
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
@@ -116,9 +133,10 @@ class KernelLlama(PooledCaches, CausalLM):
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
+        bf16 = self.bf16_products or (self.bf16_prefill and all(c.length == 0 for c in caches))
         logits, hidden = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                             torch.tensor([c.length for c in caches]), positions.to(torch.long),
-                                            masks, self.pool.keys, self.pool.values, rows, layers or 0)
+                                            masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16)
         for c, n in zip(caches, lengths):
             c.length += n
         return logits, hidden

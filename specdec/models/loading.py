@@ -99,16 +99,18 @@ def check_backend(backend: str) -> None:
 
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
                  max_context: int | None = None) -> CausalLM:
-    """kernels: specdec's CPU kernels (batch-invariant, float32 compute); kernels-bf16: the same with bfloat16
-    weights and activations rounded to bfloat16 at each matrix product's input (AVX-512 BF16; faster, less exact,
-    still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
+    """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
+    bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
+    kernels-bf16: bfloat16 products in every pass (activations rounded to bfloat16 at each matrix product's input;
+    faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
     transformers' own forward. auto: the first that fits."""
     from .llama import FastLlama, fast_path_problem
 
     check_backend(backend)
     problem = fast_path_problem(hf_model.config)
     bf16_products = backend == "kernels-bf16"  # the kernels, with bfloat16 products (KernelLlama checks they can)
-    if bf16_products:
+    bf16_prefill = None if backend in ("auto", "kernels") else False
+    if backend.startswith("kernels"):
         backend = "kernels"
     if backend in ("kernels", "torch") and problem:
         raise ConfigError(f"the {backend} backend does not support this model: {problem}")
@@ -123,7 +125,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
         reason = reason or kernel_shape_problem(hf_model.config)
         if reason is None:
             try:
-                return KernelLlama(hf_model, info, slots=slots, max_context=max_context, bf16_products=bf16_products)
+                return KernelLlama(hf_model, info, slots=slots, max_context=max_context, bf16_products=bf16_products,
+                                   bf16_prefill=bf16_prefill)
             except KernelUnavailable as exc:
                 reason = str(exc)
                 if backend == "auto":
