@@ -198,3 +198,65 @@ def test_the_head_reads_the_prompt_during_prefill(models):
     assert drafter.kv[0].shape[2] == len(prompt) - 1  # every pair (f_t, x_t+1) the prompt holds
     drafter.propose(prompt + [7], 2)
     assert drafter.kv[0].shape[2] == len(prompt)
+
+
+def test_lookup_record_scores_what_was_accepted():
+    from specdec.adaptive import CostModel
+    from specdec.drafters.eagle import LookupRecord
+
+    record = LookupRecord()
+    assert record.rate() == 0.5  # no evidence yet
+    record.proposed([1] * 10, [6, 7, 8])
+    record.score([1] * 10 + [6, 7, 9, 4])  # two accepted, the third rejected
+    assert (record.accepted, record.trials) == (2, 3)
+    record.proposed([1] * 14, [5, 5])
+    record.score([1] * 14 + [5, 5, 2])  # both accepted (then the bonus token)
+    assert (record.accepted, record.trials) == (4, 5)
+    record.score([1] * 20)  # nothing pending: nothing changes
+    assert record.rate() == 5 / 7
+    assert record.expected([0, 0]) == pytest.approx(5 / 7 + (5 / 7) ** 2)
+    chain = [0] * 8
+    assert record.best_length(chain, CostModel({1: 0.01, 64: 0.0101})) == 8  # flat verify cost: all of it
+    assert record.best_length(chain, CostModel({1: 0.01, 2: 0.02, 8: 0.08})) == 1  # steep: the first token
+
+
+def test_the_head_is_skipped_where_the_lookup_is_trusted(models):
+    from specdec.adaptive import CostModel
+    from specdec.drafters.base import DraftRequest
+
+    target = loaded(models, "kernels")
+    torch.manual_seed(2)
+    head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]  # lookup continuation: 6 7 8 9
+    out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
+    drafter = EagleDrafter(head, tree=True, width=2, max_depth=4)
+    drafter.begin(DraftRequest(prompt_ids=prompt, costs=CostModel({1: 0.01, 64: 0.0101})))
+    drafter.observe(out.hidden[:-1])
+    assert drafter.propose(prompt, 4).parents is not None  # no estimate of the head's trees yet: a tree
+    assert drafter.head_expected is not None
+    drafter.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
+    lookup_only = drafter.propose(prompt, 4)
+    assert lookup_only.parents is None and lookup_only.tokens.tolist() == [6, 7, 8, 9]
+    drafter.head_expected = 5.0
+    assert drafter.propose(prompt, 4).parents is not None
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_lookup_only_drafts_keep_greedy_output(models, backend):
+    target = loaded(models, backend)
+    torch.manual_seed(1)
+    drafter = EagleDrafter(new_head(models, "tiny", torch.arange(models.config.vocab_size)), tree=True, width=2)
+    kinds = []
+    tree = drafter._tree
+
+    def spy(*args):
+        draft = tree(*args)
+        kinds.append(draft.parents is None)
+        return draft
+
+    drafter._tree = spy
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9, 10] * 5
+    assert decoder.generate_ids(prompt, config)[0] == SpecDecoder(target, None).generate_ids(prompt, config)[0]
+    assert any(kinds) and not all(kinds)  # both lookup-only chains and head trees were verified

@@ -5,6 +5,10 @@ whole frontier (by cumulative draft log-probability), the head scores a level in
 tree mask, and the nodes sent to the target are the most probable ones, as many as maximise
 expected accepted tokens per second under the measured verify-cost curve. Siblings are
 deterministic top-k choices, so sampling verifies them one-hot (verify.tree_rejection_verify).
+
+Trees also hold the prompt-lookup continuation as one more branch. Where that continuation is expected to
+be accepted at least as far as the head's recent trees (text the answer copies from the prompt), the
+head is skipped and the continuation alone is drafted, as a chain sized by the verify-cost curve.
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class EagleDrafter(Drafter):
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
         self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
+        self.lookup_record = LookupRecord()
+        self.head_expected: float | None = None  # running mean of the head's expected accepted tokens per tree
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -118,6 +124,13 @@ class EagleDrafter(Drafter):
     def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
         head = self.head
         costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
+        chain = []
+        if self.lookup is not None:
+            self.lookup_record.score(context)
+            chain = self.lookup.propose(context, depth_cap).tokens.tolist()
+            self.lookup_record.proposed(context, chain)
+            if chain and self.head_expected is not None and self.lookup_record.expected(chain) >= self.head_expected:
+                return Draft(tokens=torch.tensor(chain[:self.lookup_record.best_length(chain, costs)]))
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
@@ -161,13 +174,58 @@ class EagleDrafter(Drafter):
                 hidden_of[node] = out[r]
             fed += frontier
         chosen = _choose_nodes(scores, parents, costs, self.max_nodes)
-        if self.lookup is not None:
-            chain = self.lookup.propose(context, depth_cap).tokens.tolist()
+        expected = sum(math.exp(scores[i]) for i in chosen)
+        self.head_expected = expected if self.head_expected is None else 0.8 * self.head_expected + 0.2 * expected
+        if chain:
             chosen = _add_path(chosen, chain, tokens, parents, depths, scores)
         order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
         index = {node: j for j, node in enumerate(order)}
         return Draft(tokens=torch.tensor([tokens[i] for i in order]),
                      parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+class LookupRecord:
+    """How far prompt-lookup continuations were accepted in this request: each drafted continuation token counts
+    as a trial of a geometric run (accepted, or the first rejected one), so the chance a next token is accepted is
+    (accepted + 1) / (trials + 2)."""
+
+    def __init__(self):
+        self.accepted, self.trials = 0, 0
+        self.pending: tuple[int, list[int]] | None = None  # (context length, continuation) drafted last
+
+    def proposed(self, context: list[int], chain: list[int]) -> None:
+        self.pending = (len(context), chain) if chain else None
+
+    def score(self, context: list[int]) -> None:
+        """Compares the last drafted continuation with what the context now holds after it."""
+        if self.pending is None:
+            return
+        start, chain = self.pending
+        self.pending = None
+        after = context[start:start + len(chain)]
+        if not after:
+            return
+        kept = common_prefix(chain, after)
+        self.accepted += kept
+        self.trials += kept + (kept < len(after))  # a differing token is one rejected trial
+
+    def rate(self) -> float:
+        return (self.accepted + 1) / (self.trials + 2)
+
+    def expected(self, chain: list[int]) -> float:
+        """Expected accepted tokens of the continuation."""
+        a = self.rate()
+        return sum(a ** i for i in range(1, len(chain) + 1))
+
+    def best_length(self, chain: list[int], costs) -> int:
+        """The prefix of the continuation with the most expected tokens per second of verification."""
+        a, best, best_rate, expected = self.rate(), 1, 0.0, 1.0
+        for n in range(1, len(chain) + 1):
+            expected += a ** n
+            rate = expected / costs.verify_s(n + 1)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
 
 
 def _add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int],
