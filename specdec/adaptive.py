@@ -7,7 +7,9 @@ drafter that keeps missing is switched off, and retried after a pause that doubl
 which bounds what a wrong guess can cost. Estimates only change when drafting happens, so for a drafter
 that could pay at all (at the prior acceptance and the cheapest cost measured) the retry is a probe that
 drafts anyway and measures again: a slow spell or a run of misses would otherwise switch it off for good,
-while a drafter that cannot pay here (layer-skip on a model not trained for it) is not probed.
+while a drafter that cannot pay here (layer-skip on a model not trained for it) is not probed. A probe
+needs a clear expected gain (PROBE_MARGIN): one that only just pays at the prior tips either way on a
+noisy verify curve, and each failed probe costs a whole step.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 
 PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
+PROBE_MARGIN = 0.1  # a probe must promise 10% more tokens per second than plain decoding, at the prior
 
 
 class CostModel:
@@ -103,10 +106,10 @@ class DraftLengthPolicy:
             out.append(base)
         return out
 
-    def best_k(self, acceptance: list[float] | None = None, cheapest: bool = False) -> int:
+    def best_k(self, acceptance: list[float] | None = None, cheapest: bool = False, margin: float = 0.0) -> int:
         """argmax_k E(k) / C(k) for the current estimates, or for `acceptance`; cheapest: at the lowest drafting
-        cost measured."""
-        best_k, best_rate = 0, 1.0 / self.costs.verify_s(1)
+        cost measured; margin: k > 0 must beat plain decoding's rate by this fraction."""
+        best_k, best_rate = 0, (1.0 + margin) / self.costs.verify_s(1)
         expected, reach = 1.0, 1.0
         for k, a in enumerate(acceptance or self.acceptance(), start=1):
             reach *= a
@@ -127,7 +130,7 @@ class DraftLengthPolicy:
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
-                self.probing = self.best_k([self.prior] * self.k_max, cheapest=True) > 0  # it could pay
+                self.probing = self.best_k([self.prior] * self.k_max, cheapest=True, margin=PROBE_MARGIN) > 0
             return False
         return True
 

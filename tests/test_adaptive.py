@@ -148,3 +148,20 @@ def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
             p.observe(8, 5)
     slow_k, fast_k = choose_lengths(policies, costs, [8, 8])
     assert fast_k > slow_k
+
+
+def test_no_probe_when_drafts_would_only_just_pay_at_the_prior():
+    """Drafts that would gain a few percent at the prior acceptance (a costly drafter on a noisy curve) are not
+    probed after a pause; a drafter with a clear expected gain is."""
+    from specdec.adaptive import PROBE_MARGIN
+
+    for per_token, probed in ((0.008, False), (0.0002, True)):
+        costs = flat_costs()
+        costs.observe_draft(1, per_token)
+        policy = DraftLengthPolicy(8, costs)
+        gain = 1.5 / (costs.verify_s(2) + per_token) * costs.verify_s(1) - 1  # one draft at acceptance 0.5
+        assert (gain > PROBE_MARGIN) == probed and gain > 0
+        for _ in range(20):
+            policy.observe(2, 0)
+        ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+        assert (ks[-1] > 0) == probed, ks
