@@ -138,6 +138,9 @@ class SequenceState:
         self.metrics.total_time_s = time.perf_counter() - self.started_at
         self.metrics.finish_reason = self.finished or reason
         if self.drafter is not None:
+            learn = getattr(self.drafter, "learn", None)  # drafters that do not subclass Drafter may lack it
+            if learn is not None:
+                learn(self.generated)
             self.drafter.end()
         self.backend.release(self.cache)
         self.cache = None

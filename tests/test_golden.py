@@ -23,7 +23,7 @@ def target():
     return load_model(GOLDEN["model"], dtype=GOLDEN["dtype"])
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "draft-model", "eagle", "eagle-chain", "layerskip"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "draft-model", "eagle", "eagle-chain", "layerskip"])
 def test_golden_greedy_output(target, drafter):
     # The only draft model with this tokenizer here is the model itself (every draft accepted);
     # eagle is the head shipped in specdec/assets for this model (a tree, or a chain).

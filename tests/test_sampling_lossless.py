@@ -14,6 +14,7 @@ import torch
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.sampling import probs_from_logits
 from specdec.verify import rejection_verify
@@ -57,6 +58,8 @@ def make_drafter(kind: str):
         return TableTreeDrafter(TableLM(VOCAB, seed=11, scale=2.5), width=2, depth=2)
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=2)
+    if kind == "suffix":  # drafts from the samples drawn before: the distribution must not shift with them
+        return SuffixDrafter(min_n=1, max_n=3)
     if kind == "self":
         return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
     return DraftModelDrafter(TableLM(VOCAB, seed=11, scale=2.5), VOCAB)  # an unrelated draft
@@ -69,7 +72,7 @@ def decoder_for(kind: str, verifier: str = "rejection", k: int = 3) -> SpecDecod
 
 
 @pytest.mark.parametrize("sampling", SETTINGS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
-@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "self", "tree"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "suffix", "draft", "self", "tree"])
 def test_rejection_sampling_matches_target_distribution(kind, sampling):
     decoder = decoder_for(kind)
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)

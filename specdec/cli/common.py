@@ -29,7 +29,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_speculation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, draft-model, eagle, layerskip (default: auto = the best available: a given "
+                   help="auto, none, ngram, suffix, draft-model, eagle, layerskip (default: auto = the best available: a given "
                         "draft model, else a trained EAGLE head for the model, else ngram)")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8, help="most tokens drafted per step (default: 8)")

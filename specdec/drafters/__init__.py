@@ -68,6 +68,13 @@ def _ngram(target, min_n: int = 2, max_n: int = 4, **ignored) -> Drafter:
     return NgramDrafter(min_n=min_n, max_n=max_n)
 
 
+@register("suffix")
+def _suffix(target, **ignored) -> Drafter:
+    from .suffix import SuffixDrafter
+
+    return SuffixDrafter()
+
+
 @register("draft-model")
 def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ignored) -> Drafter:
     from ..models.loading import LoadedModel, load_model

@@ -75,6 +75,9 @@ class Drafter(ABC):
     def observe(self, features: torch.Tensor) -> None:
         """The target's hidden states (m, H) of the positions it just processed and kept, in order."""
 
+    def learn(self, output: list[int]) -> None:
+        """The tokens the target generated for a request that ended, for drafters that learn from past outputs."""
+
     def end(self) -> None:
         """Ends the request and frees per-request state."""
 

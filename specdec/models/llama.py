@@ -102,14 +102,15 @@ class FastLlama(PooledCaches, CausalLM):
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
             padded[b, : lengths[b]] = ids.to(self.info.device)
-        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, False, layers)
-        return [ForwardOutput(logits=logits[b, lengths[b] - 1: lengths[b]] if last_only else logits[b, : lengths[b]],
+        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, last_only, layers)
+        return [ForwardOutput(logits=logits[b] if last_only else logits[b, : lengths[b]],
                               hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
                  tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None):
-        """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T', V), hidden (B, T, H)."""
+        """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T, V), or (B, 1, V) of each
+        row's last valid token with last_only, and hidden (B, T, H)."""
         device = self.info.device
         ids = ids.to(device)
         B, T = ids.shape
@@ -161,7 +162,9 @@ class FastLlama(PooledCaches, CausalLM):
             c.length += n
         x = _rms_norm(x, self.final_norm, self.eps)
         hidden = x if output_hidden else None
-        logits = self.lm_head(x[:, -1:] if last_only else x)
+        if last_only:  # the LM head runs on each row's last token only
+            x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
+        logits = self.lm_head(x)
         return logits, hidden
 
     def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None):

@@ -31,7 +31,8 @@ class ServerState:
         drafter = worker.default_drafter
         shipped = ("eagle",) if bundled_head(decoder.target.name) else ()  # a head specdec ships for this model
         self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
-                             drafters=tuple(dict.fromkeys(("none", "ngram", *shipped, drafter))), default_drafter=drafter,
+                             drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, drafter))),
+                             default_drafter=drafter,
                              vocab_size=decoder.target.info.vocab_size,
                              default_max_tokens=settings.default_max_tokens)
         self.inflight = 0

@@ -1,0 +1,113 @@
+"""Suffix drafting: continue the context the way earlier text continued its longest matching suffix.
+
+Two indexes of the same kind are searched: one over the current request (prompt and tokens so far),
+and one shared by every request this drafter and its forks serve, fed with each finished output (as
+in SuffixDecoding, Arctic/vLLM `suffix`). Repeated work (agents calling the same tools, templated
+answers, a question asked again) is drafted from what the target itself wrote before. Deterministic
+(q one-hot); costs microseconds per token.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ..errors import ConfigError
+from .base import Draft, Drafter, DraftRequest
+
+
+class SuffixIndex:
+    """For every run of 1..max_n tokens in the stored sequences, how often each token followed it.
+
+    Bounded: past `max_tokens` stored tokens, the oldest sequences are forgotten.
+    """
+
+    def __init__(self, max_n: int = 8, max_tokens: int = 1_000_000):
+        self.max_n, self.max_tokens = max_n, max_tokens
+        self.next_counts: dict[tuple[int, ...], dict[int, int]] = {}
+        self.sequences: deque[list[int]] = deque()
+        self.tokens = 0
+
+    def add(self, sequence: list[int], start: int = 0) -> None:
+        """Counts the tokens of `sequence` from position `start` on (those before it were counted already)."""
+        for i in range(max(start, 1), len(sequence)):
+            self._count(sequence, i, +1)
+
+    def store(self, sequence: list[int]) -> None:
+        """Adds a whole sequence, forgetting the oldest ones beyond the size bound."""
+        if len(sequence) < 2:
+            return
+        sequence = list(sequence)
+        self.add(sequence)
+        self.sequences.append(sequence)
+        self.tokens += len(sequence)
+        while self.tokens > self.max_tokens and len(self.sequences) > 1:
+            old = self.sequences.popleft()
+            self.tokens -= len(old)
+            for i in range(1, len(old)):
+                self._count(old, i, -1)
+
+    def _count(self, sequence: list[int], i: int, delta: int) -> None:
+        token = sequence[i]
+        for n in range(1, min(self.max_n, i) + 1):
+            key = tuple(sequence[i - n:i])
+            counts = self.next_counts.setdefault(key, {})
+            counts[token] = counts.get(token, 0) + delta
+            if counts[token] <= 0:
+                del counts[token]
+                if not counts:
+                    del self.next_counts[key]
+
+    def next_token(self, context: list[int], min_n: int) -> tuple[int, int, float] | None:
+        """(token, match length, share of the matches it followed) for the longest suffix of `context` seen
+        before (at least min_n tokens), its most frequent continuation; None without a match."""
+        for n in range(min(self.max_n, len(context)), min_n - 1, -1):
+            counts = self.next_counts.get(tuple(context[-n:]))
+            if counts:
+                token = max(counts, key=counts.get)
+                return token, n, counts[token] / sum(counts.values())
+        return None
+
+
+class SuffixDrafter(Drafter):
+    """Drafts from the request's own text and from past outputs, whichever matches the longer suffix."""
+
+    name = "suffix"
+
+    def __init__(self, min_n: int = 2, max_n: int = 8, min_probability: float = 0.1,
+                 shared: SuffixIndex | None = None):
+        """min_probability: drafting stops where the product of the continuation shares falls below it."""
+        if not (1 <= min_n <= max_n <= 32):
+            raise ConfigError(f"suffix sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={min_n}, max_n={max_n}")
+        if not 0.0 <= min_probability < 1.0:
+            raise ConfigError(f"suffix min_probability must be in [0, 1), got {min_probability}")
+        self.min_n, self.max_n, self.min_probability = min_n, max_n, min_probability
+        self.shared = shared if shared is not None else SuffixIndex(max_n)
+        self.local = SuffixIndex(max_n)
+        self.indexed = 0  # tokens of the current request in self.local
+
+    def fork(self) -> "SuffixDrafter":
+        return SuffixDrafter(self.min_n, self.max_n, self.min_probability, shared=self.shared)
+
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        self.local, self.indexed = SuffixIndex(self.max_n), 0
+
+    def learn(self, output: list[int]) -> None:
+        self.shared.store(output)
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        self.local.add(context, self.indexed)
+        self.indexed = len(context)
+        work, tokens, reach = list(context[-self.max_n:]), [], 1.0
+        for _ in range(k):
+            hits = [h for h in (self.local.next_token(work, self.min_n), self.shared.next_token(work, self.min_n)) if h]
+            if not hits:
+                break
+            token, _, share = max(hits, key=lambda h: (h[1], h[2]))  # the longer match, then the surer one
+            reach *= share
+            if reach < self.min_probability:
+                break
+            tokens.append(token)
+            work = (work + [token])[-self.max_n:]
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long))

@@ -1,0 +1,69 @@
+"""Suffix drafting: the index's counts and bound, drafts from the request and from past outputs."""
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.drafters.base import DraftRequest
+from specdec.drafters.suffix import SuffixDrafter, SuffixIndex
+from specdec.engine import SpecDecoder
+from specdec.errors import ConfigError
+from tiny import loaded, tiny_llama
+
+
+def test_index_counts_continuations_of_every_suffix_length():
+    index = SuffixIndex(max_n=3)
+    index.store([1, 2, 3, 1, 2, 4, 1, 2, 4])
+    assert index.next_counts[(1, 2)] == {3: 1, 4: 2}
+    assert index.next_token([9, 1, 2], min_n=1) == (4, 2, 2 / 3)  # most frequent after "1 2"
+    assert index.next_token([3, 1, 2], min_n=1) == (4, 3, 1.0)  # "3 1 2" was followed by 4 only: longer match wins
+    assert index.next_token([7, 8], min_n=1) is None
+    assert index.next_token([5, 2], min_n=2) is None and index.next_token([5, 2], min_n=1)[0] in (3, 4)
+
+
+def test_index_forgets_the_oldest_sequences_beyond_its_bound():
+    index = SuffixIndex(max_n=2, max_tokens=8)
+    index.store([1, 2, 3, 4])
+    index.store([5, 6, 7, 8])
+    assert index.next_token([1, 2], 2) is not None
+    index.store([1, 2, 9, 9])  # 12 tokens stored: the first sequence goes, its counts with it
+    assert index.tokens == 8 and len(index.sequences) == 2
+    assert index.next_counts[(1, 2)] == {9: 1} and (2, 3) not in index.next_counts
+
+
+def test_drafts_come_from_past_outputs_shared_by_forks():
+    drafter = SuffixDrafter(min_n=2)
+    drafter.begin(DraftRequest(prompt_ids=[50, 51]))
+    assert len(drafter.propose([50, 51, 10, 11], 4)) == 0  # nothing seen yet
+    drafter.learn([10, 11, 12, 13, 14, 15])
+    other = drafter.fork()
+    other.begin(DraftRequest(prompt_ids=[60, 61]))
+    assert other.propose([60, 61, 10, 11], 3).tokens.tolist() == [12, 13, 14]
+    assert other.propose([60, 61, 10, 11], 10).tokens.tolist() == [12, 13, 14, 15]  # the run ends with the output
+
+
+def test_drafts_come_from_the_request_and_stop_where_continuations_split():
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 5, 9, 1, 2]
+    # "1 2" -> 3 always (reach 1); "1 2 3" -> 5 twice, 4 once (reach 2/3); "1 2 3 5" -> 1 or 9 (reach 1/3)
+    for floor, want in ((0.4, [3, 5]), (0.3, [3, 5, 1, 2, 3])):
+        drafter = SuffixDrafter(min_n=2, min_probability=floor)
+        drafter.begin(DraftRequest(prompt_ids=prompt))
+        assert drafter.propose(prompt, 5).tokens.tolist() == want
+    with pytest.raises(ConfigError):
+        SuffixDrafter(min_n=3, max_n=2)
+    with pytest.raises(ConfigError):
+        SuffixDrafter(min_probability=1.0)
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_a_repeated_request_is_drafted_from_its_first_answer(backend):
+    target_model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    target = loaded(target_model, backend)
+    decoder = SpecDecoder(target, SuffixDrafter(), SpeculationConfig(num_speculative_tokens=6, adaptive=False))
+    baseline = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    prompt = torch.randint(0, 63, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    want = baseline.generate_ids(prompt, config)[0]
+    first, _ = decoder.generate_ids(prompt, config)
+    again, metrics = decoder.generate_ids(prompt, config)
+    assert first == again == want
+    assert metrics.mean_accepted_tokens > 4  # the second time, the first answer is drafted and accepted
