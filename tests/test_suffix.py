@@ -13,7 +13,7 @@ from tiny import loaded, tiny_llama
 def test_index_counts_continuations_of_every_suffix_length():
     index = SuffixIndex(max_n=3)
     index.store([1, 2, 3, 1, 2, 4, 1, 2, 4])
-    assert index.next_counts[(1, 2)] == {3: 1, 4: 2}
+    assert index.continuations([1, 2]) == {3: 1, 4: 2} and index.continuations([2, 3]) == {1: 1}
     assert index.next_token([9, 1, 2], min_n=1) == (4, 2, 2 / 3)  # most frequent after "1 2"
     assert index.next_token([3, 1, 2], min_n=1) == (4, 3, 1.0)  # "3 1 2" was followed by 4 only: longer match wins
     assert index.next_token([7, 8], min_n=1) is None
@@ -27,7 +27,20 @@ def test_index_forgets_the_oldest_sequences_beyond_its_bound():
     assert index.next_token([1, 2], 2) is not None
     index.store([1, 2, 9, 9])  # 12 tokens stored: the first sequence goes, its counts with it
     assert index.tokens == 8 and len(index.sequences) == 2
-    assert index.next_counts[(1, 2)] == {9: 1} and (2, 3) not in index.next_counts
+    assert index.continuations([1, 2]) == {9: 1} and index.continuations([2, 3]) == {}
+
+
+def test_forgetting_leaves_exactly_the_counts_of_the_sequences_kept():
+    import random
+
+    rng = random.Random(0)
+    index = SuffixIndex(max_n=3, max_tokens=60)
+    for _ in range(30):  # a small alphabet: runs with one and with several continuations, both forgotten
+        index.store([rng.randrange(4) for _ in range(rng.randrange(2, 15))])
+    fresh = SuffixIndex(max_n=3)
+    for sequence in index.sequences:
+        fresh.store(sequence)
+    assert index.next_counts == fresh.next_counts and index.tokens <= 60
 
 
 def test_drafts_come_from_past_outputs_shared_by_forks():

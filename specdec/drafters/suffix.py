@@ -19,12 +19,14 @@ from .base import Draft, Drafter, DraftRequest
 class SuffixIndex:
     """For every run of 1..max_n tokens in the stored sequences, how often each token followed it.
 
+    Runs are keyed by their hash (a collision could only cost a rejected draft); a run with one continuation
+    so far holds it packed in one int (token << 32 | count), one with several a dict {token: count}.
     Bounded: past `max_tokens` stored tokens, the oldest sequences are forgotten.
     """
 
-    def __init__(self, max_n: int = 8, max_tokens: int = 1_000_000):
+    def __init__(self, max_n: int = 8, max_tokens: int = 200_000):
         self.max_n, self.max_tokens = max_n, max_tokens
-        self.next_counts: dict[tuple[int, ...], dict[int, int]] = {}
+        self.next_counts: dict[int, int | dict[int, int]] = {}
         self.sequences: deque[list[int]] = deque()
         self.tokens = 0
 
@@ -47,25 +49,45 @@ class SuffixIndex:
             for i in range(1, len(old)):
                 self._count(old, i, -1)
 
+    def continuations(self, run: list[int]) -> dict[int, int]:
+        """{token: count} of what followed `run`."""
+        found = self.next_counts.get(hash(tuple(run)))
+        if found is None:
+            return {}
+        return dict(found) if isinstance(found, dict) else {found >> 32: found & 0xFFFFFFFF}
+
     def _count(self, sequence: list[int], i: int, delta: int) -> None:
         token = sequence[i]
         for n in range(1, min(self.max_n, i) + 1):
-            key = tuple(sequence[i - n:i])
-            counts = self.next_counts.setdefault(key, {})
-            counts[token] = counts.get(token, 0) + delta
-            if counts[token] <= 0:
-                del counts[token]
-                if not counts:
+            key = hash(tuple(sequence[i - n:i]))
+            found = self.next_counts.get(key)
+            if isinstance(found, dict):
+                found[token] = found.get(token, 0) + delta
+                if found[token] <= 0:
+                    del found[token]
+                    if len(found) == 1:
+                        ((only, count),) = found.items()
+                        self.next_counts[key] = only << 32 | count
+            elif found is None or found >> 32 == token:
+                count = (found & 0xFFFFFFFF if found is not None else 0) + delta
+                if count > 0:
+                    self.next_counts[key] = token << 32 | count
+                elif found is not None:
                     del self.next_counts[key]
+            elif delta > 0:
+                self.next_counts[key] = {found >> 32: found & 0xFFFFFFFF, token: delta}
 
     def next_token(self, context: list[int], min_n: int) -> tuple[int, int, float] | None:
         """(token, match length, share of the matches it followed) for the longest suffix of `context` seen
         before (at least min_n tokens), its most frequent continuation; None without a match."""
         for n in range(min(self.max_n, len(context)), min_n - 1, -1):
-            counts = self.next_counts.get(tuple(context[-n:]))
-            if counts:
-                token = max(counts, key=counts.get)
-                return token, n, counts[token] / sum(counts.values())
+            found = self.next_counts.get(hash(tuple(context[-n:])))
+            if found is None:
+                continue
+            if not isinstance(found, dict):
+                return found >> 32, n, 1.0
+            token = max(found, key=found.get)
+            return token, n, found[token] / sum(found.values())
         return None
 
 
