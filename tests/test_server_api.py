@@ -97,6 +97,9 @@ def test_usage_reports_each_requests_own_speculation(client):
     _, on = run({"drafter": "ngram", "num_speculative_tokens": 3})
     assert on["drafter"] == "ngram" and on["num_speculative_tokens"] == 3
     assert 0 <= on["accepted_tokens"] <= on["drafted_tokens"] <= 3 * on["verify_steps"]
+    run({"drafter": "suffix"})
+    _, again = run({"drafter": "suffix"})  # drafted from the first answer, which the server's suffix index holds
+    assert again["drafter"] == "suffix" and again["accepted_tokens"] > 0
     got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0)
     assert set(got.usage.model_extra["speculation"]) >= {"drafted_tokens", "accepted_tokens", "acceptance_rate",
                                                          "mean_accepted_tokens"}
@@ -104,12 +107,13 @@ def test_usage_reports_each_requests_own_speculation(client):
 
 def _requests():
     """16 different requests: chat and completions, several lengths and speculation settings."""
-    specs = [None, {"enabled": False}, {"drafter": "ngram", "num_speculative_tokens": 2}, {"drafter": "none"}]
+    specs = [None, {"enabled": False}, {"drafter": "ngram", "num_speculative_tokens": 2}, {"drafter": "none"},
+             {"drafter": "suffix"}]
     out = []
     for i in range(16):
         extra = {"ignore_eos": i % 3 != 0}
-        if specs[i % 4] is not None:
-            extra["speculation"] = specs[i % 4]
+        if specs[i % 5] is not None:
+            extra["speculation"] = specs[i % 5]
         out.append(dict(kind="chat" if i % 2 else "completions", text=prompt(i), max_tokens=40 + 4 * i, extra=extra))
     return out
 
