@@ -16,7 +16,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto")
-    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, plus eagle when "
+    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, suffix, plus eagle when "
                                                     "a head is known for the model, plus draft-model when --draft-model "
                                                     "is given); eagle-chain is EAGLE drafting chains")
     p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head")
@@ -55,7 +55,7 @@ def run(args) -> int:
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
     prompts = load_prompts(args.prompts, args.limit)
     model_name = args.model or DEFAULT_MODEL
-    default = ["ngram"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
+    default = ["ngram", "suffix"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
         (["draft-model"] if args.draft_model else [])
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
