@@ -80,3 +80,43 @@ def test_a_repeated_request_is_drafted_from_its_first_answer(backend):
     again, metrics = decoder.generate_ids(prompt, config)
     assert first == again == want
     assert metrics.mean_accepted_tokens > 4  # the second time, the first answer is drafted and accepted
+
+
+def test_a_file_backed_index_keeps_past_outputs_across_processes(tmp_path):
+    path = tmp_path / "outputs.safetensors"
+    index = SuffixIndex.open(path, vocab_size=64)
+    drafter = SuffixDrafter(shared=index)
+    drafter.learn([10, 11, 12, 13, 14, 15])  # the first output is written at once
+    drafter.learn([20, 21, 22])
+    index.save()
+    again = SuffixIndex.open(path, vocab_size=64)
+    assert list(again.sequences) == [[10, 11, 12, 13, 14, 15], [20, 21, 22]] and again.next_counts == index.next_counts
+    other = SuffixDrafter(shared=again)
+    other.begin(DraftRequest(prompt_ids=[1, 2]))
+    assert other.propose([1, 2, 10, 11], 3).tokens.tolist() == [12, 13, 14]
+    with pytest.raises(ConfigError, match="vocabulary of 50"):
+        SuffixIndex.open(path, vocab_size=50)
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ConfigError, match="could not read"):
+        SuffixIndex.open(tmp_path / "junk.safetensors", vocab_size=64)
+    with pytest.raises(ConfigError, match="does not exist"):
+        SuffixIndex.open(tmp_path / "missing" / "x.safetensors", vocab_size=64)
+
+
+def test_generate_reads_and_writes_the_suffix_index(tiny_folder, tmp_path):
+    """Two `specdec generate` processes: the second drafts from the output the first left in the index file."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "outputs.safetensors"
+    argv = [sys.executable, "-m", "specdec.cli.main", "generate", "the cat sat on", "--model", str(tiny_folder),
+            "--dtype", "float32", "--max-new-tokens", "24", "--drafter", "suffix", "--suffix-index", str(path),
+            "--no-adaptive", "--stats-json"]
+    stats = []
+    for _ in range(2):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        stats.append(json.loads(proc.stderr.strip().splitlines()[-1]))
+        assert path.exists()
+    assert stats[1]["accepted_tokens"] > stats[0]["accepted_tokens"]  # the second run drafts from the first output

@@ -42,6 +42,9 @@ def add_speculation_options(p: argparse.ArgumentParser) -> None:
                                                       "the model, if any)")
     p.add_argument("--chain", action="store_true", help="EAGLE drafts a chain instead of a dynamic tree")
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
+    p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
+                                                        "read at start when it exists, written back as outputs arrive "
+                                                        "and at exit")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -61,4 +64,5 @@ def generation_config(args) -> GenerationConfig:
 
 def drafter_options(args) -> dict:
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
-            "eagle_head": args.eagle_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers}
+            "eagle_head": args.eagle_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
+            "suffix_index": args.suffix_index}

@@ -59,7 +59,7 @@ def run(args) -> int:
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           min_n=args.ngram_min, max_n=args.ngram_max)
+                           min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index)
     name = args.served_model_name or model
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,

@@ -69,10 +69,11 @@ def _ngram(target, min_n: int = 2, max_n: int = 4, **ignored) -> Drafter:
 
 
 @register("suffix")
-def _suffix(target, **ignored) -> Drafter:
-    from .suffix import SuffixDrafter
+def _suffix(target, suffix_index=None, **ignored) -> Drafter:
+    from .suffix import SuffixDrafter, SuffixIndex
 
-    return SuffixDrafter()
+    shared = SuffixIndex.open(suffix_index, target.info.vocab_size) if suffix_index else None
+    return SuffixDrafter(shared=shared)
 
 
 @register("draft-model")

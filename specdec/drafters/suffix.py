@@ -8,12 +8,19 @@ answers, a question asked again) is drafted from what the target itself wrote be
 """
 from __future__ import annotations
 
+import atexit
+import os
+import time
 from collections import deque
+from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
 from .base import Draft, Drafter, DraftRequest
+
+INDEX_FORMAT = "specdec-suffix-index/1"
+SAVE_EVERY_S = 30.0  # a file-backed index is written at most this often while serving, and at exit
 
 
 class SuffixIndex:
@@ -29,7 +36,66 @@ class SuffixIndex:
         self.next_counts: dict[int, int | dict[int, int]] = {}
         self.sequences: deque[list[int]] = deque()
         self.tokens = 0
+        self.path: Path | None = None  # set by open(): a file the index is kept in
+        self.vocab_size, self.saved_at = 0, 0.0
 
+    # ---- a file of past outputs (safetensors: the stored sequences, concatenated) ------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8) -> "SuffixIndex":
+        """The index kept in `path`: loaded when the file exists, written back at most every SAVE_EVERY_S seconds
+        as outputs arrive (`learned`) and at exit. Refuses a file written for another vocabulary."""
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise ConfigError(f"suffix index {path}: folder {path.parent} does not exist")
+        index = cls(max_n)
+        index.path, index.vocab_size, index.saved_at = path, vocab_size, float("-inf")  # the first output is written
+        if path.exists():
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    meta = f.metadata() or {}
+                    tokens, lengths = f.get_tensor("tokens").tolist(), f.get_tensor("lengths").tolist()
+            except Exception as exc:  # not safetensors, or not ours
+                raise ConfigError(f"could not read suffix index {path}: {exc}") from None
+            if meta.get("format") != INDEX_FORMAT or meta.get("vocab_size") != str(vocab_size):
+                raise ConfigError(f"suffix index {path} was not written by specdec for a vocabulary of {vocab_size} "
+                                  f"tokens (format {meta.get('format')!r}, vocabulary {meta.get('vocab_size')})")
+            start = 0
+            for n in lengths:
+                index.store(tokens[start:start + n])
+                start += n
+        atexit.register(index._save_at_exit)
+        return index
+
+    def _save_at_exit(self) -> None:
+        try:
+            self.save()
+        except Exception as exc:  # the process is ending: say so, do not raise
+            import sys
+
+            print(f"specdec: could not write suffix index {self.path}: {exc}", file=sys.stderr)
+
+    def learned(self) -> None:
+        """Writes a file-backed index when the last write is old enough."""
+        if self.path is not None and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        """Writes the stored sequences to the index's file (atomically)."""
+        from safetensors.torch import save_file
+
+        if self.path is None:
+            return
+        tokens = [t for sequence in self.sequences for t in sequence]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        save_file({"tokens": torch.tensor(tokens, dtype=torch.int32),
+                   "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)}, str(tmp),
+                  metadata={"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n)})
+        os.replace(tmp, self.path)
+        self.saved_at = time.monotonic()
+
+    # ---- counting ---------------------------------------------------------------------------------
     def add(self, sequence: list[int], start: int = 0) -> None:
         """Counts the tokens of `sequence` from position `start` on (those before it were counted already)."""
         for i in range(max(start, 1), len(sequence)):
@@ -117,6 +183,7 @@ class SuffixDrafter(Drafter):
 
     def learn(self, output: list[int]) -> None:
         self.shared.store(output)
+        self.shared.learned()
 
     def propose(self, context: list[int], k: int) -> Draft:
         self.local.add(context, self.indexed)
