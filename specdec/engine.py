@@ -35,6 +35,8 @@ class GenerationResult:
 class SpecDecoder:
     """Lossless speculative decoding over one target model and one drafter."""
 
+    learn_outputs = True  # finished outputs go to the drafter (Drafter.learn); warm-up runs turn it off
+
     def __init__(self, target, drafter: Drafter | None = None, speculation: SpeculationConfig | None = None,
                  chat: bool = True, costs: CostModel | None = None):
         self.target = target  # LoadedModel
@@ -74,6 +76,7 @@ class SpecDecoder:
             return
         forced = SpecDecoder(self.target, self.drafter, replace(self.speculation, adaptive=False), chat=self.chat,
                              costs=self.costs)
+        forced.learn_outputs = False  # its outputs are no request's: a drafter that learns (suffix) skips them
         ids = forced.encode(WARM_UP_PROMPT)
         if len(ids) + max_new_tokens + self.speculation.num_speculative_tokens + 1 > self.target.info.max_context:
             return
@@ -156,7 +159,8 @@ class SpecDecoder:
     # ---- the loop -----------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], config: GenerationConfig) -> SequenceState:
         """A request's state; its KV cache slot is held until decode() ends."""
-        return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs)
+        return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs,
+                             learn=self.learn_outputs)
 
     def decode(self, state: SequenceState) -> Iterator[list[int]]:
         """Runs the step loop for one sequence, yielding each step's new tokens."""

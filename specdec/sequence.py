@@ -24,7 +24,8 @@ class SequenceState:
     """Invariant between steps: the target's cache holds every token but the last one."""
 
     def __init__(self, prompt_ids: list[int], config: GenerationConfig, backend, drafter: Drafter | None,
-                 speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True):
+                 speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True, learn: bool = True):
+        """learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up runs."""
         info = backend.info
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -49,6 +50,7 @@ class SequenceState:
         self.cache = backend.new_cache()
         self.started_at = time.perf_counter()
         self.needs_features = drafter is not None and drafter.needs_features
+        self.learn = learn
         if drafter is not None:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
                                        generator=make_generator(self.seed + 1),
@@ -139,7 +141,7 @@ class SequenceState:
         self.metrics.finish_reason = self.finished or reason
         if self.drafter is not None:
             learn = getattr(self.drafter, "learn", None)  # drafters that do not subclass Drafter may lack it
-            if learn is not None:
+            if self.learn and learn is not None:
                 learn(self.generated)
             self.drafter.end()
         self.backend.release(self.cache)

@@ -120,3 +120,12 @@ def test_generate_reads_and_writes_the_suffix_index(tiny_folder, tmp_path):
         stats.append(json.loads(proc.stderr.strip().splitlines()[-1]))
         assert path.exists()
     assert stats[1]["accepted_tokens"] > stats[0]["accepted_tokens"]  # the second run drafts from the first output
+
+
+def test_warm_up_outputs_are_not_learned(tiny_folder, tmp_path):
+    """Loading runs a warm-up generation; a file-backed index must not collect it on every start."""
+    path = tmp_path / "outputs.safetensors"
+    decoder = SpecDecoder.load(str(tiny_folder), drafter="suffix", dtype="float32", suffix_index=str(path))
+    assert len(decoder.drafter.shared.sequences) == 0
+    decoder.generate_ids([5, 6, 7, 8], GenerationConfig(max_new_tokens=8, ignore_eos=True))
+    assert len(decoder.drafter.shared.sequences) == 1
