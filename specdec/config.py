@@ -20,18 +20,30 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _number_in(value, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and low <= value <= high
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the target's next-token distribution p is formed and sampled.
 
     temperature 0 is greedy decoding (argmax); otherwise logits are divided by the temperature,
-    then top-k and top-p (nucleus) filtering apply, in that order (as in transformers).
+    then top-k, top-p (nucleus) and min-p filtering apply, in that order (as in transformers).
+    Before either, the penalties that depend on the text so far (penalties.py): logit_bias ((token id, bias)
+    pairs), repetition_penalty (1: off), frequency_penalty and presence_penalty (0: off).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -41,10 +53,26 @@ class SamplingConfig:
                f"top_p must be in (0, 1], got {self.top_p}")
         _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
                f"seed must be an integer in [0, 2^63), got {self.seed}")
+        _check(_number_in(self.min_p, 0.0, 1.0), f"min_p must be in [0, 1], got {self.min_p}")
+        _check(_number_in(self.repetition_penalty, 0.0, 100.0) and self.repetition_penalty > 0,
+               f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            _check(_number_in(getattr(self, name), -2.0, 2.0), f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        _check(isinstance(self.logit_bias, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], int) and pair[0] >= 0
+            and _number_in(pair[1], -100.0, 100.0) for pair in self.logit_bias),
+            "logit_bias must map token ids (integers >= 0) to biases in [-100, 100]")
+        _check(len({t for t, _ in self.logit_bias}) == len(self.logit_bias), "logit_bias names a token twice")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether logits depend on the text so far (penalties) or are biased: see penalties.py."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.frequency_penalty) \
+            or bool(self.presence_penalty)
 
 
 @dataclass(frozen=True)
@@ -65,13 +93,18 @@ class GenerationConfig:
     @classmethod
     def create(cls, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
-               ignore_eos: bool = False) -> "GenerationConfig":
+               ignore_eos: bool = False, min_p: float = 0.0, repetition_penalty: float = 1.0,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+               logit_bias: dict[int, float] | None = None) -> "GenerationConfig":
         """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them."""
         if isinstance(stop, str):
             stop = (stop,)
-        return cls(max_new_tokens=max_new_tokens,
-                   sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-                   stop=tuple(stop or ()), ignore_eos=ignore_eos)
+        if logit_bias is not None and not isinstance(logit_bias, dict):
+            raise ConfigError("logit_bias must be a dict of token id -> bias")
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_p=min_p,
+                                  repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                                  presence_penalty=presence_penalty, logit_bias=tuple((logit_bias or {}).items()))
+        return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos)
 
 
 @dataclass(frozen=True)

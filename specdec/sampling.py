@@ -1,7 +1,8 @@
 """The sampler chain as pure tensor functions: logits -> filtered logits -> probabilities -> token.
 
 The same chain forms the target's distribution p and a draft model's q, so verification compares
-like with like. Greedy decoding (temperature 0) never calls these; it takes the argmax of raw logits.
+like with like. Greedy decoding (temperature 0) never calls these; it takes the argmax of the logits
+(after the penalties of penalties.py, where a request asks for them).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .config import SamplingConfig
 
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Applies temperature, then top-k, then top-p, in float32; filtered entries become -inf.
+    """Applies temperature, then top-k, top-p and min-p, in float32; filtered entries become -inf.
 
     logits: (..., V). Returns (..., V) float32.
     Example: logits [2, 1, 0], temperature 1, top_k 2 -> [2, 1, -inf].
@@ -27,6 +28,9 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         drop_sorted = mass_before >= cfg.top_p  # never drops the first token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
+    if cfg.min_p > 0.0:  # drops tokens less likely than min_p times the likeliest one
+        p = x.softmax(-1)
+        x = x.masked_fill(p < cfg.min_p * p.amax(-1, keepdim=True), float("-inf"))
     return x
 
 

@@ -15,6 +15,7 @@ from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Draft, Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError
 from .metrics import GenerationMetrics
+from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
 from .sampling import make_generator, position_gumbel, probs_from_logits
 from .verify import (coupled_verify, greedy_verify, rejection_verify, tree_coupled_verify, tree_depths,
                      tree_greedy_verify, tree_mask, tree_rejection_verify)
@@ -41,6 +42,9 @@ class SequenceState:
             raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}) "
                                      f"exceeds the model's context of {info.max_context} tokens")
         sampling = config.sampling
+        if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
+            raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")
+        self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if sampling.penalized else None
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = make_generator(self.seed)
         self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
@@ -152,6 +156,7 @@ class SequenceState:
         """(n accepted, next token) for target logits (k + 1, V) over a draft of k tokens."""
         sampling = self.config.sampling
         tokens = draft.tokens.to(logits.device)
+        logits = self.penalized(logits, draft)
         if sampling.greedy:
             return greedy_verify(tokens, logits)
         p = probs_from_logits(logits, sampling)
@@ -164,6 +169,7 @@ class SequenceState:
     def verify_tree(self, draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
         """(accepted path of node indices, next token) for a tree draft; logits (1 + N, V)."""
         sampling = self.config.sampling
+        logits = self.penalized(logits, draft)
         if sampling.greedy:
             return tree_greedy_verify(draft.tokens, draft.parents, logits)
         p = probs_from_logits(logits, sampling)
@@ -172,6 +178,15 @@ class SequenceState:
             rows = [position] + [position + d for d in tree_depths(draft.parents)]
             return tree_coupled_verify(draft.tokens, draft.parents, p, self.noise(rows))
         return tree_rejection_verify(draft.tokens, draft.parents, p, self.generator)
+
+    def penalized(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
+        """The request's penalties applied to the scored rows (1 + k, V), each counting the drafts on its path;
+        the logits themselves where the request asks for none."""
+        if self.history is None:
+            return logits
+        ancestors = tree_ancestors(draft.parents) if draft.parents is not None else chain_ancestors(len(draft))
+        counts, seen = self.history.rows(draft.tokens, ancestors)
+        return penalize(logits, counts, seen, self.config.sampling)
 
     def append(self, new: list[int]) -> list[int]:
         """Appends tokens up to the first EOS or the length limit; marks the sequence finished."""
@@ -185,4 +200,6 @@ class SequenceState:
                 self.finished = "length"
                 break
         self.tokens.extend(kept)
+        if self.history is not None:
+            self.history.extend(kept)
         return kept

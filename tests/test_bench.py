@@ -48,3 +48,33 @@ def test_bench_compares_backends_and_a_reference(tmp_path, tiny_folder):
         assert m["identical_to_reference"] == 3  # float32 everywhere: all agree with the float32 reference
         if name.startswith("specdec"):
             assert m["identical_to_specdec_none"] == 3
+
+
+def test_fidelity_script_compares_variants_with_the_reference(tmp_path, tiny_folder):
+    """bench/fidelity.py: every variant's greedy output against the first's (float32 torch and transformers agree)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "fidelity.py"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
+                                 enumerate([("a", "the cat sat"), ("b", "a red dog"), ("a", "the sun and the moon")])))
+    out = tmp_path / "fidelity.json"
+    proc = subprocess.run([sys.executable, str(script), "--prompts", str(prompts), "--limit", "3", "--model",
+                           str(tiny_folder), "--max-new-tokens", "10", "--variants",
+                           "float32/torch,float32/hf,bfloat16/torch", "--out-json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["meta"]["reference"] == "float32/torch" and len(result["runs"]["float32/hf"]["tokens"]) == 3
+    lengths = [len(t) for t in result["runs"]["float32/torch"]["tokens"]]
+    assert result["summary"]["float32/hf"]["identical"] == 3
+    assert result["summary"]["float32/hf"]["mean_common_prefix"] == round(sum(lengths) / 3, 2)
+    assert 0 <= result["summary"]["bfloat16/torch"]["identical"] <= 3
+
+    sys.path.insert(0, str(script.parent))
+    from fidelity import compare
+
+    assert compare([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == {"identical": 1, "prompts": 2, "mean_common_prefix": 2,
+                                                                 "median_common_prefix": 2.0}

@@ -26,6 +26,14 @@ def test_generate_streams_text_and_stats(capsys, tiny_folder):
     assert stats["new_tokens"] >= 1 and stats["prompt_tokens"] > 0
 
 
+def test_generate_with_penalties(capsys, tiny_folder):
+    common = ["generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens", "12"]
+    rc, plain, _ = run_cli(capsys, *common)
+    rc2, penalized, _ = run_cli(capsys, *common, "--repetition-penalty", "1.5", "--frequency-penalty", "1",
+                                "--presence-penalty", "0.5", "--logit-bias", "7=-100")
+    assert rc == rc2 == 0 and penalized.strip() and penalized != plain
+
+
 def test_generate_with_draft_model(capsys, tiny_folder, tiny_draft_folder):
     rc, out, err = run_cli(capsys, "generate", "the dog ran", "--model", str(tiny_folder), "--dtype", "float32",
                            "--drafter", "draft-model", "--draft-model", str(tiny_draft_folder), "--max-new-tokens", "8",
@@ -45,6 +53,11 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--top-p", "0"], "top_p"),
     (["generate", "hi", "--top-k", "-3"], "top_k"),
     (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "hi", "--repetition-penalty", "0"], "repetition_penalty"),
+    (["generate", "hi", "--presence-penalty", "3"], "presence_penalty"),
+    (["generate", "hi", "--min-p", "2"], "min_p"),
+    (["generate", "hi", "--logit-bias", "the=5"], "TOKEN_ID=BIAS"),
+    (["generate", "hi", "--model", "{tiny}", "--logit-bias", "99999=5"], "outside the vocabulary"),
     (["generate", "hi", "--temperature", "warm"], "invalid float"),
     (["generate", "hi", "--dtype", "int3"], "invalid choice"),
     (["generate", "hi", "--drafter", "telepathy", "--model", "{tiny}"], "unknown drafter"),

@@ -40,3 +40,25 @@ def test_golden_greedy_output(target, drafter):
         assert result.metrics.accepted_tokens == result.metrics.drafted_tokens > 0
     if kind == "eagle":  # the shipped head must load, draft and be right at least sometimes
         assert result.metrics.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "eagle"])
+def test_repetition_penalty_equals_transformers_on_the_real_model(target, drafter):
+    """The real model with a repetition penalty: speculative greedy output is transformers' own
+    `generate(repetition_penalty=1.3)`, token for token (float32). A draft model applies the request's penalties
+    too (the target drafting for itself is always right); the EAGLE head does not."""
+    import torch
+
+    penalty, new = 1.3, 40
+    made = create_drafter(drafter, target, draft_model=target if drafter == "draft-model" else None)
+    decoder = SpecDecoder(target, made, SpeculationConfig(num_speculative_tokens=6, adaptive=False))
+    prompt = decoder.encode(GOLDEN["prompt"])
+    want = target.hf_model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                                    repetition_penalty=penalty)[0, len(prompt):].tolist()
+    config = GenerationConfig.create(max_new_tokens=new, repetition_penalty=penalty)
+    got, metrics = decoder.generate_ids(prompt, config)
+    plain, _ = SpecDecoder(target, None).generate_ids(prompt, GenerationConfig(max_new_tokens=new))
+    assert got == want != plain
+    assert metrics.accepted_tokens > 0
+    if drafter == "draft-model":
+        assert metrics.accepted_tokens == metrics.drafted_tokens

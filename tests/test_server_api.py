@@ -209,3 +209,21 @@ def test_stop_strings_and_seeds(client, local):
     sampled = [client.completions.create(model="tiny", prompt="the sun", max_tokens=20, temperature=0.9, top_p=0.9,
                                          seed=7, extra_body={"top_k": 20}).choices[0].text for _ in range(2)]
     assert sampled[0] == sampled[1]
+
+
+def test_penalties_and_logit_bias(client, local):
+    """OpenAI's presence and frequency penalties and logit_bias, and vLLM's repetition_penalty and min_p, reach the
+    sampler chain: the text equals the engine's for the same request."""
+    _, raw_decoder = local
+    penalties = dict(presence_penalty=0.8, frequency_penalty=0.6)
+    extra = dict(repetition_penalty=1.3, min_p=0.05, ignore_eos=True)
+    want = raw_decoder.generate("the cat sat on the mat", max_new_tokens=20, temperature=0.0, **penalties, **extra)
+    plain = raw_decoder.generate("the cat sat on the mat", max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    assert want.text != plain.text
+    got = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=20, temperature=0,
+                                    **penalties, extra_body=extra)
+    assert got.choices[0].text == want.text
+    word = raw_decoder.target.tokenizer.convert_tokens_to_ids("moon")
+    got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0,
+                                    logit_bias={str(word): 100}, extra_body={"ignore_eos": True})
+    assert got.choices[0].text.split() == ["moon"] * 5

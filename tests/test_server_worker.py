@@ -101,6 +101,25 @@ def test_a_drafter_chosen_by_requests_is_built_once_and_forked_for_each(decoder,
     assert worker._drafter(SpeculationChoice("ngram"))[0] == "default"
 
 
+def test_a_suffix_drafter_chosen_by_requests_keeps_the_servers_index_file(decoder, tmp_path):
+    """`specdec serve --drafter ngram --suffix-index FILE`: requests that pick suffix draft from (and add to) FILE."""
+    path = tmp_path / "outputs.safetensors"
+    worker = EngineWorker(decoder, max_batch=2, drafter_options={"suffix_index": str(path)})
+    worker.start()
+    try:
+        req = request()
+        suffix = GenerationRequest(**{**req.__dict__, "speculation": SpeculationChoice("suffix")})
+        first = until_end(submit(worker, "a", suffix))[-1]
+        assert isinstance(first, Finished) and path.exists()  # the first output is written at once
+        again = until_end(submit(worker, "b", suffix))[-1]
+        # drafted from the first answer, held by the file's index
+        assert again.metrics.accepted_tokens >= 10 and again.metrics.accepted_tokens > first.metrics.accepted_tokens
+    finally:
+        worker.stop()
+    index = worker._other_drafters["suffix"].shared
+    assert index.path == path and len(index.sequences) == 2
+
+
 def test_requests_may_pick_the_head_specdec_ships_for_the_model():
     from types import SimpleNamespace
 

@@ -141,3 +141,14 @@ class TableTreeDrafter:
                     nxt.append((len(tokens) - 1, ctx + [t]))
             frontier = nxt
         return Draft(tokens=torch.tensor(tokens), parents=parents)
+
+
+class ModelLogits:
+    """logits_after(tokens) -> (V,) of a transformers model, so that TableTreeDrafter can draft from it."""
+
+    def __init__(self, hf_model):
+        self.hf_model = hf_model
+
+    @torch.no_grad()
+    def logits_after(self, tokens: list[int]) -> torch.Tensor:
+        return self.hf_model(torch.tensor([tokens])).logits[0, -1]

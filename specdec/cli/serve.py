@@ -55,15 +55,17 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model or DEFAULT_MODEL
+    drafter_options = dict(min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index)
     decoder = load_decoder(model, slots=args.max_batch, drafter=args.drafter, draft_model=args.draft_model,
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index)
+                           **drafter_options)
     name = args.served_model_name or model
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
-                              default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens)
+                              default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
+                              drafter_options=drafter_options)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
           f"max batch {args.max_batch}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",

@@ -5,6 +5,7 @@ import torch
 
 from ..errors import IncompatibleDraftError
 from ..models.backend import CausalLM
+from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
 
@@ -57,11 +58,18 @@ class DraftModelDrafter(Drafter):
         pending = context[keep:]
         self.cached = list(context)
         sampling = self.request.sampling
+        history = None
+        if sampling.penalized:  # the request's penalties, as the target applies them: fewer rejected drafts
+            prompt = self.request.prompt_ids
+            history = TokenHistory(prompt, self.vocab, self.draft.info.device)
+            history.extend(context[len(prompt):])
         tokens, rows = [], []
         for i in range(k):
             ids = torch.tensor(pending, dtype=torch.long)
             logits = self.draft.forward(self.cache, ids, last_only=True).logits[-1]  # (V_draft,)
             logits = _fit_vocab(logits.float(), self.vocab)
+            if history is not None:
+                logits = penalize(logits[None], history.counts[None], history.seen[None], sampling)[0]
             position = len(context) + i
             if sampling.greedy:
                 token = int(logits.argmax())
@@ -70,6 +78,8 @@ class DraftModelDrafter(Drafter):
                 token = self.request.draw(q, position)
                 rows.append(q)
             tokens.append(token)
+            if history is not None:
+                history.extend([token])
             pending = [token]
             if i < k - 1:
                 self.cached.append(token)

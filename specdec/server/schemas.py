@@ -1,8 +1,9 @@
 """OpenAI request bodies -> a validated GenerationRequest; anything unsupported or out of range -> a 400.
 
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
-for completions, the server's default for chat). Extensions: `top_k` (0 or -1: off), `ignore_eos`, and
-`speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
+for completions, the server's default for chat); `presence_penalty`, `frequency_penalty` and `logit_bias` as
+OpenAI defines them. Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`,
+and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
 the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
 """
 from __future__ import annotations
@@ -15,17 +16,18 @@ from ..errors import ConfigError
 from .errors import APIError, bad_request, model_not_found, unsupported
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
-          "speculation", "ignore_eos"}
+          "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+          "logit_bias"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completions": COMMON | {"prompt"}}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL = {  # accepted only at the value that changes nothing
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,), "echo": (False,), "suffix": ("",),
     "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
+MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,13 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     try:
         sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
                                   top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
-                                  top_k=max(top_k, 0), seed=_int(body, "seed", None, 0, 2**63 - 1))
+                                  top_k=max(top_k, 0), seed=_int(body, "seed", None, 0, 2**63 - 1),
+                                  min_p=float(_number(body, "min_p", 0.0, 0.0, 1.0)),
+                                  repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.0, 100.0,
+                                                                   low_open=True)),
+                                  frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+                                  presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
+                                  logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
                                   ignore_eos=_bool(body, "ignore_eos", False))
     except ConfigError as exc:
@@ -175,6 +183,27 @@ def _stops(value) -> tuple[str, ...]:
     if len(stops) > MAX_STOPS:
         raise bad_request(f"'stop' holds at most {MAX_STOPS} strings", "stop", "invalid_value")
     return tuple(stops)
+
+
+def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias", "invalid_type")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias", "invalid_value")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"'logit_bias' keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias",
+                              "invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}", "logit_bias",
+                              "invalid_value")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def _stream_options(value, stream: bool) -> bool:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import overloaded, shutting_down
 from .schemas import Limits
@@ -18,6 +18,7 @@ class ServerSettings:
     default_max_tokens: int = 256  # chat requests without max_tokens (clipped to the context left)
     max_prefill_tokens: int = 512  # prompt tokens that may join the batch in one step (at least one request)
     max_body_bytes: int = 8 << 20
+    drafter_options: dict = field(default_factory=dict)  # create_drafter's options for drafters requests pick
 
 
 class ServerState:

@@ -71,12 +71,16 @@ class _Live:
 class EngineWorker:
     """Owns a BatchEngine and runs its steps while there is work; idle, it sleeps on the inbox."""
 
-    def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512):
+    def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512,
+                 drafter_options: dict | None = None):
+        """drafter_options: create_drafter's options (n-gram sizes, the suffix index file) for drafters that
+        requests pick by name."""
         self.decoder = decoder
         self.tokenizer = decoder.target.tokenizer
         self.engine = decoder.batch_engine(max_batch)
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
         self._other_drafters: dict[str, object] = {}  # drafters requests chose by name, built once, forked per request
+        self.drafter_options = dict(drafter_options or {})
         self.metrics = metrics
         self.max_prefill_tokens = max_prefill_tokens
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -240,7 +244,8 @@ class EngineWorker:
         if choice.drafter not in self._other_drafters:  # built on first use only (a drafter may load weights)
             from ..drafters import create_drafter
 
-            self._other_drafters[choice.drafter] = create_drafter(choice.drafter, self.decoder.target)
+            self._other_drafters[choice.drafter] = create_drafter(choice.drafter, self.decoder.target,
+                                                                  **self.drafter_options)
         return self._other_drafters[choice.drafter].fork(), choice.drafter
 
     def _step(self) -> None:
