@@ -76,3 +76,34 @@ def penalize(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, cfg
     if cfg.presence_penalty:
         x -= cfg.presence_penalty * (counts > 0).float()
     return x
+
+
+class SubsetPenalties:
+    """A request's penalties over a drafter's reduced vocabulary (an EAGLE head's draft tokens), so that its
+    drafts and confidence follow the penalized target: built once per proposal from the text so far."""
+
+    def __init__(self, history: TokenHistory, columns: torch.Tensor, inverse: torch.Tensor, cfg: SamplingConfig):
+        """columns (K,): the full-vocabulary id of each draft token; inverse (V,): a token's draft index, or -1."""
+        from dataclasses import replace
+
+        self.inverse = inverse
+        self.counts, self.seen = history.counts[columns], history.seen[columns]  # (K,) each
+        bias = [(int(inverse[t]), b) for t, b in cfg.logit_bias if int(inverse[t]) >= 0]
+        self.cfg = replace(cfg, logit_bias=tuple(bias))
+
+    def apply(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits (F, K) of F draft rows, each continuing the text by its path (full-vocabulary ids) -> (F, K)."""
+        counts = self.counts.expand(len(paths), -1).clone()
+        for row, path in enumerate(paths):
+            if path:
+                index = self.inverse[torch.tensor(path)]
+                index = index[index >= 0]
+                counts[row].index_put_((index,), torch.ones(index.numel()), accumulate=True)
+        return penalize(logits, counts, self.seen | (counts > 0), self.cfg)
+
+
+def inverse_index(columns: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(V,) int64: each token's position in columns (K,), -1 where absent."""
+    inverse = torch.full((vocab_size,), -1, dtype=torch.long)
+    inverse[columns] = torch.arange(columns.numel())
+    return inverse

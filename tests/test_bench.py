@@ -1,6 +1,8 @@
 """`specdec bench` end to end on a tiny local model: the JSON holds what later issues are judged by."""
 import json
 
+import pytest
+
 from specdec.cli.main import main
 
 
@@ -33,16 +35,19 @@ def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draf
     assert "specdec:ngram" in capsys.readouterr().out
 
 
-def test_bench_compares_backends_and_a_reference(tmp_path, tiny_folder):
+@pytest.mark.parametrize("penalty", ["1.0", "1.5"])
+def test_bench_compares_backends_and_a_reference(tmp_path, tiny_folder, penalty):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "c", "turns": [t]})
                                  for i, t in enumerate(["the cat sat", "a red dog", "the sun"])))
     out_json = tmp_path / "b.json"
     rc = main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--model", str(tiny_folder), "--dtype",
                "float32", "--drafters", "ngram", "--no-hf", "--backends", "torch,hf", "--reference-dtype", "float32",
-               "--out-json", str(out_json)])
+               "--repetition-penalty", penalty, "--out-json", str(out_json)])
     assert rc == 0
-    methods = json.loads(out_json.read_text())["methods"]
+    result = json.loads(out_json.read_text())
+    assert result["repetition_penalty"] == float(penalty)  # transformers' methods and the reference use it too
+    methods = result["methods"]
     assert set(methods) == {"hf_generate", "specdec:none", "specdec:ngram", "specdec@hf:none", "specdec@hf:ngram"}
     for name, m in methods.items():
         assert m["identical_to_reference"] == 3  # float32 everywhere: all agree with the float32 reference

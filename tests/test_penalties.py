@@ -140,3 +140,45 @@ def test_logit_bias_forces_and_bans_tokens(target_model):
     assert not set(got) & set(plain)
     with pytest.raises(ConfigError, match="vocabulary"):
         decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=4, logit_bias={10_000: 1.0}))
+
+
+def test_subset_penalties_equal_the_full_vocabulary_ones_on_their_columns():
+    """A drafter's reduced vocabulary (columns) gets exactly the full penalties' values there, for every path."""
+    from specdec.penalties import SubsetPenalties, inverse_index
+
+    gen = torch.Generator().manual_seed(0)
+    history = TokenHistory([1, 2, 3], vocab_size=30)
+    history.extend([4, 4, 9, 25])
+    columns = torch.tensor([0, 4, 9, 2, 17, 11, 25])  # token 5 is outside: its count must not matter
+    cfg = SamplingConfig(repetition_penalty=1.7, frequency_penalty=0.4, presence_penalty=0.3,
+                         logit_bias=((9, 2.0), (5, -3.0), (17, 1.5)))
+    subset = SubsetPenalties(history, columns, inverse_index(columns, 30), cfg)
+    paths = [[], [17], [17, 5, 11], [4, 4]]
+    full = torch.randn(len(paths), 30, generator=gen) * 3
+    tokens = torch.tensor([t for p in paths for t in p])
+    ancestors = torch.zeros(len(paths), len(tokens), dtype=torch.bool)
+    start = 0
+    for row, path in enumerate(paths):
+        ancestors[row, start:start + len(path)] = True
+        start += len(path)
+    counts, seen = history.rows(tokens, ancestors)
+    want = penalize(full, counts, seen, cfg)[:, columns]
+    torch.testing.assert_close(subset.apply(full[:, columns], paths), want)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_eagle_drafts_with_the_requests_penalties(target_model, tree):
+    """An EAGLE head (a reduced draft vocabulary) drafting under penalties: output still the plain decoding's."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+
+    target = loaded(target_model, "kernels")
+    torch.manual_seed(1)
+    head = new_head(target_model, "tiny", torch.arange(40))
+    decoder = SpecDecoder(target, EagleDrafter(head, tree=tree, width=3),
+                          SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    for kwargs in (dict(repetition_penalty=1.5), dict(frequency_penalty=1.2, logit_bias={7: 3.0, 50: 2.0})):
+        config = GenerationConfig.create(max_new_tokens=30, ignore_eos=True, **kwargs)
+        got, metrics = decoder.generate_ids(PROMPT, config)
+        assert got == SpecDecoder(target, None).generate_ids(PROMPT, config)[0]
+        assert metrics.drafted_tokens > 0

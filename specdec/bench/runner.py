@@ -48,14 +48,15 @@ class HFMethod:
 
 
 class SpecdecMethod:
-    """specdec's engine with one drafter (or none)."""
+    """specdec's engine with one drafter (or none); repetition_penalty as transformers' (1: off)."""
 
-    def __init__(self, name: str, decoder):
-        self.name, self.decoder = name, decoder
+    def __init__(self, name: str, decoder, repetition_penalty: float = 1.0):
+        self.name, self.decoder, self.repetition_penalty = name, decoder, repetition_penalty
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
         start = time.perf_counter()
-        tokens, metrics = self.decoder.generate_ids(prompt_ids, GenerationConfig(max_new_tokens=max_new_tokens))
+        config = GenerationConfig.create(max_new_tokens=max_new_tokens, repetition_penalty=self.repetition_penalty)
+        tokens, metrics = self.decoder.generate_ids(prompt_ids, config)
         return PromptRun(tokens=tokens, seconds=time.perf_counter() - start, metrics=metrics)
 
 
@@ -93,9 +94,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int) -> dict[str, list[int]]:
+def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,
+                     **generate_kwargs) -> dict[str, list[int]]:
     """Greedy tokens of transformers' generate for each prompt (untimed), e.g. from a float32 copy."""
-    method = HFMethod("reference", hf_model)
+    method = HFMethod("reference", hf_model, **generate_kwargs)
     return {p.question_id: method.run(ids, max_new_tokens).tokens for p, ids in prompts}
 
 

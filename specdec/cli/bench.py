@@ -32,6 +32,8 @@ def register(sub) -> None:
     p.add_argument("--reference-dtype", default=None, choices=[d for d in DTYPES if d != "auto"],
                    help="also decode each prompt greedily with transformers in this dtype (untimed) and count, per "
                         "method, the prompts identical to it (identical_to_reference)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="every method decodes greedily with this repetition penalty (transformers'; default: 1, off)")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write summary.md and speedup.png into this folder")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -40,7 +42,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..adaptive import CostModel, measure_verify_costs
-    from ..config import SpeculationConfig
+    from ..config import GenerationConfig, SpeculationConfig
     from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder
     from ..errors import ConfigError
@@ -53,6 +55,9 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
+    GenerationConfig.create(repetition_penalty=args.repetition_penalty)  # refuses a bad value before loading
+    penalty = args.repetition_penalty
+    hf_kwargs = {"repetition_penalty": penalty} if penalty != 1.0 else {}
     prompts = load_prompts(args.prompts, args.limit)
     model_name = args.model or DEFAULT_MODEL
     default = ["ngram", "suffix"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
@@ -68,18 +73,19 @@ def run(args) -> int:
     decoder_probe = SpecDecoder(target, None)
     encoded = [(p, decoder_probe.encode(p.text)) for p in prompts]
 
-    methods = [HFMethod("hf_generate", target.hf_model)]
+    methods = [HFMethod("hf_generate", target.hf_model, **hf_kwargs)]
     if not args.no_hf:
-        methods.append(HFMethod("hf_prompt_lookup", target.hf_model, prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens))
+        methods.append(HFMethod("hf_prompt_lookup", target.hf_model, prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens,
+                                **hf_kwargs))
         if draft is not None:
-            methods.append(HFMethod("hf_assisted", target.hf_model, assistant_model=draft.hf_model))
+            methods.append(HFMethod("hf_assisted", target.hf_model, assistant_model=draft.hf_model, **hf_kwargs))
     for i, backend_name in enumerate(backends):
         backend = target.backend if i == 0 else make_backend(
             target.hf_model, target.info, backend_name)
         view = LoadedModel(name=target.name, hf_model=target.hf_model, tokenizer=target.tokenizer, backend=backend)
         prefix = "specdec" if i == 0 else f"specdec@{backend_name}"
         costs = CostModel(measure_verify_costs(backend))
-        methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation)))
+        methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation), penalty))
         for name in drafters:
             kind = "eagle" if name == "eagle-chain" else name
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
@@ -87,7 +93,7 @@ def run(args) -> int:
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()
-            methods.append(SpecdecMethod(f"{prefix}:{name}", decoder))
+            methods.append(SpecdecMethod(f"{prefix}:{name}", decoder, penalty))
         if i == 0:
             first_costs, first_backend = costs, type(backend).__name__
 
@@ -95,13 +101,13 @@ def run(args) -> int:
     reference = None
     if args.reference_dtype:
         ref_model = load_model(model_name, device=args.device, dtype=args.reference_dtype, backend="hf")
-        reference = reference_tokens(ref_model.hf_model, encoded, args.max_new_tokens)
+        reference = reference_tokens(ref_model.hf_model, encoded, args.max_new_tokens, **hf_kwargs)
         del ref_model
     meta = {"model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
             "specdec_backend": first_backend, "verify_costs_s": first_costs.table, "machine": machine_info(),
-            "reference_dtype": args.reference_dtype}
+            "reference_dtype": args.reference_dtype, "repetition_penalty": penalty}
     summary = summarize(results, encoded, target.hf_model, meta, reference)
     print(table(summary))
     if args.out_json:

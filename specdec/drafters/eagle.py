@@ -17,6 +17,7 @@ import math
 import torch
 
 from ..adaptive import CostModel
+from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
 from .eagle_head import EagleHead
@@ -38,6 +39,7 @@ class EagleDrafter(Drafter):
         self.dtype = head.feature_dtype
         self.lookup = NgramDrafter() if lookup else None
         self.vocab = head.config.vocab_size
+        self._inverse: torch.Tensor | None = None  # token id -> draft index, built on first use (penalized requests)
         self._reset()
 
     def fork(self) -> "EagleDrafter":
@@ -55,6 +57,7 @@ class EagleDrafter(Drafter):
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.lookup_record = LookupRecord()
         self.head_expected: float | None = None  # running mean of the head's expected accepted tokens per tree
+        self.penalties: SubsetPenalties | None = None  # the request's penalties at the context being drafted
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -73,6 +76,7 @@ class EagleDrafter(Drafter):
         if k <= 0:
             return Draft.empty()
         root = self._sync(context)
+        self.penalties = self._penalties(context)
         if self.sizes_itself:
             return self._tree(root, context, min(k, self.max_depth))
         return self._chain(root, len(context), k)
@@ -94,6 +98,23 @@ class EagleDrafter(Drafter):
         self.pair_tokens = list(want)
         return self.last_out
 
+    def _penalties(self, context: list[int]) -> SubsetPenalties | None:
+        """The request's penalties over the draft vocabulary at this context, or None where it asks for none."""
+        sampling = self.request.sampling
+        if not sampling.penalized:
+            return None
+        if self._inverse is None:
+            self._inverse = inverse_index(self.head.draft_ids.cpu(), self.vocab)
+        prompt = self.request.prompt_ids
+        history = TokenHistory(prompt, self.vocab)
+        history.extend(context[len(prompt):])
+        return SubsetPenalties(history, self.head.draft_ids.cpu(), self._inverse, sampling)
+
+    def _draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """The head's logits over the draft vocabulary (F, K) for hidden (F, H), penalized along each row's path."""
+        logits = self.head.draft_logits(hidden).float()
+        return logits if self.penalties is None else self.penalties.apply(logits, paths)
+
     def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], kv, mask=None):
         """One head pass over new pairs: features (T, H) -> outputs (T, H), kv extended."""
         out, new_kv = self.head(features[None], torch.tensor(tokens)[None], torch.tensor(positions)[None],
@@ -107,7 +128,7 @@ class EagleDrafter(Drafter):
         position = len(self.pair_tokens)  # pair position of the first draft
         kv, tokens, rows = self.kv, [], []
         for i in range(k):
-            logits = head.draft_logits(h).float()  # (K,)
+            logits = self._draft_logits(h[None], [tokens])[0]  # (K,)
             if sampling.greedy:
                 token = int(head.draft_ids[int(logits.argmax())])
             else:
@@ -142,7 +163,8 @@ class EagleDrafter(Drafter):
         expand_floor = _expand_floor(costs)
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
-            lp = torch.log_softmax(head.draft_logits(torch.stack([hidden_of[n] for n in frontier])).float(), -1)
+            paths = [_path_tokens(n, tokens, parents) for n in frontier]
+            lp = torch.log_softmax(self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths), -1)
             top = torch.topk(lp, width, dim=-1)
             base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
             total = (base[:, None] + top.values).flatten()  # (F * width,) cumulative log-probs
@@ -226,6 +248,15 @@ class LookupRecord:
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
+
+
+def _path_tokens(node: int, tokens: list[int], parents: list[int]) -> list[int]:
+    """The drafted tokens from the root down to node (none for the root, -1)."""
+    path = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def _add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int],
