@@ -24,6 +24,14 @@ class TokenHistory:
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # prompt and output
         self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=device)] = True
 
+    @classmethod
+    def of(cls, prompt_ids: list[int], context: list[int], vocab_size: int,
+           device: torch.device | str = "cpu") -> "TokenHistory":
+        """The history of a context that opens with prompt_ids, the rest being output (what drafters see)."""
+        history = cls(prompt_ids, vocab_size, device)
+        history.extend(context[len(prompt_ids):])
+        return history
+
     def extend(self, tokens: list[int]) -> None:
         """Adds emitted output tokens."""
         if tokens:

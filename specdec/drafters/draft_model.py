@@ -60,9 +60,7 @@ class DraftModelDrafter(Drafter):
         sampling = self.request.sampling
         history = None
         if sampling.penalized:  # the request's penalties, as the target applies them: fewer rejected drafts
-            prompt = self.request.prompt_ids
-            history = TokenHistory(prompt, self.vocab, self.draft.info.device)
-            history.extend(context[len(prompt):])
+            history = TokenHistory.of(self.request.prompt_ids, context, self.vocab, self.draft.info.device)
         tokens, rows = [], []
         for i in range(k):
             ids = torch.tensor(pending, dtype=torch.long)

@@ -105,9 +105,7 @@ class EagleDrafter(Drafter):
             return None
         if self._inverse is None:
             self._inverse = inverse_index(self.head.draft_ids.cpu(), self.vocab)
-        prompt = self.request.prompt_ids
-        history = TokenHistory(prompt, self.vocab)
-        history.extend(context[len(prompt):])
+        history = TokenHistory.of(self.request.prompt_ids, context, self.vocab)
         return SubsetPenalties(history, self.head.draft_ids.cpu(), self._inverse, sampling)
 
     def _draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
