@@ -13,6 +13,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "torch", "hf")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLING_VERIFIERS = ("rejection", "coupled")
+MAX_TOP_LOGPROBS = 20  # alternatives listed per token, as OpenAI's top_logprobs
 
 
 def _check(cond: bool, message: str) -> None:
@@ -83,10 +84,14 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; N >= 0: each token's logprob and the N most likely (logprobs.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                         and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
+               f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {self.logprobs}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(len(self.stop) <= 16, "at most 16 stop strings are supported")
 
@@ -95,7 +100,7 @@ class GenerationConfig:
                seed: int | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
                ignore_eos: bool = False, min_p: float = 0.0, repetition_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-               logit_bias: dict[int, float] | None = None) -> "GenerationConfig":
+               logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> "GenerationConfig":
         """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them."""
         if isinstance(stop, str):
             stop = (stop,)
@@ -104,7 +109,8 @@ class GenerationConfig:
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_p=min_p,
                                   repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                                   presence_penalty=presence_penalty, logit_bias=tuple((logit_bias or {}).items()))
-        return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos)
+        return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos,
+                   logprobs=logprobs)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from .config import GenerationConfig, SpeculationConfig
 from .detokenize import TextAssembler
 from .drafters.base import Drafter
 from .errors import ConfigError
+from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
 from .sequence import SequenceState
 
@@ -30,6 +31,7 @@ class GenerationResult:
     prompt_ids: list[int]
     metrics: GenerationMetrics
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when the config asked for them
 
 
 class SpecDecoder:
@@ -102,7 +104,8 @@ class SpecDecoder:
 
     # ---- public generation API ---------------------------------------------------------------
     def generate(self, prompt, config: GenerationConfig | None = None, **kwargs) -> GenerationResult:
-        """Generates a whole completion. kwargs: max_new_tokens, temperature, top_k, top_p, seed, stop."""
+        """Generates a whole completion. kwargs: GenerationConfig.create's (max_new_tokens, temperature, top_k, top_p,
+        seed, stop, penalties, logit_bias, logprobs)."""
         stream = self.stream(prompt, config, **kwargs)
         for _ in stream:
             pass
@@ -138,15 +141,14 @@ class SpecDecoder:
                 state = event.state
                 _, kept = texts[event.request_id].add(event.new_tokens)
                 if kept is not None and not event.finished:  # a stop string: end this request now
-                    del state.tokens[len(state.tokens) - len(event.new_tokens) + kept:]
-                    state.finished = "stop"
+                    state.stop_within_step(event.new_tokens, kept)
                     engine.cancel(event.request_id)
                 if state.finished:
                     text = texts[event.request_id]
                     text.flush()
                     results[event.request_id] = GenerationResult(
                         text=text.text, token_ids=state.generated, prompt_ids=state.tokens[: state.prompt_len],
-                        metrics=state.metrics, finish_reason=state.finished)
+                        metrics=state.metrics, finish_reason=state.finished, logprobs=state.logprobs)
         return [results[i] for i in range(len(prompts))]
 
     def batch_engine(self, max_batch: int = 16):
@@ -199,8 +201,7 @@ class TextStream:
             for new in steps:
                 delta, kept = text.add(new)
                 if kept is not None:  # a stop string ended the text: drop the tokens after it
-                    seq.finished = "stop"
-                    del seq.tokens[len(seq.tokens) - len(new) + kept:]
+                    seq.stop_within_step(new, kept)
                 if delta:
                     yield delta
                 if seq.finished:
@@ -211,4 +212,5 @@ class TextStream:
         if tail := text.flush():
             yield tail
         self.result = GenerationResult(text=text.text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
-                                       metrics=seq.metrics, finish_reason=seq.finished or "length")
+                                       metrics=seq.metrics, finish_reason=seq.finished or "length",
+                                       logprobs=seq.logprobs)

@@ -14,6 +14,7 @@ from .adaptive import CostModel, DraftLengthPolicy
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Draft, Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError
+from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
 from .sampling import make_generator, position_gumbel, probs_from_logits
@@ -45,6 +46,7 @@ class SequenceState:
         if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
             raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")
         self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if sampling.penalized else None
+        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = make_generator(self.seed)
         self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
@@ -84,6 +86,7 @@ class SequenceState:
         _, token = self.verify(Draft.empty(), last_logits)
         self.metrics.prefill_time_s = seconds
         new = self.append([token])
+        self._record_logprobs(last_logits, new)
         self.metrics.new_tokens = len(new)
         return new
 
@@ -133,9 +136,19 @@ class SequenceState:
         self.metrics.verify_time_s += verify_seconds
         self.policy.observe(len(draft), n)
         new = self.append(accepted + [token])
+        self._record_logprobs(logits, new, rows)
         self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
         self.metrics.new_tokens += len(new)
         return new
+
+    def stop_within_step(self, new: list[int], kept: int) -> None:
+        """A stop string ended the text within this step's new tokens: keeps the first `kept` of them."""
+        dropped = len(new) - kept
+        if dropped:
+            del self.tokens[-dropped:]
+            if self.logprobs is not None:
+                del self.logprobs[-dropped:]
+        self.finished = "stop"
 
     def close(self, reason: str = "cancelled") -> None:
         """Frees the cache slot and the drafter; idempotent."""
@@ -187,6 +200,12 @@ class SequenceState:
         ancestors = tree_ancestors(draft.parents) if draft.parents is not None else chain_ancestors(len(draft))
         counts, seen = self.history.rows(draft.tokens, ancestors)
         return penalize(logits, counts, seen, self.config.sampling)
+
+    def _record_logprobs(self, logits: torch.Tensor, new: list[int], rows: list[int] | None = None) -> None:
+        """logits (R, V) of a pass; rows[j] (default j) holds the raw distribution new[j] was chosen from."""
+        if self.logprobs is not None:
+            scored = logits if rows is None else logits[rows[: len(new)]]
+            self.logprobs += token_logprobs(scored, new, self.config.logprobs)
 
     def append(self, new: list[int]) -> list[int]:
         """Appends tokens up to the first EOS or the length limit; marks the sequence finished."""

@@ -34,6 +34,15 @@ def test_generate_with_penalties(capsys, tiny_folder):
     assert rc == rc2 == 0 and penalized.strip() and penalized != plain
 
 
+def test_generate_prints_logprobs(capsys, tiny_folder):
+    rc, out, err = run_cli(capsys, "generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32",
+                           "--max-new-tokens", "6", "--drafter", "ngram", "--logprobs", "2", "--stats-json")
+    lines = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")]
+    rows, stats = lines[:-1], lines[-1]
+    assert rc == 0 and out.strip() and len(rows) == stats["new_tokens"] > 0
+    assert all(len(r["top"]) == 2 and r["top"][0][2] >= r["top"][1][2] and r["logprob"] <= 0 for r in rows)
+
+
 def test_generate_with_draft_model(capsys, tiny_folder, tiny_draft_folder):
     rc, out, err = run_cli(capsys, "generate", "the dog ran", "--model", str(tiny_folder), "--dtype", "float32",
                            "--drafter", "draft-model", "--draft-model", str(tiny_draft_folder), "--max-new-tokens", "8",
@@ -65,6 +74,7 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--drafter", "draft-model", "--model", "{tiny}", "--draft-model", "{other}"], "different tokenizer"),
     (["generate", "   ", "--model", "{tiny}"], "prompt is empty"),
     (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
+    (["generate", "hi", "--logprobs", "21"], "logprobs"),
     (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--document-tasks", "-2"], "must be >= 0"),

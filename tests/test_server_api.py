@@ -227,3 +227,41 @@ def test_penalties_and_logit_bias(client, local):
     got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0,
                                     logit_bias={str(word): 100}, extra_body={"ignore_eos": True})
     assert got.choices[0].text.split() == ["moon"] * 5
+
+
+def test_logprobs_are_the_engines_streamed_or_not(client, local):
+    """Chat (`logprobs`, `top_logprobs`) and completions (`logprobs`) return each token's logprob and the most
+    likely alternatives: those the engine computes for the same request, in OpenAI's two formats, whether streamed
+    or not, with the server's drafter on."""
+    chat_decoder, raw_decoder = local
+    tokenizer = raw_decoder.target.tokenizer
+    messages = [{"role": "user", "content": "the cat sat on the mat"}]
+    want = chat_decoder.generate(messages, max_new_tokens=12, temperature=0.0, logprobs=3)
+    got = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0, logprobs=True,
+                                         top_logprobs=3)
+    content = got.choices[0].logprobs.content
+    assert [c.token for c in content] == [tokenizer.decode([t.token_id]) for t in want.logprobs]
+    assert [c.logprob for c in content] == pytest.approx([t.logprob for t in want.logprobs], abs=1e-5)
+    for c, w in zip(content, want.logprobs):
+        assert [a.token for a in c.top_logprobs] == [tokenizer.decode([i]) for i, _ in w.top]
+        assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
+        assert c.bytes == list(c.token.encode())
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                                 logprobs=True, top_logprobs=3, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+
+    want = raw_decoder.generate("a big red dog", max_new_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)
+    for stream in (False, True):
+        got = client.completions.create(model="tiny", prompt="a big red dog", max_tokens=10, temperature=0, logprobs=2,
+                                        stream=stream, extra_body={"ignore_eos": True})
+        parts = [c.choices[0].logprobs for c in (list(got) if stream else [got]) if c.choices[0].logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        assert tokens == [tokenizer.decode([t.token_id]) for t in want.logprobs]
+        assert [lp for p in parts for lp in p.token_logprobs] == pytest.approx([t.logprob for t in want.logprobs],
+                                                                               abs=1e-5)
+        assert [len(top) for p in parts for top in p.top_logprobs] == [2] * 10
+        offsets = [o for p in parts for o in p.text_offset]
+        assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(10)]
+    plain = client.completions.create(model="tiny", prompt="a big red dog", max_tokens=3)
+    assert plain.choices[0].logprobs is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from .common import add_model_options, add_sampling_options, add_speculation_options, drafter_options, generation_config
 
@@ -16,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--stats", action="store_true", help="print speculation metrics to stderr")
     p.add_argument("--stats-json", action="store_true", help="print the metrics as one JSON line to stderr")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="print each generated token's logprob and its N most likely alternatives (0 to 20) to stderr, "
+                        "one JSON line per token")
     p.set_defaults(run=run)
 
 
@@ -27,7 +31,7 @@ def run(args) -> int:
         from ..errors import ConfigError
 
         raise ConfigError("the prompt is empty")
-    config = generation_config(args)
+    config = replace(generation_config(args), logprobs=args.logprobs)
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
@@ -38,6 +42,11 @@ def run(args) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     metrics = stream.result.metrics
+    text = decoder.target.tokenizer.decode
+    for entry in stream.result.logprobs or ():
+        print(json.dumps({"token": text([entry.token_id]), "id": entry.token_id, "logprob": round(entry.logprob, 6),
+                          "top": [[text([i]), i, round(lp, 6)] for i, lp in entry.top]}, ensure_ascii=False),
+              file=sys.stderr)
     if args.stats:
         name = decoder.drafter.name if decoder.drafter else "none"
         print(f"[specdec] model {decoder.target.name} | drafter {name} | {metrics.summary()}", file=sys.stderr)

@@ -53,11 +53,15 @@ async def generate(request: Request, endpoint: str):
     try:
         handle.submit(parsed)
         await handle.next()  # Started: the request holds a batch slot
+        logprobs = responses.LogprobFormatter(server.worker.tokenizer) if parsed.config.logprobs is not None else None
         if parsed.stream:
-            return EventStream(_stream(handle, meta, parsed.include_usage), handle.close)
-        text = "".join([event.text async for event in handle.events() if isinstance(event, Delta)])
+            return EventStream(_stream(handle, meta, parsed.include_usage, logprobs), handle.close)
+        deltas = [event async for event in handle.events() if isinstance(event, Delta)]
         handle.close(200)
-        return JSONResponse(responses.response(meta, text, handle.finished))
+        text = "".join(d.text for d in deltas)
+        entries = [e for d in deltas for e in d.logprobs] if logprobs else None
+        return JSONResponse(responses.response(meta, text, handle.finished,
+                                               logprobs.format(meta.chat, entries) if logprobs else None))
     except APIError as exc:
         handle.close(exc.status)
         raise
@@ -69,14 +73,16 @@ async def generate(request: Request, endpoint: str):
         raise
 
 
-async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool):
+async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool,
+                  logprobs: responses.LogprobFormatter | None):
     if meta.chat:
         yield responses.sse(responses.chunk(meta, None, role=True))
     try:
         async for event in handle.events():
             if isinstance(event, Delta):
-                if event.text:
-                    yield responses.sse(responses.chunk(meta, event.text))
+                if event.text or (logprobs and event.logprobs):  # tokens whose text is held back keep their logprobs
+                    yield responses.sse(responses.chunk(meta, event.text, logprobs=logprobs.format(
+                        meta.chat, event.logprobs) if logprobs else None))
         yield responses.sse(responses.chunk(meta, None, handle.finished))
         if include_usage:
             yield responses.sse(responses.usage_chunk(meta, handle.finished))

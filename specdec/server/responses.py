@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ..logprobs import TokenLogprob
 from .worker import Finished
 
 DONE = "data: [DONE]\n\n"
@@ -48,9 +49,9 @@ def usage(fin: Finished) -> dict:
             "total_tokens": fin.prompt_tokens + fin.completion_tokens, "speculation": speculation(fin)}
 
 
-def response(meta: Meta, text: str, fin: Finished) -> dict:
-    """A whole (non-streamed) completion or chat completion."""
-    choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason}
+def response(meta: Meta, text: str, fin: Finished, logprobs: dict | None = None) -> dict:
+    """A whole (non-streamed) completion or chat completion; logprobs: from chat_logprobs/completion_logprobs."""
+    choice = {"index": 0, "logprobs": logprobs, "finish_reason": fin.finish_reason}
     if meta.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -58,9 +59,11 @@ def response(meta: Meta, text: str, fin: Finished) -> dict:
     return {**meta.head(False), "choices": [choice], "usage": usage(fin)}
 
 
-def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool = False) -> dict:
-    """One streamed chunk: a text delta, the opening role (chat), or the closing finish_reason."""
-    choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason if fin else None}
+def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool = False,
+          logprobs: dict | None = None) -> dict:
+    """One streamed chunk: a text delta (with its tokens' logprobs), the opening role (chat), or the closing
+    finish_reason."""
+    choice = {"index": 0, "logprobs": logprobs, "finish_reason": fin.finish_reason if fin else None}
     if meta.chat:
         choice["delta"] = ({"role": "assistant", "content": ""} if role else
                            {} if text is None else {"content": text})
@@ -70,6 +73,42 @@ def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool 
     if fin is not None:
         out["speculation"] = speculation(fin)
     return out
+
+
+class LogprobFormatter:
+    """A response's logprobs in OpenAI's formats; token strings are the tokenizer's text of each token alone
+    (bytes: its UTF-8 bytes; a token holding part of a character reads as U+FFFD, as in vLLM)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text_offset = 0  # completions: characters of the completion before the next token
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def chat(self, entries: list[TokenLogprob]) -> dict:
+        """{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}"""
+        def one(token_id: int, logprob: float) -> dict:
+            text = self._text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top]}
+                            for e in entries]}
+
+    def completion(self, entries: list[TokenLogprob]) -> dict:
+        """{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}"""
+        tokens = [self._text(e.token_id) for e in entries]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.text_offset)
+            self.text_offset += len(token)
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{self._text(i): lp for i, lp in e.top} for e in entries], "text_offset": offsets}
+
+    def format(self, chat: bool, entries: list[TokenLogprob] | None) -> dict | None:
+        if entries is None:
+            return None
+        return self.chat(entries) if chat else self.completion(entries)
 
 
 def usage_chunk(meta: Meta, fin: Finished) -> dict:

@@ -1,8 +1,9 @@
 """OpenAI request bodies -> a validated GenerationRequest; anything unsupported or out of range -> a 400.
 
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
-for completions, the server's default for chat); `presence_penalty`, `frequency_penalty` and `logit_bias` as
-OpenAI defines them. Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`,
+for completions, the server's default for chat); `presence_penalty`, `frequency_penalty`, `logit_bias` and
+logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`; up to 20 alternatives) as OpenAI defines
+them. Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`,
 and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
 the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
 """
@@ -11,17 +12,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import GenerationConfig, SamplingConfig
+from ..config import MAX_TOP_LOGPROBS, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from .errors import APIError, bad_request, model_not_found, unsupported
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
           "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "logit_bias"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completions": COMMON | {"prompt"}}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+          "completions": COMMON | {"prompt", "logprobs"}}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL = {  # accepted only at the value that changes nothing
-    "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "best_of": (1,), "echo": (False,), "suffix": ("",),
     "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
@@ -89,7 +91,7 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
                                   presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
                                   logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
-                                  ignore_eos=_bool(body, "ignore_eos", False))
+                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=_logprobs(body, endpoint))
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
@@ -204,6 +206,18 @@ def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
                               "invalid_value")
         pairs.append((token, float(bias)))
     return tuple(pairs)
+
+
+def _logprobs(body: dict, endpoint: str) -> int | None:
+    """Alternatives per token to return with each token's logprob, or None for no logprobs. Chat: `logprobs`
+    (boolean) and `top_logprobs`; completions: `logprobs` (the number of alternatives)."""
+    if endpoint == "completions":
+        return _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    wanted = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top and not wanted:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs", "invalid_value")
+    return (top or 0) if wanted else None
 
 
 def _stream_options(value, stream: bool) -> bool:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..detokenize import TextAssembler
 from ..errors import ContextLengthError, SpecdecError
+from ..logprobs import TokenLogprob
 from ..metrics import GenerationMetrics
 from ..sequence import SequenceState
 from .errors import APIError, bad_request, internal, shutting_down
@@ -36,6 +37,7 @@ class Started:
 class Delta:
     text: str  # may be empty: text held back (a possible stop string, a split character)
     tokens: int  # tokens this step produced
+    logprobs: list[TokenLogprob] | None = None  # those tokens' logprobs, when the request asked for them
 
 
 @dataclass
@@ -66,6 +68,7 @@ class _Live:
     state: SequenceState
     text: TextAssembler
     drafter: str
+    logprobs_sent: int = 0  # state.logprobs already handed out in Deltas
 
 
 class EngineWorker:
@@ -261,13 +264,15 @@ class EngineWorker:
         state, new = event.state, event.new_tokens
         text, kept = live.text.add(new)
         if kept is not None:  # a stop string ended the text: drop the tokens after it, end the request
-            del state.tokens[len(state.tokens) - len(new) + kept:]
-            state.finished = "stop"
+            state.stop_within_step(new, kept)
             self.engine.cancel(event.request_id)  # no-op when the engine already ended it
         if state.finished:
             text += live.text.flush()
+        logprobs = None
+        if state.logprobs is not None:
+            logprobs, live.logprobs_sent = state.logprobs[live.logprobs_sent:], len(state.logprobs)
         if text or new:
-            live.job.emit(Delta(text, len(new)))
+            live.job.emit(Delta(text, len(new), logprobs))
         if state.finished:
             del self.live[event.request_id]
             self._observe(state)

@@ -1,0 +1,34 @@
+"""The target's log-probabilities of the tokens it emits, for requests that ask for them.
+
+Every emitted token, drafted and accepted or the target's own, was scored by a target pass: row j of the
+verify pass holds the distribution it was chosen from. So logprobs cost no extra pass and are the same with
+or without speculation (bit for bit on the batch-invariant kernels). They are the log-softmax of the target's
+raw logits, before temperature, penalties and top-k/top-p/min-p (vLLM's default, "raw logprobs").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) of the most likely tokens, most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """logits (R, V), row j the distribution tokens[j] was drawn from (R >= len(tokens)); top: alternatives
+    to list per token (0 to MAX_TOP_LOGPROBS)."""
+    if not tokens:
+        return []
+    logp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)  # (n, V)
+    ids = torch.tensor(tokens, device=logp.device).unsqueeze(1)
+    chosen = logp.gather(1, ids).squeeze(1).tolist()
+    if top <= 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, indices = logp.topk(top, dim=-1)
+    return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in
+            zip(tokens, chosen, indices.tolist(), values.tolist())]

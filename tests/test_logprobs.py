@@ -1,0 +1,113 @@
+"""Logprobs: each emitted token's log-probability under the target, the same with and without speculation.
+
+A verify pass scores every emitted token (drafted and accepted, or the target's own), so the logprobs come
+from its rows; these tests check them against a direct forward of transformers' model over the final text,
+and that drafts of any kind (chain, tree, batch) leave them unchanged.
+"""
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpecDecoder
+from specdec.errors import ConfigError
+from specdec.logprobs import token_logprobs
+from specdec.models.loading import load_model
+from tiny import ModelLogits, TableTreeDrafter, loaded, tiny_llama
+
+PROMPT = [5, 9, 11, 5, 9, 11, 5, 9, 2, 7, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def target_model():
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+
+
+def _direct(hf_model, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """log-softmax of transformers' logits at each generated position: (len(generated), V)."""
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt + generated])).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1: -1].float(), dim=-1)
+
+
+def test_token_logprobs_of_rows():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    got = token_logprobs(logits, [1, 0], top=2)  # the third row is not used
+    want = torch.log_softmax(logits, dim=-1)
+    assert [t.token_id for t in got] == [1, 0]
+    assert got[0].logprob == pytest.approx(want[0, 1].item())
+    assert [i for i, _ in got[0].top] == [2, 1] and got[0].top[0][1] == pytest.approx(want[0, 2].item())
+    assert [i for i, _ in got[1].top] == [0, 1]
+    assert token_logprobs(logits, [2], top=0)[0].top == ()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_equal_a_direct_forward(target_model, temperature):
+    decoder = SpecDecoder(loaded(target_model, "torch"), NgramDrafter(min_n=1, max_n=3),
+                          SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    config = GenerationConfig.create(max_new_tokens=24, ignore_eos=True, temperature=temperature, seed=3, logprobs=5)
+    state = decoder.start(PROMPT, config)
+    for _ in decoder.decode(state):
+        pass
+    want = _direct(target_model, PROMPT, state.generated)
+    assert [t.token_id for t in state.logprobs] == state.generated
+    for j, entry in enumerate(state.logprobs):
+        assert entry.logprob == pytest.approx(want[j, entry.token_id].item(), abs=1e-4)
+        top_ids = [i for i, _ in entry.top]
+        assert top_ids == want[j].topk(5).indices.tolist()
+        if temperature == 0.0:
+            assert top_ids[0] == entry.token_id  # greedy picks the most likely token
+
+
+@pytest.mark.parametrize("kind", ["ngram", "self", "tree"])
+def test_speculation_leaves_logprobs_unchanged(target_model, kind):
+    """On the batch-invariant kernels (float32) the logprobs are bit for bit those of plain decoding."""
+    target = loaded(target_model, "kernels")
+    drafter = {"ngram": NgramDrafter(min_n=1, max_n=3),
+               "self": DraftModelDrafter(loaded(target_model, "kernels").backend, target_model.config.vocab_size),
+               "tree": TableTreeDrafter(ModelLogits(target_model), width=2, depth=3)}[kind]
+    config = GenerationConfig.create(max_new_tokens=30, ignore_eos=True, logprobs=3)
+    plain = SpecDecoder(target, None).start(PROMPT, config)
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    spec = decoder.start(PROMPT, config)
+    for d, state in ((SpecDecoder(target, None), plain), (decoder, spec)):
+        for _ in d.decode(state):
+            pass
+    assert spec.metrics.accepted_tokens > 0
+    assert spec.generated == plain.generated
+    assert spec.logprobs == plain.logprobs
+
+
+def test_batched_logprobs_equal_each_request_alone(target_model):
+    target = loaded(target_model, "kernels")
+    decoder = SpecDecoder(target, NgramDrafter(min_n=1, max_n=3), SpeculationConfig(num_speculative_tokens=4))
+    config = GenerationConfig.create(max_new_tokens=20, ignore_eos=True, logprobs=2)
+    prompts = [PROMPT[i:] for i in range(4)]
+    engine = decoder.batch_engine(4)
+    states = [engine.add(i, p, config) for i, p in enumerate(prompts)]
+    while len(engine):
+        engine.step()
+    for prompt, state in zip(prompts, states):
+        alone = SpecDecoder(target, None).start(prompt, config)
+        for _ in SpecDecoder(target, None).decode(alone):
+            pass
+        assert state.logprobs == alone.logprobs
+
+
+def test_stop_string_drops_the_logprobs_after_it(tiny_folder):
+    target = load_model(str(tiny_folder), dtype="float32")
+    plain = SpecDecoder(target, None)
+    full = plain.generate("a big red dog", max_new_tokens=40, ignore_eos=True).text
+    stop = " ".join(full.split()[3:5])
+    for decoder in (plain, SpecDecoder(target, NgramDrafter(1, 3), SpeculationConfig(4, adaptive=False))):
+        result = decoder.generate("a big red dog", max_new_tokens=40, ignore_eos=True, stop=[stop], logprobs=1)
+        assert result.finish_reason == "stop"
+        assert [t.token_id for t in result.logprobs] == result.token_ids
+    assert plain.generate("a big red dog", max_new_tokens=5).logprobs is None  # only when asked for
+
+
+def test_config_refuses_bad_logprobs():
+    for bad in (-1, 21, True, 2.0):
+        with pytest.raises(ConfigError):
+            GenerationConfig.create(logprobs=bad)
