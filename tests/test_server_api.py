@@ -265,3 +265,55 @@ def test_logprobs_are_the_engines_streamed_or_not(client, local):
         assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(10)]
     plain = client.completions.create(model="tiny", prompt="a big red dog", max_tokens=3)
     assert plain.choices[0].logprobs is None
+
+
+def test_n_choices_each_equal_the_request_sent_alone_with_its_seed(client):
+    """`n` choices run as n engine requests over one prompt: with a seed, choice i is the request sent alone with
+    seed + i; usage counts the prompt once and every choice's completion; streamed, every chunk names its choice."""
+    common = dict(model="tiny", prompt="the cat sat on", max_tokens=8, temperature=0.9, extra_body={"ignore_eos": True})
+    got = client.completions.create(n=3, seed=11, **common)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    alone = [client.completions.create(seed=11 + i, **common).choices[0].text for i in range(3)]
+    assert [c.text for c in got.choices] == alone
+    assert len(set(alone)) > 1, "three samples at temperature 0.9 should not all agree"
+    assert got.usage.completion_tokens == 24 and got.usage.prompt_tokens == client.completions.create(
+        seed=1, **common).usage.prompt_tokens
+    assert got.usage.model_extra["speculation"]["verify_steps"] >= 3
+
+    chunks = list(client.completions.create(n=3, seed=11, stream=True, stream_options={"include_usage": True},
+                                            **common))
+    texts, finished = ["", "", ""], set()
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] += c.choices[0].text
+        if c.choices[0].finish_reason:
+            finished.add(c.choices[0].index)
+    assert texts == alone and finished == {0, 1, 2}
+    assert chunks[-1].usage.completion_tokens == 24
+
+    messages = [{"role": "user", "content": "the dog ran"}]
+    chat = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, n=2,
+                                               stream=True))
+    roles = [c.choices[0].index for c in chat if c.choices[0].delta.role == "assistant"]
+    replies = ["", ""]
+    for c in chat:
+        replies[c.choices[0].index] += c.choices[0].delta.content or ""
+    assert roles == [0, 1] and replies[0] == replies[1] != ""  # greedy: both choices are the same text
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, n=2)
+    assert [c.message.content for c in whole.choices] == replies
+
+
+def test_a_disconnect_cancels_every_choice(server):
+    cancelled = metric(server, 'specdec_finished_sequences_total{reason="cancelled"}')
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 480, "temperature": 0, "stream": True, "n": 4,
+            "ignore_eos": True, "speculation": {"enabled": False}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if line.startswith("data: "))  # one chunk, then hang up
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health").json()
+        if health["running"] == 0 and health["inflight"] == 0:
+            break
+        time.sleep(0.02)
+    assert health["free_slots"] == 16 and health["inflight"] == 0
+    assert metric(server, 'specdec_finished_sequences_total{reason="cancelled"}') == cancelled + 4

@@ -1,8 +1,13 @@
-"""The two generation endpoints' common flow: validate, admit, submit, then stream or collect."""
+"""The two generation endpoints' common flow: validate, admit, submit, then stream or collect.
+
+A request with `n` > 1 runs as n engine requests over the same prompt (one batch slot each, seeds seed,
+seed + 1, ... when a seed is given), merged into one response whose choices carry their index.
+"""
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -10,8 +15,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from . import responses
 from .errors import APIError, bad_request
 from .handle import ClientGone, RequestHandle
-from .schemas import parse_request
-from .worker import Delta
+from .schemas import GenerationRequest, parse_request
+from .worker import Delta, Finished
 
 CLIENT_GONE = 499
 
@@ -38,30 +43,34 @@ async def generate(request: Request, endpoint: str):
     path = request.url.path
     try:
         parsed = parse_request(await _json(request, server.settings.max_body_bytes), endpoint, server.limits)
-        server.admit()
+        server.admit(parsed.n)
     except APIError as exc:
         server.metrics.observe_request(path, exc.status)
         raise
 
     def on_close(status: int, handle: RequestHandle) -> None:
-        server.release()
+        server.release(parsed.n)
         latency = time.perf_counter() - handle.arrived if status == 200 else None
         server.metrics.observe_request(path, status, latency, handle.first_token_s)
 
-    handle = RequestHandle(server.worker, request.receive, on_close, arrived)
+    handle = RequestHandle(server.worker, request.receive, on_close, arrived, choices=parsed.n)
     meta = responses.Meta(chat=endpoint == "chat", model=parsed.model)
+    wants_logprobs = parsed.config.logprobs is not None
+    formatters = [responses.LogprobFormatter(server.worker.tokenizer) if wants_logprobs else None
+                  for _ in range(parsed.n)]
     try:
-        handle.submit(parsed)
-        await handle.next()  # Started: the request holds a batch slot
-        logprobs = responses.LogprobFormatter(server.worker.tokenizer) if parsed.config.logprobs is not None else None
+        handle.submit(_choices(parsed))
+        await handle.next()  # the first Started: the request holds a batch slot (its choices share the prompt)
         if parsed.stream:
-            return EventStream(_stream(handle, meta, parsed.include_usage, logprobs), handle.close)
-        deltas = [event async for event in handle.events() if isinstance(event, Delta)]
+            return EventStream(_stream(handle, meta, parsed.include_usage, formatters), handle.close)
+        deltas: list[list[Delta]] = [[] for _ in range(parsed.n)]
+        async for index, event in handle.events():
+            if isinstance(event, Delta):
+                deltas[index].append(event)
         handle.close(200)
-        text = "".join(d.text for d in deltas)
-        entries = [e for d in deltas for e in d.logprobs] if logprobs else None
-        return JSONResponse(responses.response(meta, text, handle.finished,
-                                               logprobs.format(meta.chat, entries) if logprobs else None))
+        choices = [("".join(d.text for d in ds), fin, formatter.format(meta.chat, [e for d in ds for e in d.logprobs])
+                    if formatter else None) for ds, fin, formatter in zip(deltas, handle.finished, formatters)]
+        return JSONResponse(responses.response(meta, choices))
     except APIError as exc:
         handle.close(exc.status)
         raise
@@ -73,17 +82,29 @@ async def generate(request: Request, endpoint: str):
         raise
 
 
+def _choices(parsed: GenerationRequest) -> list[GenerationRequest]:
+    """One engine request per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
+    sampling = parsed.config.sampling
+    if parsed.n == 1 or sampling.seed is None:
+        return [parsed] * parsed.n
+    return [replace(parsed, config=replace(parsed.config, sampling=replace(sampling, seed=(sampling.seed + i) % 2**63)))
+            for i in range(parsed.n)]
+
+
 async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool,
-                  logprobs: responses.LogprobFormatter | None):
+                  formatters: list[responses.LogprobFormatter | None]):
     if meta.chat:
-        yield responses.sse(responses.chunk(meta, None, role=True))
+        for index in range(len(formatters)):
+            yield responses.sse(responses.chunk(meta, None, role=True, index=index))
     try:
-        async for event in handle.events():
+        async for index, event in handle.events():
+            formatter = formatters[index]
             if isinstance(event, Delta):
-                if event.text or (logprobs and event.logprobs):  # tokens whose text is held back keep their logprobs
-                    yield responses.sse(responses.chunk(meta, event.text, logprobs=logprobs.format(
-                        meta.chat, event.logprobs) if logprobs else None))
-        yield responses.sse(responses.chunk(meta, None, handle.finished))
+                if event.text or (formatter and event.logprobs):  # tokens whose text is held back keep their logprobs
+                    yield responses.sse(responses.chunk(meta, event.text, index=index, logprobs=formatter.format(
+                        meta.chat, event.logprobs) if formatter and event.logprobs else None))
+            elif isinstance(event, Finished):
+                yield responses.sse(responses.chunk(meta, None, event, index=index))
         if include_usage:
             yield responses.sse(responses.usage_chunk(meta, handle.finished))
     except ClientGone:

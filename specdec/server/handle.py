@@ -1,7 +1,8 @@
-"""A request's asyncio end: the worker's events in order, disconnect detection, and its cancellation."""
+"""A request's asyncio end: its choices' events in order, disconnect detection, and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Callable
@@ -24,64 +25,73 @@ async def _disconnect(receive) -> None:
 
 
 class RequestHandle:
-    """Submits one request to the worker and iterates over its events until Finished.
+    """Submits one request's choices (OpenAI's `n`) to the worker and iterates over their events until every
+    choice has finished.
 
-    `close()` runs exactly once however the request ends; an unfinished request is cancelled in the
-    engine (its KV slot freed) and `on_close(status, handle)` does the accounting.
+    `close()` runs exactly once however the request ends; unfinished choices are cancelled in the engine (their
+    KV slots freed) and `on_close(status, handle)` does the accounting.
     """
 
-    def __init__(self, worker, receive, on_close: Callable[[int, "RequestHandle"], None], arrived: float):
-        self.id = f"req-{uuid.uuid4().hex}"
+    def __init__(self, worker, receive, on_close: Callable[[int, "RequestHandle"], None], arrived: float,
+                 choices: int = 1):
+        self.ids = [f"req-{uuid.uuid4().hex}" for _ in range(choices)]  # one engine request per choice
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.arrived = arrived  # perf_counter() when the request came in
         self.first_token_s: float | None = None
-        self.finished: Finished | None = None
+        self.finished: list[Finished | None] = [None] * choices
         self.failed: APIError | None = None
         self.on_close = on_close
         self._gone = asyncio.ensure_future(_disconnect(receive))
         self._closed = False
 
-    def submit(self, request) -> None:
-        self.worker.submit(Job(self.id, request, self.emit))
+    def submit(self, requests: list) -> None:
+        """One GenerationRequest per choice."""
+        for index, (request_id, request) in enumerate(zip(self.ids, requests)):
+            self.worker.submit(Job(request_id, request, functools.partial(self.emit, index)))
 
-    def emit(self, event) -> None:
+    def emit(self, index: int, event) -> None:
         """Called from the worker thread."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
         except RuntimeError:  # the event loop has closed (shutdown)
             pass
 
-    async def next(self):
-        """The next event (Started, Delta, Finished); raises the APIError of a Failed, or ClientGone."""
+    @property
+    def done(self) -> bool:
+        return all(self.finished)
+
+    async def next(self) -> tuple[int, object]:
+        """(choice index, the next event: Started, Delta or Finished); raises the APIError of a Failed, or
+        ClientGone."""
         if self.queue.empty():
             get = asyncio.ensure_future(self.queue.get())
             done, _ = await asyncio.wait({get, self._gone}, return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()
                 raise ClientGone()
-            event = get.result()
+            index, event = get.result()
         else:
-            event = self.queue.get_nowait()
+            index, event = self.queue.get_nowait()
         if isinstance(event, Failed):
             self.failed = event.error
             raise event.error
         if isinstance(event, Delta) and event.tokens and self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.arrived
         if isinstance(event, Finished):
-            self.finished = event
-        return event
+            self.finished[index] = event
+        return index, event
 
     async def events(self):
-        """Delta events, then the Finished one."""
-        while self.finished is None:
+        """(index, event) pairs until every choice's Finished."""
+        while not self.done:
             yield await self.next()
 
     @property
     def status(self) -> int:
         """The HTTP status that describes how the request ended (499: the client went away)."""
-        return 200 if self.finished else self.failed.status if self.failed else 499
+        return 200 if self.done else self.failed.status if self.failed else 499
 
     def close(self, status: int | None = None) -> None:
         """`status` defaults to self.status."""
@@ -89,6 +99,7 @@ class RequestHandle:
             return
         self._closed = True
         self._gone.cancel()
-        if self.finished is None:
-            self.worker.cancel(self.id)
+        for request_id, fin in zip(self.ids, self.finished):
+            if fin is None:
+                self.worker.cancel(request_id)
         self.on_close(self.status if status is None else status, self)

@@ -1,7 +1,7 @@
 """OpenAI response objects and stream chunks, built from the worker's Finished event.
 
-Speculation statistics (an extension) travel in `usage.speculation` and, on the streamed chunk that
-carries finish_reason, in a top-level `speculation` object:
+Speculation statistics (an extension) travel in `usage.speculation` (summed over the request's choices) and,
+on the streamed chunk that carries a choice's finish_reason, in a top-level `speculation` object:
 {"drafter", "num_speculative_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
  "mean_accepted_tokens", "verify_steps"}; acceptance_rate and MAT are null when nothing was drafted/verified.
 """
@@ -36,34 +36,45 @@ class Meta:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def speculation(fin: Finished) -> dict:
-    m = fin.metrics
-    return {"drafter": fin.drafter, "num_speculative_tokens": fin.num_speculative_tokens,
-            "drafted_tokens": m.drafted_tokens, "accepted_tokens": m.accepted_tokens,
-            "acceptance_rate": m.acceptance_rate, "mean_accepted_tokens": m.mean_accepted_tokens,
-            "verify_steps": m.steps}
+def speculation(fins: Finished | list[Finished]) -> dict:
+    """One choice's speculation statistics, or the sums over a request's choices."""
+    fins = fins if isinstance(fins, list) else [fins]
+    ms = [f.metrics for f in fins]
+    drafted, accepted = sum(m.drafted_tokens for m in ms), sum(m.accepted_tokens for m in ms)
+    steps = sum(m.steps for m in ms)
+    step_tokens = sum((m.mean_accepted_tokens or 0.0) * m.steps for m in ms)
+    return {"drafter": fins[0].drafter, "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
+            "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_tokens": step_tokens / steps if steps else None, "verify_steps": steps}
 
 
-def usage(fin: Finished) -> dict:
-    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens, "speculation": speculation(fin)}
+def usage(fins: list[Finished]) -> dict:
+    """The request's usage: the prompt once, the completions of all its choices."""
+    prompt, completion = fins[0].prompt_tokens, sum(f.completion_tokens for f in fins)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "speculation": speculation(fins)}
 
 
-def response(meta: Meta, text: str, fin: Finished, logprobs: dict | None = None) -> dict:
-    """A whole (non-streamed) completion or chat completion; logprobs: from chat_logprobs/completion_logprobs."""
-    choice = {"index": 0, "logprobs": logprobs, "finish_reason": fin.finish_reason}
-    if meta.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {**meta.head(False), "choices": [choice], "usage": usage(fin)}
+def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]]) -> dict:
+    """A whole (non-streamed) completion or chat completion; choices: (text, Finished, logprobs from
+    LogprobFormatter.format) in index order."""
+    out = []
+    for index, (text, fin, logprobs) in enumerate(choices):
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": fin.finish_reason}
+        if meta.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        out.append(choice)
+    return {**meta.head(False), "choices": out, "usage": usage([fin for _, fin, _ in choices])}
 
 
 def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool = False,
-          logprobs: dict | None = None) -> dict:
-    """One streamed chunk: a text delta (with its tokens' logprobs), the opening role (chat), or the closing
-    finish_reason."""
-    choice = {"index": 0, "logprobs": logprobs, "finish_reason": fin.finish_reason if fin else None}
+          logprobs: dict | None = None, index: int = 0) -> dict:
+    """One streamed chunk of choice `index`: a text delta (with its tokens' logprobs), the opening role (chat),
+    or the closing finish_reason."""
+    choice = {"index": index, "logprobs": logprobs, "finish_reason": fin.finish_reason if fin else None}
     if meta.chat:
         choice["delta"] = ({"role": "assistant", "content": ""} if role else
                            {} if text is None else {"content": text})
@@ -111,9 +122,9 @@ class LogprobFormatter:
         return self.chat(entries) if chat else self.completion(entries)
 
 
-def usage_chunk(meta: Meta, fin: Finished) -> dict:
+def usage_chunk(meta: Meta, fins: list[Finished]) -> dict:
     """The last chunk when stream_options.include_usage is set: no choices, the usage."""
-    return {**meta.head(True), "choices": [], "usage": usage(fin)}
+    return {**meta.head(True), "choices": [], "usage": usage(fins)}
 
 
 def sse(obj: dict) -> str:

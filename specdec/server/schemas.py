@@ -41,6 +41,7 @@ class Limits:
     default_drafter: str
     vocab_size: int
     default_max_tokens: int = 256
+    max_choices: int = 16  # the most choices (`n`) in one request: the server's batch size
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class GenerationRequest:
     speculation: SpeculationChoice
     stream: bool
     include_usage: bool
+    n: int = 1  # choices: engine requests over the same prompt
 
 
 def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
@@ -78,7 +80,7 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     max_tokens = _int(body, name, None, 1, 10**7)
     stream = _bool(body, "stream", False)
     include_usage = _stream_options(body.get("stream_options"), stream)
-    _int(body, "n", 1, 1, 1)
+    n = _int(body, "n", 1, 1, limits.max_choices)
     top_k = _int(body, "top_k", 0, -1, 10**9)
     try:
         sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
@@ -97,7 +99,7 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
                              max_tokens_given=max_tokens is not None,
                              speculation=_speculation(body.get("speculation"), limits), stream=stream,
-                             include_usage=include_usage)
+                             include_usage=include_usage, n=n)
 
 
 def _check_fields(body: dict, endpoint: str) -> None:

@@ -35,7 +35,7 @@ class ServerState:
                              drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, drafter))),
                              default_drafter=drafter,
                              vocab_size=decoder.target.info.vocab_size,
-                             default_max_tokens=settings.default_max_tokens)
+                             default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch)
         self.inflight = 0
         self.draining = False
         self.started = int(time.time())
@@ -44,16 +44,16 @@ class ServerState:
     def capacity(self) -> int:
         return self.settings.max_batch + self.settings.max_queue
 
-    def admit(self) -> None:
-        """Takes a place for one request, or raises 503 (shutting down) / 429 (full)."""
+    def admit(self, choices: int = 1) -> None:
+        """Takes a place for each of a request's choices, or raises 503 (shutting down) / 429 (full)."""
         if self.draining or not self.worker.accepting:
             raise shutting_down()
-        if self.inflight >= self.capacity:
+        if self.inflight + choices > self.capacity:
             raise overloaded(self.capacity)
-        self.inflight += 1
+        self.inflight += choices
 
-    def release(self) -> None:
-        self.inflight -= 1
+    def release(self, choices: int = 1) -> None:
+        self.inflight -= choices
 
     def health(self) -> dict:
         w = self.worker
