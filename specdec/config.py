@@ -4,6 +4,7 @@ Modes are explicit: temperature 0 means greedy; top_k 0 and top_p 1.0 mean "off"
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -76,6 +77,36 @@ class SamplingConfig:
             or bool(self.presence_penalty)
 
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Structured output (structured.py). kind "json_schema": text is the schema as JSON; "regex" or "lark": the
+    pattern or the grammar (llguidance's Lark dialect)."""
+
+    kind: str
+    text: str
+
+    def __post_init__(self) -> None:
+        _check(self.kind in CONSTRAINT_KINDS,
+               f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
+        _check(isinstance(self.text, str) and bool(self.text), f"the {self.kind} constraint is empty")
+
+    @classmethod
+    def json_schema(cls, schema: dict | str | None = None) -> "Constraint":
+        """A JSON schema (a dict or its JSON text); None: any JSON object."""
+        if schema is None:
+            schema = {"type": "object"}
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise ConfigError(f"the JSON schema is not valid JSON: {exc}") from None
+        _check(isinstance(schema, dict), "a JSON schema must be a JSON object")
+        return cls("json_schema", json.dumps(schema))
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """What to generate: length, stopping and sampling."""
@@ -85,6 +116,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; N >= 0: each token's logprob and the N most likely (logprobs.py)
+    constraint: Constraint | None = None  # structured output: JSON schema, regex or grammar (structured.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
@@ -100,8 +132,21 @@ class GenerationConfig:
                seed: int | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
                ignore_eos: bool = False, min_p: float = 0.0, repetition_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-               logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> "GenerationConfig":
-        """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them."""
+               logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+               json_schema: dict | str | bool | None = None, regex: str | None = None,
+               grammar: str | None = None) -> "GenerationConfig":
+        """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them. At most one of
+        json_schema (a schema, or True for any JSON object), regex and grammar (Lark) constrains the output."""
+        json_schema = None if json_schema is False else json_schema
+        _check(sum(c is not None for c in (json_schema, regex, grammar)) <= 1,
+               "give at most one of json_schema, regex and grammar")
+        constraint = None
+        if json_schema is not None:
+            constraint = Constraint.json_schema(None if json_schema is True else json_schema)
+        elif regex is not None:
+            constraint = Constraint("regex", regex)
+        elif grammar is not None:
+            constraint = Constraint("lark", grammar)
         if isinstance(stop, str):
             stop = (stop,)
         if logit_bias is not None and not isinstance(logit_bias, dict):
@@ -110,7 +155,7 @@ class GenerationConfig:
                                   repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                                   presence_penalty=presence_penalty, logit_bias=tuple((logit_bias or {}).items()))
         return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos,
-                   logprobs=logprobs)
+                   logprobs=logprobs, constraint=constraint)
 
 
 @dataclass(frozen=True)

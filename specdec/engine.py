@@ -156,13 +156,14 @@ class SpecDecoder:
         from .batch import BatchEngine
 
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
-        return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch)
+        return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
+                           tokenizer=self.target.tokenizer)
 
     # ---- the loop -----------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], config: GenerationConfig) -> SequenceState:
         """A request's state; its KV cache slot is held until decode() ends."""
         return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs,
-                             learn=self.learn_outputs)
+                             learn=self.learn_outputs, tokenizer=self.target.tokenizer)
 
     def decode(self, state: SequenceState) -> Iterator[list[int]]:
         """Runs the step loop for one sequence, yielding each step's new tokens."""

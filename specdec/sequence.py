@@ -18,6 +18,7 @@ from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
 from .sampling import make_generator, position_gumbel, probs_from_logits
+from .structured import apply_masks
 from .verify import (coupled_verify, greedy_verify, rejection_verify, tree_coupled_verify, tree_depths,
                      tree_greedy_verify, tree_mask, tree_rejection_verify)
 
@@ -26,8 +27,10 @@ class SequenceState:
     """Invariant between steps: the target's cache holds every token but the last one."""
 
     def __init__(self, prompt_ids: list[int], config: GenerationConfig, backend, drafter: Drafter | None,
-                 speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True, learn: bool = True):
-        """learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up runs."""
+                 speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True, learn: bool = True,
+                 tokenizer=None):
+        """learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up runs.
+        tokenizer: the target's, for a structured-output constraint."""
         info = backend.info
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -47,6 +50,11 @@ class SequenceState:
             raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")
         self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if sampling.penalized else None
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
+        self.constraint = None
+        if config.constraint is not None:
+            from .structured import ConstraintState
+
+            self.constraint = ConstraintState(config.constraint, tokenizer, info.vocab_size, info.eos_token_ids)
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = make_generator(self.seed)
         self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
@@ -193,13 +201,16 @@ class SequenceState:
         return tree_rejection_verify(draft.tokens, draft.parents, p, self.generator)
 
     def penalized(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
-        """The request's penalties applied to the scored rows (1 + k, V), each counting the drafts on its path;
-        the logits themselves where the request asks for none."""
-        if self.history is None:
-            return logits
-        ancestors = tree_ancestors(draft.parents) if draft.parents is not None else chain_ancestors(len(draft))
-        counts, seen = self.history.rows(draft.tokens, ancestors)
-        return penalize(logits, counts, seen, self.config.sampling)
+        """The request's penalties applied to the scored rows (1 + k, V), each counting the drafts on its path, and
+        its structured-output constraint (each row masked to what may follow its path); the logits themselves where
+        the request asks for neither."""
+        if self.history is not None:
+            ancestors = tree_ancestors(draft.parents) if draft.parents is not None else chain_ancestors(len(draft))
+            counts, seen = self.history.rows(draft.tokens, ancestors)
+            logits = penalize(logits, counts, seen, self.config.sampling)
+        if self.constraint is not None:
+            logits = apply_masks(logits, self.constraint.row_masks(draft.tokens.tolist(), draft.parents))
+        return logits
 
     def _record_logprobs(self, logits: torch.Tensor, new: list[int], rows: list[int] | None = None) -> None:
         """logits (R, V) of a pass; rows[j] (default j) holds the raw distribution new[j] was chosen from."""
@@ -212,8 +223,8 @@ class SequenceState:
         kept = []
         for token in new:
             kept.append(token)
-            if token in self.eos:
-                self.finished = "stop"
+            if token in self.eos or (self.constraint is not None and self.constraint.advance(token)):
+                self.finished = "stop"  # the end of the sequence, or of the constrained text
                 break
             if len(self.generated) + len(kept) >= self.config.max_new_tokens:
                 self.finished = "length"

@@ -30,3 +30,11 @@ def other_vocab_folder(tmp_path_factory) -> Path:
     from tiny import WORDS, write_tiny_model_folder
 
     return write_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "other", seed=2, words=list(reversed(WORDS)))
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe_folder(tmp_path_factory) -> Path:
+    """A local model folder with a byte-level BPE tokenizer (for structured output)."""
+    from tiny import write_tiny_bpe_folder
+
+    return write_tiny_bpe_folder(tmp_path_factory.mktemp("tiny") / "bpe", seed=0)

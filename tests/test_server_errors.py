@@ -94,7 +94,9 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, 400, BAD, "top_logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 2}, 400, BAD, "top_logprobs"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, BAD, "tools"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, BAD, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, BAD, "response_format"),  # word-level tokenizer
+    ("/v1/completions", {"guided_regex": "[a-"}, 400, BAD, "guided_regex"),
+    ("/v1/completions", {"response_format": {"type": "yaml"}}, 400, BAD, "response_format"),
     ("/v1/chat/completions", {"prompt": "x"}, 400, BAD, "prompt"),
     ("/v1/nothing", {}, 404, BAD, None),
 ]

@@ -126,7 +126,7 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
     from specdec.server.state import ServerSettings, ServerState
 
     def limits(model: str) -> tuple:
-        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64))
+        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64, eos_token_ids=(1,)), tokenizer=None)
         worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
         return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
 

@@ -59,6 +59,31 @@ def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORD
     return folder
 
 
+def write_tiny_bpe_folder(folder: Path, seed: int = 0, hidden: int = 64) -> Path:
+    """Like write_tiny_model_folder, with a byte-level BPE tokenizer (as GPT-2's, Llama 3's and SmolLM2's) trained on
+    a few sentences and JSON snippets: the kind structured output (llguidance) reads token bytes from."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+    core = Tokenizer(models.BPE(unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    corpus = [" ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(12)) + f' {{"name": "{WORDS[i % 40]}", '
+              f'"age": {i}, "tags": ["a", "b"]}}' for i in range(300)]
+    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    model = tiny_llama(seed=seed, vocab=core.get_vocab_size(), hidden=hidden)
+    model.config.eos_token_id = model.generation_config.eos_token_id = core.token_to_id("</s>")
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 class TableLM(CausalLM):
     """A toy LM whose next-token logits depend only on the previous two tokens: table[(a, b)] -> (V,).
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
+
+from ..config import Constraint
+from ..errors import ConfigError
 
 from .common import add_model_options, add_sampling_options, add_speculation_options, drafter_options, generation_config
 
@@ -20,7 +24,38 @@ def register(sub) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each generated token's logprob and its N most likely alternatives (0 to 20) to stderr, "
                         "one JSON line per token")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA",
+                       help="constrain the output to a JSON schema: its JSON text, @FILE, or 'object' for any JSON "
+                            "object (structured output, lossless with every drafter)")
+    shape.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="constrain the output to a Lark grammar (llguidance's dialect)")
     p.set_defaults(run=run)
+
+
+def constraint_option(args) -> Constraint | None:
+    """--json-schema / --regex / --grammar as a checked Constraint (before any model loads)."""
+    from ..structured import check
+
+    if args.json_schema is not None:
+        text = args.json_schema
+        constraint = Constraint.json_schema(None if text == "object" else _read(text[1:]) if text.startswith("@")
+                                            else text)
+    elif args.regex is not None:
+        constraint = Constraint("regex", args.regex)
+    elif args.grammar is not None:
+        constraint = Constraint("lark", _read(args.grammar))
+    else:
+        return None
+    check(constraint)
+    return constraint
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def run(args) -> int:
@@ -28,10 +63,8 @@ def run(args) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
-        from ..errors import ConfigError
-
         raise ConfigError("the prompt is empty")
-    config = replace(generation_config(args), logprobs=args.logprobs)
+    config = replace(generation_config(args), logprobs=args.logprobs, constraint=constraint_option(args))
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,

@@ -3,7 +3,8 @@
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
 for completions, the server's default for chat); `presence_penalty`, `frequency_penalty`, `logit_bias` and
 logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`; up to 20 alternatives) as OpenAI defines
-them. Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`,
+them; structured output by `response_format` (json_object, json_schema). Extensions (as in vLLM): `top_k` (0 or
+-1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`, `guided_regex`, `guided_grammar` (Lark),
 and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
 the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
 """
@@ -12,19 +13,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import MAX_TOP_LOGPROBS, GenerationConfig, SamplingConfig
+from ..config import MAX_TOP_LOGPROBS, Constraint, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
+from ..structured import check
 from .errors import APIError, bad_request, model_not_found, unsupported
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
           "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-          "logit_bias"}
+          "logit_bias", "response_format", "guided_json", "guided_regex", "guided_grammar"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
           "completions": COMMON | {"prompt", "logprobs"}}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL = {  # accepted only at the value that changes nothing
     "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -42,6 +44,7 @@ class Limits:
     vocab_size: int
     default_max_tokens: int = 256
     max_choices: int = 16  # the most choices (`n`) in one request: the server's batch size
+    structured_error: str | None = None  # why this model's tokenizer cannot do structured output, if it cannot
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
                                   presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
                                   logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
-                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=_logprobs(body, endpoint))
+                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=_logprobs(body, endpoint),
+                                  constraint=_constraint(body, limits.structured_error))
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
@@ -220,6 +224,55 @@ def _logprobs(body: dict, endpoint: str) -> int | None:
     if top and not wanted:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs", "invalid_value")
     return (top or 0) if wanted else None
+
+
+def _constraint(body: dict, unsupported: str | None) -> Constraint | None:
+    """Structured output: OpenAI's response_format (json_object, json_schema), or vLLM's guided_json,
+    guided_regex and guided_grammar (Lark); at most one; compiled here, so that a bad one is a 400."""
+    given = [name for name in ("response_format", "guided_json", "guided_regex", "guided_grammar")
+             if body.get(name) is not None]
+    if len(given) > 1:
+        raise bad_request(f"give at most one of {', '.join(given)}", given[1], "invalid_value")
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    try:
+        if name == "response_format":
+            constraint = _response_format(value)
+        elif name == "guided_json":
+            if not isinstance(value, (dict, str)):
+                raise bad_request("'guided_json' must be a JSON schema", name, "invalid_type")
+            constraint = Constraint.json_schema(value)
+        else:
+            if not isinstance(value, str) or not value:
+                raise bad_request(f"'{name}' must be a non-empty string", name, "invalid_type")
+            constraint = Constraint("regex" if name == "guided_regex" else "lark", value)
+        if constraint is not None:
+            check(constraint)
+            if unsupported:
+                raise bad_request(f"structured output is not available for this model: {unsupported}", name,
+                                  "unsupported_parameter")
+        return constraint
+    except ConfigError as exc:
+        raise bad_request(str(exc), name, "invalid_value") from None
+
+
+def _response_format(value) -> Constraint | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_schema(None)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_request("'response_format.json_schema.schema' must be a JSON schema object",
+                              "response_format", "invalid_value")
+        return Constraint.json_schema(schema)
+    raise bad_request("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}", "response_format",
+                      "invalid_value")
 
 
 def _stream_options(value, stream: bool) -> bool:

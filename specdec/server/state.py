@@ -27,6 +27,7 @@ class ServerState:
     def __init__(self, settings: ServerSettings, worker, metrics):
         self.settings, self.worker, self.metrics = settings, worker, metrics
         from ..drafters import bundled_head
+        from ..structured import unsupported_reason
 
         decoder = worker.decoder
         drafter = worker.default_drafter
@@ -35,7 +36,9 @@ class ServerState:
                              drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, drafter))),
                              default_drafter=drafter,
                              vocab_size=decoder.target.info.vocab_size,
-                             default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch)
+                             default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
+                             structured_error=unsupported_reason(decoder.target.tokenizer, decoder.target.info.vocab_size,
+                                                                 decoder.target.info.eos_token_ids))
         self.inflight = 0
         self.draining = False
         self.started = int(time.time())
