@@ -105,6 +105,8 @@ class SequenceState:
     def propose(self, k: int) -> Draft:
         if k <= 0 or self.drafter is None:
             return Draft.empty()
+        if self.constraint is not None and (forced := self.constraint.forced(k)):
+            return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
         t0 = time.perf_counter()
         draft = self.drafter.propose(self.tokens, k)
         seconds = time.perf_counter() - t0

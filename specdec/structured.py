@@ -103,6 +103,11 @@ class ConstraintState:
                 self.matcher.rollback(consumed)
         return torch.stack(rows)
 
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the constraint forces next (a JSON key, its quotes and colon): drafts the target
+        accepts unless it spells the same text with other tokens (jump-forward decoding, verified like any draft)."""
+        return self.matcher.compute_ff_tokens()[:limit]
+
     def advance(self, token: int) -> bool:
         """Consumes an emitted token (one its row's mask allowed); True once the text is complete (nothing but the
         end of the sequence may follow)."""

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specdec.config import Constraint, GenerationConfig, SpeculationConfig
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
@@ -59,6 +60,25 @@ def test_greedy_constrained_text_is_valid_and_every_drafter_keeps_it(target, kin
                                        chat=False)
             got = spec_decoder.generate(prompt, max_new_tokens=60, **kwargs)
             assert got.token_ids == want.token_ids, (name, got.text, want.text)
+
+
+class _Silent(Drafter):
+    """Drafts nothing: what a step drafts then comes from the constraint alone."""
+
+    name = "silent"
+
+    def propose(self, context, k):
+        return Draft.empty()
+
+
+def test_tokens_the_schema_forces_are_drafted_and_accepted(target):
+    schema = {"type": "object", "properties": {"a_rather_long_key_name": {"enum": ["cat", "dog"]}},
+              "required": ["a_rather_long_key_name"], "additionalProperties": False}
+    want = SpecDecoder(target, None, chat=False).generate("the cat", max_new_tokens=40, json_schema=schema)
+    got = SpecDecoder(target, _Silent(), SpeculationConfig(num_speculative_tokens=8, adaptive=False),
+                      chat=False).generate("the cat", max_new_tokens=40, json_schema=schema)
+    assert got.token_ids == want.token_ids and json.loads(got.text)["a_rather_long_key_name"] in ("cat", "dog")
+    assert got.metrics.accepted_tokens >= 4 and got.metrics.steps < want.metrics.steps
 
 
 def test_coupled_sampling_with_a_constraint_is_the_same_with_and_without_drafts(target):
