@@ -179,7 +179,7 @@ class SequenceState:
         """(n accepted, next token) for target logits (k + 1, V) over a draft of k tokens."""
         sampling = self.config.sampling
         tokens = draft.tokens.to(logits.device)
-        logits = self.penalized(logits, draft)
+        logits = self.processed(logits, draft)
         if sampling.greedy:
             return greedy_verify(tokens, logits)
         p = probs_from_logits(logits, sampling)
@@ -192,7 +192,7 @@ class SequenceState:
     def verify_tree(self, draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
         """(accepted path of node indices, next token) for a tree draft; logits (1 + N, V)."""
         sampling = self.config.sampling
-        logits = self.penalized(logits, draft)
+        logits = self.processed(logits, draft)
         if sampling.greedy:
             return tree_greedy_verify(draft.tokens, draft.parents, logits)
         p = probs_from_logits(logits, sampling)
@@ -202,7 +202,7 @@ class SequenceState:
             return tree_coupled_verify(draft.tokens, draft.parents, p, self.noise(rows))
         return tree_rejection_verify(draft.tokens, draft.parents, p, self.generator)
 
-    def penalized(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
+    def processed(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
         """The request's penalties applied to the scored rows (1 + k, V), each counting the drafts on its path, and
         its structured-output constraint (each row masked to what may follow its path); the logits themselves where
         the request asks for neither."""

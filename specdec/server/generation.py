@@ -68,9 +68,10 @@ async def generate(request: Request, endpoint: str):
             if isinstance(event, Delta):
                 deltas[index].append(event)
         handle.close(200)
-        choices = [("".join(d.text for d in ds), fin, formatter.format(meta.chat, [e for d in ds for e in d.logprobs])
-                    if formatter else None) for ds, fin, formatter in zip(deltas, handle.finished, formatters)]
-        return JSONResponse(responses.response(meta, choices))
+        texts = ["".join(d.text for d in ds) for ds in deltas]
+        logprobs = [f.format(meta.chat, [e for d in ds for e in d.logprobs]) if f else None
+                    for f, ds in zip(formatters, deltas)]
+        return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs))))
     except APIError as exc:
         handle.close(exc.status)
         raise
