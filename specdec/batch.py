@@ -72,11 +72,13 @@ class BatchEngine:
             state.close("cancelled")
 
     def step(self) -> list[StepEvent]:
-        """Prefills newcomers, then runs one speculative step for every running sequence."""
+        """Prefills newcomers, and runs one speculative step for every sequence that was running before them: a
+        step reports each sequence once (a newcomer's first decoding step is the next one)."""
+        ready = list(self.running.items())
         events = self._prefill()
-        if not self.running:
+        if not ready:
             return events
-        ids, states = list(self.running), list(self.running.values())
+        ids, states = [rid for rid, _ in ready], [s for _, s in ready]
         solo = len(states) == 1  # alone, a sequence may draft a tree (the batched pass scores chains only)
         for s in states:
             _allow_tree(s, solo)
@@ -104,15 +106,20 @@ class BatchEngine:
         if not self.waiting:
             return []
         batch, self.waiting = self.waiting, []
-        t0 = time.perf_counter()
-        outputs = self.backend.forward_batch([s.cache for _, s in batch], [s.prefill_ids() for _, s in batch],
-                                             output_hidden=any(s.needs_features for _, s in batch), last_only=True)
-        seconds = time.perf_counter() - t0
         events = []
-        for (rid, state), out in zip(batch, outputs):
-            new = state.start(out.logits[-1:], seconds, out.hidden)
-            self.running[rid] = state
-            events.append(self._event(rid, state, new))
+        for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
+            part = [(rid, s) for rid, s in batch if s.prefill_all_logits == every_row]
+            if not part:
+                continue
+            t0 = time.perf_counter()
+            outputs = self.backend.forward_batch([s.cache for _, s in part], [s.prefill_ids() for _, s in part],
+                                                 output_hidden=any(s.needs_features for _, s in part),
+                                                 last_only=not every_row)
+            seconds = time.perf_counter() - t0
+            for (rid, state), out in zip(part, outputs):
+                new = state.start(out.logits, seconds, out.hidden)
+                self.running[rid] = state
+                events.append(self._event(rid, state, new))
         return events
 
     def _event(self, rid, state: SequenceState, new: list[int]) -> StepEvent:

@@ -50,6 +50,23 @@ def test_requests_join_within_the_prefill_budget(decoder):
     assert len(worker.engine.waiting) == 3 and not worker.pending
 
 
+@pytest.mark.parametrize("max_tokens", [2, 3, 6])
+def test_short_requests_deliver_all_their_text(decoder, max_tokens):
+    """A request that ends in its first decoding step (max_tokens 2, or a few tokens the drafts fill at once) still
+    delivers every token's text: a step reports each request once, after its prefill's report."""
+    worker = EngineWorker(SpecDecoder(decoder.target, NgramDrafter(1, 3)), max_batch=2)  # costs of its own
+    worker.start()
+    try:
+        prompt = "the cat sat on the mat the cat sat on the mat the cat"
+        want = SpecDecoder(decoder.target, None, chat=False).generate(prompt, max_new_tokens=max_tokens,
+                                                                      ignore_eos=True)
+        events = until_end(submit(worker, "a", request(prompt, max_tokens)))
+        assert "".join(e.text for e in events if isinstance(e, Delta)) == want.text
+        assert sum(e.tokens for e in events if isinstance(e, Delta)) == events[-1].completion_tokens == max_tokens
+    finally:
+        worker.stop()
+
+
 def test_cancel_and_stop_strings_free_the_slot(decoder):
     worker = EngineWorker(decoder, max_batch=2)
     worker.start()
