@@ -116,14 +116,17 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; N >= 0: each token's logprob and the N most likely (logprobs.py)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (its first one has none)
     constraint: Constraint | None = None  # structured output: JSON schema, regex or grammar (structured.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                                         and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
-               f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                     and 0 <= value <= MAX_TOP_LOGPROBS),
+                   f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {value}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(len(self.stop) <= 16, "at most 16 stop strings are supported")
 
@@ -133,6 +136,7 @@ class GenerationConfig:
                ignore_eos: bool = False, min_p: float = 0.0, repetition_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+               prompt_logprobs: int | None = None,
                json_schema: dict | str | bool | None = None, regex: str | None = None,
                grammar: str | None = None) -> "GenerationConfig":
         """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them. At most one of
@@ -155,7 +159,7 @@ class GenerationConfig:
                                   repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                                   presence_penalty=presence_penalty, logit_bias=tuple((logit_bias or {}).items()))
         return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos,
-                   logprobs=logprobs, constraint=constraint)
+                   logprobs=logprobs, prompt_logprobs=prompt_logprobs, constraint=constraint)
 
 
 @dataclass(frozen=True)

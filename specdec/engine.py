@@ -32,6 +32,7 @@ class GenerationResult:
     metrics: GenerationMetrics
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the config asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first has none), when asked for
 
 
 class SpecDecoder:
@@ -148,7 +149,8 @@ class SpecDecoder:
                     text.flush()
                     results[event.request_id] = GenerationResult(
                         text=text.text, token_ids=state.generated, prompt_ids=state.tokens[: state.prompt_len],
-                        metrics=state.metrics, finish_reason=state.finished, logprobs=state.logprobs)
+                        metrics=state.metrics, finish_reason=state.finished, logprobs=state.logprobs,
+                        prompt_logprobs=state.prompt_logprobs)
         return [results[i] for i in range(len(prompts))]
 
     def batch_engine(self, max_batch: int = 16):
@@ -170,8 +172,9 @@ class SpecDecoder:
         backend = self.target.backend
         try:
             t0 = time.perf_counter()
-            out = backend.forward(state.cache, state.prefill_ids(), last_only=True, output_hidden=state.needs_features)
-            yield state.start(out.logits, time.perf_counter() - t0, out.hidden)  # logits (1, V)
+            out = backend.forward(state.cache, state.prefill_ids(), last_only=not state.prefill_all_logits,
+                                  output_hidden=state.needs_features)
+            yield state.start(out.logits, time.perf_counter() - t0, out.hidden)  # logits (1, V) or (prompt, V)
             while not state.finished:
                 k = draft_length(state, self.costs)
                 draft = state.propose(k)
@@ -214,4 +217,4 @@ class TextStream:
             yield tail
         self.result = GenerationResult(text=text.text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
                                        metrics=seq.metrics, finish_reason=seq.finished or "length",
-                                       logprobs=seq.logprobs)
+                                       logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs)

@@ -15,8 +15,13 @@ import torch
 @dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token, which nothing predicts
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) of the most likely tokens, most likely first
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: list[int], top: int) -> list[TokenLogprob]:
+    """logits (len(prompt), V) of a prefill (row j predicts prompt[j + 1]) -> one entry per prompt token."""
+    return [TokenLogprob(prompt[0], None)] + token_logprobs(logits, prompt[1:], top)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:

@@ -14,7 +14,7 @@ from .adaptive import CostModel, DraftLengthPolicy
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Draft, Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError
-from .logprobs import TokenLogprob, token_logprobs
+from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
 from .sampling import make_generator, position_gumbel, probs_from_logits
@@ -50,6 +50,7 @@ class SequenceState:
             raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")
         self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if sampling.penalized else None
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, after the prefill if asked for
         self.constraint = None
         if config.constraint is not None:
             from .structured import ConstraintState
@@ -84,11 +85,21 @@ class SequenceState:
     def prefill_ids(self) -> torch.Tensor:
         return torch.tensor(self.tokens)
 
-    def start(self, last_logits: torch.Tensor, seconds: float, hidden: torch.Tensor | None = None) -> list[int]:
-        """Takes the prefill's logits (1, V) for the last prompt token; emits the first token.
+    @property
+    def prefill_all_logits(self) -> bool:
+        """Whether the prefill must return every prompt row's logits (for prompt logprobs), not the last one's."""
+        return self.config.prompt_logprobs is not None
+
+    def start(self, logits: torch.Tensor, seconds: float, hidden: torch.Tensor | None = None) -> list[int]:
+        """Takes the prefill's logits, (1, V) for the last prompt token or (prompt length, V) when
+        prefill_all_logits; emits the first token.
 
         hidden: the prompt's hidden states (prompt length, H), for drafters that read features.
         """
+        if self.prefill_all_logits:
+            self.prompt_logprobs = prompt_logprobs(logits[:-1], self.tokens[: self.prompt_len],
+                                                   self.config.prompt_logprobs)
+        last_logits = logits[-1:]
         if self.needs_features:
             self.drafter.observe(hidden)
         _, token = self.verify(Draft.empty(), last_logits)

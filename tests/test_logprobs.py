@@ -111,3 +111,32 @@ def test_config_refuses_bad_logprobs():
     for bad in (-1, 21, True, 2.0):
         with pytest.raises(ConfigError):
             GenerationConfig.create(logprobs=bad)
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_prompt_logprobs_equal_a_direct_forward_alone_or_batched(target_model, backend):
+    """The prefill scores every prompt token (the first has no logprob), in one pass or in a batch."""
+    target = loaded(target_model, backend)
+    config = GenerationConfig.create(max_new_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    decoder = SpecDecoder(target, NgramDrafter(min_n=1, max_n=3))
+    alone = decoder.start(PROMPT, config)
+    for _ in decoder.decode(alone):
+        pass
+    with torch.no_grad():
+        want = torch.log_softmax(target_model(torch.tensor([PROMPT])).logits[0].float(), dim=-1)
+    entries = alone.prompt_logprobs
+    assert [e.token_id for e in entries] == PROMPT and entries[0].logprob is None
+    for j, entry in enumerate(entries[1:]):
+        assert entry.logprob == pytest.approx(want[j, PROMPT[j + 1]].item(), abs=1e-4)
+        assert [i for i, _ in entry.top] == want[j].topk(2).indices.tolist()
+    engine = decoder.batch_engine(3)
+    plain = GenerationConfig.create(max_new_tokens=3, ignore_eos=True)
+    states = [engine.add(0, PROMPT, config), engine.add(1, PROMPT[2:], plain), engine.add(2, PROMPT, config)]
+    while len(engine):
+        engine.step()
+    assert states[1].prompt_logprobs is None
+    for state in (states[0], states[2]):
+        assert [e.token_id for e in state.prompt_logprobs] == PROMPT
+        got = [e.logprob for e in state.prompt_logprobs[1:]]
+        assert got == pytest.approx([e.logprob for e in entries[1:]], abs=0 if backend == "kernels" else 1e-5)
+        assert state.generated == alone.generated

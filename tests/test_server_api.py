@@ -302,3 +302,26 @@ def test_n_choices_each_equal_the_request_sent_alone_with_its_seed(client):
     assert roles == [0, 1] and replies[0] == replies[1] != ""  # greedy: both choices are the same text
     whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, n=2)
     assert [c.message.content for c in whole.choices] == replies
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(client, local):
+    """`echo` with `logprobs` (how evaluation harnesses score text through a server): the prompt comes back before
+    the completion, and its tokens' logprobs (the first one has none) before the completion's."""
+    _, raw_decoder = local
+    tokenizer = raw_decoder.target.tokenizer
+    want = raw_decoder.generate("the cat sat on the mat", max_new_tokens=2, temperature=0.0, ignore_eos=True,
+                                logprobs=1, prompt_logprobs=1)
+    for stream in (False, True):
+        got = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=2, temperature=0,
+                                        logprobs=1, echo=True, stream=stream, extra_body={"ignore_eos": True})
+        chunks = list(got) if stream else [got]
+        assert "".join(c.choices[0].text for c in chunks) == "the cat sat on the mat" + want.text
+        parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        logprobs = [lp for p in parts for lp in p.token_logprobs]
+        entries = want.prompt_logprobs + want.logprobs
+        assert tokens == [tokenizer.decode([e.token_id]) for e in entries]
+        assert logprobs[0] is None and logprobs[1:] == pytest.approx([e.logprob for e in entries[1:]], abs=1e-5)
+        assert [p for p in parts for p in p.top_logprobs][0] is None
+    plain = client.completions.create(model="tiny", prompt="the cat", max_tokens=2, temperature=0, echo=True)
+    assert plain.choices[0].text.startswith("the cat") and plain.choices[0].logprobs is None

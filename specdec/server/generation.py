@@ -58,18 +58,20 @@ async def generate(request: Request, endpoint: str):
     wants_logprobs = parsed.config.logprobs is not None
     formatters = [responses.LogprobFormatter(server.worker.tokenizer) if wants_logprobs else None
                   for _ in range(parsed.n)]
+    echo = _echo_text(parsed, server.worker.tokenizer)
     try:
         handle.submit(_choices(parsed))
         await handle.next()  # the first Started: the request holds a batch slot (its choices share the prompt)
         if parsed.stream:
-            return EventStream(_stream(handle, meta, parsed.include_usage, formatters), handle.close)
+            return EventStream(_stream(handle, meta, parsed.include_usage, formatters, echo), handle.close)
         deltas: list[list[Delta]] = [[] for _ in range(parsed.n)]
         async for index, event in handle.events():
             if isinstance(event, Delta):
                 deltas[index].append(event)
         handle.close(200)
-        texts = ["".join(d.text for d in ds) for ds in deltas]
-        logprobs = [f.format(meta.chat, [e for d in ds for e in d.logprobs]) if f else None
+        texts = [(echo or "") + "".join(d.text for d in ds) for ds in deltas]
+        logprobs = [f.format(meta.chat, (ds[0].prompt_logprobs or [] if echo is not None else [])
+                             + [e for d in ds for e in d.logprobs]) if f else None
                     for f, ds in zip(formatters, deltas)]
         return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs))))
     except APIError as exc:
@@ -83,6 +85,13 @@ async def generate(request: Request, endpoint: str):
         raise
 
 
+def _echo_text(parsed: GenerationRequest, tokenizer) -> str | None:
+    """The prompt as the response echoes it (completions with echo), else None."""
+    if not parsed.echo:
+        return None
+    return parsed.prompt if isinstance(parsed.prompt, str) else tokenizer.decode(parsed.prompt)
+
+
 def _choices(parsed: GenerationRequest) -> list[GenerationRequest]:
     """One engine request per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
     sampling = parsed.config.sampling
@@ -93,13 +102,18 @@ def _choices(parsed: GenerationRequest) -> list[GenerationRequest]:
 
 
 async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool,
-                  formatters: list[responses.LogprobFormatter | None]):
+                  formatters: list[responses.LogprobFormatter | None], echo: str | None):
     if meta.chat:
         for index in range(len(formatters)):
             yield responses.sse(responses.chunk(meta, None, role=True, index=index))
+    echoed: set[int] = set()
     try:
         async for index, event in handle.events():
             formatter = formatters[index]
+            if isinstance(event, Delta) and echo is not None and index not in echoed:  # the prompt comes first
+                echoed.add(index)
+                yield responses.sse(responses.chunk(meta, echo, index=index, logprobs=formatter.format(
+                    meta.chat, event.prompt_logprobs) if formatter and event.prompt_logprobs else None))
             if isinstance(event, Delta):
                 if event.text or (formatter and event.logprobs):  # tokens whose text is held back keep their logprobs
                     yield responses.sse(responses.chunk(meta, event.text, index=index, logprobs=formatter.format(

@@ -114,7 +114,8 @@ class LogprobFormatter:
             offsets.append(self.text_offset)
             self.text_offset += len(token)
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{self._text(i): lp for i, lp in e.top} for e in entries], "text_offset": offsets}
+                "top_logprobs": [None if e.logprob is None else {self._text(i): lp for i, lp in e.top} for e in entries],
+                "text_offset": offsets}
 
     def format(self, chat: bool, entries: list[TokenLogprob] | None) -> dict | None:
         if entries is None:

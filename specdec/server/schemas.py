@@ -2,8 +2,8 @@
 
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
 for completions, the server's default for chat); `presence_penalty`, `frequency_penalty`, `logit_bias` and
-logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`; up to 20 alternatives) as OpenAI defines
-them; structured output by `response_format` (json_object, json_schema). Extensions (as in vLLM): `top_k` (0 or
+logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`, with `echo` for the prompt's too; up to 20
+alternatives) as OpenAI defines them; structured output by `response_format` (json_object, json_schema). Extensions (as in vLLM): `top_k` (0 or
 -1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`, `guided_regex`, `guided_grammar` (Lark),
 and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
 the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
@@ -22,7 +22,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed"
           "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "logit_bias", "response_format", "guided_json", "guided_regex", "guided_grammar"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
-          "completions": COMMON | {"prompt", "logprobs"}}
+          "completions": COMMON | {"prompt", "logprobs", "echo"}}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL = {  # accepted only at the value that changes nothing
     "best_of": (1,), "echo": (False,), "suffix": ("",),
@@ -64,6 +64,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     n: int = 1  # choices: engine requests over the same prompt
+    echo: bool = False  # completions: the prompt comes back before the completion (with its logprobs if asked for)
 
 
 def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
@@ -85,6 +86,8 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     include_usage = _stream_options(body.get("stream_options"), stream)
     n = _int(body, "n", 1, 1, limits.max_choices)
     top_k = _int(body, "top_k", 0, -1, 10**9)
+    echo = endpoint == "completions" and _bool(body, "echo", False)
+    logprobs = _logprobs(body, endpoint)
     try:
         sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
                                   top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
@@ -96,14 +99,15 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
                                   presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
                                   logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
-                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=_logprobs(body, endpoint),
+                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=logprobs,
+                                  prompt_logprobs=logprobs if echo else None,
                                   constraint=_constraint(body, limits.structured_error))
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
                              max_tokens_given=max_tokens is not None,
                              speculation=_speculation(body.get("speculation"), limits), stream=stream,
-                             include_usage=include_usage, n=n)
+                             include_usage=include_usage, n=n, echo=echo)
 
 
 def _check_fields(body: dict, endpoint: str) -> None:

@@ -38,6 +38,7 @@ class Delta:
     text: str  # may be empty: text held back (a possible stop string, a split character)
     tokens: int  # tokens this step produced
     logprobs: list[TokenLogprob] | None = None  # those tokens' logprobs, when the request asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # on the first Delta: the prompt's, when asked for
 
 
 @dataclass
@@ -69,6 +70,7 @@ class _Live:
     text: TextAssembler
     drafter: str
     logprobs_sent: int = 0  # state.logprobs already handed out in Deltas
+    prompt_sent: bool = False  # state.prompt_logprobs handed out
 
 
 class EngineWorker:
@@ -271,8 +273,9 @@ class EngineWorker:
         logprobs = None
         if state.logprobs is not None:
             logprobs, live.logprobs_sent = state.logprobs[live.logprobs_sent:], len(state.logprobs)
+        prompt, live.prompt_sent = (None if live.prompt_sent else state.prompt_logprobs), True
         if text or new:
-            live.job.emit(Delta(text, len(new), logprobs))
+            live.job.emit(Delta(text, len(new), logprobs, prompt))
         if state.finished:
             del self.live[event.request_id]
             self._observe(state)
