@@ -100,6 +100,52 @@ def test_coupled_sampling_with_a_constraint_is_the_same_with_and_without_drafts(
     assert config.constraint == Constraint("regex", REGEX)
 
 
+def _exact_constrained_distribution(target, prompt: list[int], constraint: Constraint) -> dict:
+    """P(output) for sampling at temperature 1 under the constraint, by walking every allowed token path with
+    transformers' model (outputs end as the engine ends them: at an end-of-sequence token or a complete text)."""
+    state = ConstraintState(constraint, target.tokenizer, target.info.vocab_size, target.info.eos_token_ids)
+    eos, out = target.info.eos_token_ids, {}
+
+    def visit(tokens: list[int], prob: float) -> None:
+        with torch.no_grad():
+            logits = target.hf_model(torch.tensor([prompt + tokens])).logits[0, -1]
+        mask = state.row_masks([])[0]
+        p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        for t in mask.nonzero().flatten().tolist():
+            if t in eos:
+                out[tuple(tokens + [t])] = prob * p[t].item()
+                continue
+            complete = state.advance(t)
+            if complete:
+                out[tuple(tokens + [t])] = prob * p[t].item()
+            else:
+                visit(tokens + [t], prob * p[t].item())
+            state.matcher.rollback(1)
+
+    visit([], 1.0)
+    return out
+
+
+def test_rejection_sampling_with_a_constraint_keeps_the_constrained_distribution(target):
+    """Drafts from the unconstrained model itself, checked by rejection sampling against the masked target: the
+    outputs follow the exact constrained distribution (chi-square, as the other losslessness tests)."""
+    from stats import P_VALUE_FLOOR, fit_p_value
+
+    constraint = Constraint("regex", r"(the|a) (cat|dog)\.")
+    prompt = target.tokenizer("the big", add_special_tokens=False)["input_ids"]
+    exact = _exact_constrained_distribution(target, prompt, constraint)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4) and len(exact) >= 4
+    spec = SpecDecoder(target, DraftModelDrafter(loaded(target.hf_model, "kernels").backend, target.info.vocab_size),
+                       SpeculationConfig(num_speculative_tokens=3, adaptive=False), chat=False)
+    counts: dict = {}
+    for seed in range(1500):
+        config = GenerationConfig(max_new_tokens=20, constraint=constraint,
+                                  sampling=GenerationConfig.create(temperature=1.0, seed=seed).sampling)
+        tokens, _ = spec.generate_ids(prompt, config)
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    assert fit_p_value(counts, exact) > P_VALUE_FLOOR
+
+
 def test_rejection_sampling_with_a_constraint_stays_valid_and_reproducible(target):
     spec = SpecDecoder(target, DraftModelDrafter(loaded(target.hf_model, "kernels").backend, target.info.vocab_size),
                        SpeculationConfig(num_speculative_tokens=3, adaptive=False), chat=False)
