@@ -107,19 +107,28 @@ class BatchEngine:
             return []
         batch, self.waiting = self.waiting, []
         events = []
+        copy = getattr(self.backend, "copy_cache", None)
         for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
-            part = [(rid, s) for rid, s in batch if s.prefill_all_logits == every_row]
-            if not part:
+            groups: dict = {}  # the same prompt (n choices, repeated requests) is prefilled once, then copied
+            for i, (rid, s) in enumerate(batch):
+                if s.prefill_all_logits == every_row:
+                    groups.setdefault(tuple(s.tokens) if copy else i, []).append((rid, s))
+            if not groups:
                 continue
+            leads = [members[0][1] for members in groups.values()]
             t0 = time.perf_counter()
-            outputs = self.backend.forward_batch([s.cache for _, s in part], [s.prefill_ids() for _, s in part],
-                                                 output_hidden=any(s.needs_features for _, s in part),
+            outputs = self.backend.forward_batch([s.cache for s in leads], [s.prefill_ids() for s in leads],
+                                                 output_hidden=any(s.needs_features for members in groups.values()
+                                                                   for _, s in members),
                                                  last_only=not every_row)
             seconds = time.perf_counter() - t0
-            for (rid, state), out in zip(part, outputs):
-                new = state.start(out.logits, seconds, out.hidden)
-                self.running[rid] = state
-                events.append(self._event(rid, state, new))
+            for members, lead, out in zip(groups.values(), leads, outputs):
+                for rid, state in members:
+                    if state is not lead:
+                        copy(lead.cache, state.cache)
+                    new = state.start(out.logits, seconds, out.hidden)
+                    self.running[rid] = state
+                    events.append(self._event(rid, state, new))
         return events
 
     def _event(self, rid, state: SequenceState, new: list[int]) -> StepEvent:

@@ -45,6 +45,31 @@ def test_batched_speculation_equals_each_sequence_alone(backend, dtype, kind):
     assert [got[i] for i in range(len(prompts))] == want
 
 
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_requests_with_the_same_prompt_share_one_prefill(backend):
+    """n choices (or repeated requests) over one prompt: the prefill pass scores it once and the others get a copy
+    of its cache; every request's output equals its own, greedy and sampled."""
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    target = loaded(model, backend)
+    coupled = SpeculationConfig(num_speculative_tokens=4, sampling_verifier="coupled")  # seed-stable samples
+    decoder = SpecDecoder(target, NgramDrafter(1, 3), coupled)
+    prompt, other = _prompts()[5], _prompts()[6]
+    configs = [GenerationConfig(max_new_tokens=20, ignore_eos=True)] + [
+        GenerationConfig.create(max_new_tokens=20, ignore_eos=True, temperature=1.0, seed=s) for s in (1, 2)]
+    scored = []
+    forward_batch = target.backend.forward_batch
+    target.backend.forward_batch = lambda caches, ids, **kw: scored.append([len(x) for x in ids]) or forward_batch(
+        caches, ids, **kw)
+    engine = decoder.batch_engine(max_batch=4)
+    states = [engine.add(i, prompt, c) for i, c in enumerate(configs)] + [engine.add(3, other, configs[0])]
+    while len(engine):
+        engine.step()
+    target.backend.forward_batch = forward_batch
+    assert sorted(scored[0]) == sorted([len(prompt), len(other)])  # the first pass: each prompt once
+    for state, (p, c) in zip(states, [(prompt, c) for c in configs] + [(other, configs[0])]):
+        assert state.generated == SpecDecoder(target, None, coupled).generate_ids(p, c)[0]
+
+
 def test_cancel_frees_the_slot_at_once():
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     decoder = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3))

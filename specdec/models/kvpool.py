@@ -48,6 +48,14 @@ class KVPool:
             tensor[:, cache.slot, :, dst] = tensor[:, cache.slot].index_select(2, src)
         cache.length = start + len(keep)
 
+    @torch.inference_mode()
+    def copy(self, src: SequenceCache, dst: SequenceCache) -> None:
+        """dst holds what src holds (the first rows, a multiple of 16, as in _grow)."""
+        rows = min(self.capacity, -(-src.length // 16) * 16)
+        for tensor in (self.keys, self.values):
+            tensor[:, dst.slot, :, :rows] = tensor[:, src.slot, :, :rows]
+        dst.length = src.length
+
     def _grow(self, slots: int) -> None:
         """Reallocates for `slots`; copies each live slot's first rows (a multiple of 16 covers any layout
         whose first n positions occupy the first n rows' memory, the kernels' blocked keys included)."""
@@ -80,6 +88,10 @@ class PooledCaches:
 
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
         self.pool.compact(cache, start, keep)
+
+    def copy_cache(self, src: SequenceCache, dst: SequenceCache) -> None:
+        """dst (a fresh cache) gets src's keys and values: sequences with the same prompt prefill it once."""
+        self.pool.copy(src, dst)
 
 
 def rope_tables(hf_model, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
