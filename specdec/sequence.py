@@ -18,7 +18,7 @@ from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
 from .sampling import make_generator, position_gumbel, probs_from_logits
-from .structured import apply_masks
+from .structured import ConstraintState, apply_masks
 from .verify import (coupled_verify, greedy_verify, rejection_verify, tree_coupled_verify, tree_depths,
                      tree_greedy_verify, tree_mask, tree_rejection_verify)
 
@@ -51,11 +51,8 @@ class SequenceState:
         self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if sampling.penalized else None
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
         self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, after the prefill if asked for
-        self.constraint = None
-        if config.constraint is not None:
-            from .structured import ConstraintState
-
-            self.constraint = ConstraintState(config.constraint, tokenizer, info.vocab_size, info.eos_token_ids)
+        self.constraint = None if config.constraint is None else ConstraintState(
+            config.constraint, tokenizer, info.vocab_size, info.eos_token_ids)
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = make_generator(self.seed)
         self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"

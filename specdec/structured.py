@@ -21,8 +21,10 @@ from .errors import ConfigError
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+@lru_cache(maxsize=64)
 def grammar_text(constraint: Constraint) -> str:
-    """llguidance's grammar text for a constraint."""
+    """llguidance's grammar text for a constraint (cached: a server checks a request's constraint on arrival,
+    then builds its matcher)."""
     from llguidance import LLMatcher
 
     if constraint.kind == "json_schema":
@@ -41,8 +43,13 @@ def check(constraint: Constraint) -> None:
 
     error = LLMatcher.validate_grammar(grammar_text(constraint))
     if error:
-        first = next((line.strip() for line in error.splitlines() if line.strip()), error)
-        raise ConfigError(f"invalid {constraint.kind.replace('_', ' ')}: {first}")
+        raise _invalid(constraint, error)
+
+
+def _invalid(constraint: Constraint, error: str) -> ConfigError:
+    """llguidance's error, its first line, as a one-line ConfigError."""
+    first = next((line.strip() for line in error.splitlines() if line.strip()), error)
+    return ConfigError(f"invalid {constraint.kind.replace('_', ' ')}: {first}")
 
 
 @lru_cache(maxsize=4)
@@ -50,6 +57,8 @@ def _ll_tokenizer(tokenizer, vocab_size: int, eos: tuple[int, ...]):
     """llguidance's view of a Hugging Face fast tokenizer (about half a second to build; cached)."""
     import llguidance.hf
 
+    if tokenizer is None:
+        raise ConfigError("structured output needs the model's tokenizer")
     try:
         return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos) or None)
     except (ValueError, TypeError) as exc:
@@ -58,8 +67,6 @@ def _ll_tokenizer(tokenizer, vocab_size: int, eos: tuple[int, ...]):
 
 def unsupported_reason(tokenizer, vocab_size: int, eos: tuple[int, ...]) -> str | None:
     """Why structured output cannot run with this tokenizer, or None (builds and caches llguidance's view)."""
-    if tokenizer is None:
-        return "structured output needs the model's tokenizer"
     try:
         _ll_tokenizer(tokenizer, vocab_size, tuple(eos))
     except ConfigError as exc:
@@ -73,12 +80,10 @@ class ConstraintState:
     def __init__(self, constraint: Constraint, tokenizer, vocab_size: int, eos: tuple[int, ...]):
         from llguidance import LLMatcher
 
-        reason = unsupported_reason(tokenizer, vocab_size, eos)
-        if reason:
-            raise ConfigError(reason)
-        check(constraint)
         self.vocab_size = vocab_size
         self.matcher = LLMatcher(_ll_tokenizer(tokenizer, vocab_size, tuple(eos)), grammar_text(constraint), log_level=0)
+        if self.matcher.is_error():
+            raise _invalid(constraint, self.matcher.get_error())
         self._words = torch.empty((vocab_size + 31) // 32, dtype=torch.int32)
         self._bits = torch.arange(32, dtype=torch.int32)
 

@@ -171,10 +171,13 @@ def test_row_masks_follow_each_path(target):
     assert torch.equal(state.row_masks([])[0], masks[0])  # the matcher rolled every path back
 
 
-def test_bad_constraints_are_refused():
+def test_bad_constraints_are_refused(target):
+    decoder = SpecDecoder(target, None, chat=False)
     for bad in (Constraint("regex", "[a-"), Constraint.json_schema({"type": "nonsense"}), Constraint("lark", "start: x")):
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="invalid"):
             check(bad)
+        with pytest.raises(ConfigError, match="invalid"):  # the engine refuses it too, when nothing checked it first
+            decoder.generate("the cat", GenerationConfig(max_new_tokens=3, constraint=bad))
     for kwargs in (dict(regex="a", grammar="b"), dict(json_schema="{not json"), dict(json_schema="[1]"), dict(regex="")):
         with pytest.raises(ConfigError):
             GenerationConfig.create(**kwargs)
