@@ -106,6 +106,20 @@ class Constraint:
         _check(isinstance(schema, dict), "a JSON schema must be a JSON object")
         return cls("json_schema", json.dumps(schema))
 
+    @classmethod
+    def of(cls, json_schema: dict | str | bool | None = None, regex: str | None = None,
+           grammar: str | None = None) -> "Constraint | None":
+        """At most one of json_schema (a schema, or True for any JSON object), regex and grammar (Lark) -> a
+        Constraint, or None when none is given."""
+        json_schema = None if json_schema is False else json_schema
+        _check(sum(c is not None for c in (json_schema, regex, grammar)) <= 1,
+               "give at most one of json_schema, regex and grammar")
+        if json_schema is not None:
+            return cls.json_schema(None if json_schema is True else json_schema)
+        if regex is not None:
+            return cls("regex", regex)
+        return None if grammar is None else cls("lark", grammar)
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -141,16 +155,7 @@ class GenerationConfig:
                grammar: str | None = None) -> "GenerationConfig":
         """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them. At most one of
         json_schema (a schema, or True for any JSON object), regex and grammar (Lark) constrains the output."""
-        json_schema = None if json_schema is False else json_schema
-        _check(sum(c is not None for c in (json_schema, regex, grammar)) <= 1,
-               "give at most one of json_schema, regex and grammar")
-        constraint = None
-        if json_schema is not None:
-            constraint = Constraint.json_schema(None if json_schema is True else json_schema)
-        elif regex is not None:
-            constraint = Constraint("regex", regex)
-        elif grammar is not None:
-            constraint = Constraint("lark", grammar)
+        constraint = Constraint.of(json_schema, regex, grammar)
         if isinstance(stop, str):
             stop = (stop,)
         if logit_bias is not None and not isinstance(logit_bias, dict):

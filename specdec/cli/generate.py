@@ -37,17 +37,12 @@ def constraint_option(args) -> Constraint | None:
     """--json-schema / --regex / --grammar as a checked Constraint (before any model loads)."""
     from ..structured import check
 
-    if args.json_schema is not None:
-        text = args.json_schema
-        constraint = Constraint.json_schema(None if text == "object" else _read(text[1:]) if text.startswith("@")
-                                            else text)
-    elif args.regex is not None:
-        constraint = Constraint("regex", args.regex)
-    elif args.grammar is not None:
-        constraint = Constraint("lark", _read(args.grammar))
-    else:
-        return None
-    check(constraint)
+    schema = args.json_schema
+    if schema is not None and (schema == "object" or schema.startswith("@")):
+        schema = True if schema == "object" else _read(schema[1:])
+    constraint = Constraint.of(schema, args.regex, None if args.grammar is None else _read(args.grammar))
+    if constraint is not None:
+        check(constraint)
     return constraint
 
 

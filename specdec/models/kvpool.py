@@ -50,22 +50,26 @@ class KVPool:
 
     @torch.inference_mode()
     def copy(self, src: SequenceCache, dst: SequenceCache) -> None:
-        """dst holds what src holds (the first rows, a multiple of 16, as in _grow)."""
-        rows = min(self.capacity, -(-src.length // 16) * 16)
+        """dst holds what src holds."""
+        rows = self._rows_held(src.length)
         for tensor in (self.keys, self.values):
             tensor[:, dst.slot, :, :rows] = tensor[:, src.slot, :, :rows]
         dst.length = src.length
 
+    def _rows_held(self, length: int) -> int:
+        """Rows to move for a sequence of `length` tokens: a multiple of 16 covers any layout whose first n
+        positions occupy the first n rows' memory, the kernels' blocked keys included."""
+        return min(self.capacity, -(-length // 16) * 16)
+
     def _grow(self, slots: int) -> None:
-        """Reallocates for `slots`; copies each live slot's first rows (a multiple of 16 covers any layout
-        whose first n positions occupy the first n rows' memory, the kernels' blocked keys included)."""
+        """Reallocates for `slots`; copies the rows each live slot holds."""
         old = self.slots
         make = torch.zeros if self.zeroed else torch.empty
         for name in ("keys", "values"):
             current = getattr(self, name)
             bigger = make((current.shape[0], slots, *current.shape[2:]), dtype=current.dtype, device=current.device)
             for slot, cache in self._live.items():
-                rows = min(self.capacity, -(-cache.length // 16) * 16)
+                rows = self._rows_held(cache.length)
                 bigger[:, slot, :, :rows] = current[:, slot, :, :rows]
             setattr(self, name, bigger)
         self._free = list(range(slots - 1, old - 1, -1)) + self._free

@@ -70,9 +70,8 @@ async def generate(request: Request, endpoint: str):
                 deltas[index].append(event)
         handle.close(200)
         texts = [(echo or "") + "".join(d.text for d in ds) for ds in deltas]
-        logprobs = [f.format(meta.chat, (ds[0].prompt_logprobs or [] if echo is not None else [])
-                             + [e for d in ds for e in d.logprobs]) if f else None
-                    for f, ds in zip(formatters, deltas)]
+        logprobs = [f.format(meta.chat, (ds[0].prompt_logprobs or []) + [e for d in ds for e in d.logprobs])
+                    if f else None for f, ds in zip(formatters, deltas)]  # prompt logprobs come with echo only
         return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs))))
     except APIError as exc:
         handle.close(exc.status)
@@ -113,11 +112,11 @@ async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bo
             if isinstance(event, Delta) and echo is not None and index not in echoed:  # the prompt comes first
                 echoed.add(index)
                 yield responses.sse(responses.chunk(meta, echo, index=index, logprobs=formatter.format(
-                    meta.chat, event.prompt_logprobs) if formatter and event.prompt_logprobs else None))
+                    meta.chat, event.prompt_logprobs) if formatter else None))
             if isinstance(event, Delta):
                 if event.text or (formatter and event.logprobs):  # tokens whose text is held back keep their logprobs
                     yield responses.sse(responses.chunk(meta, event.text, index=index, logprobs=formatter.format(
-                        meta.chat, event.logprobs) if formatter and event.logprobs else None))
+                        meta.chat, event.logprobs) if formatter else None))
             elif isinstance(event, Finished):
                 yield responses.sse(responses.chunk(meta, None, event, index=index))
         if include_usage:

@@ -118,7 +118,8 @@ class LogprobFormatter:
                 "text_offset": offsets}
 
     def format(self, chat: bool, entries: list[TokenLogprob] | None) -> dict | None:
-        if entries is None:
+        """None for no entries (a chunk without tokens)."""
+        if not entries:
             return None
         return self.chat(entries) if chat else self.completion(entries)
 

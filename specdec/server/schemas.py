@@ -3,10 +3,11 @@
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
 for completions, the server's default for chat); `presence_penalty`, `frequency_penalty`, `logit_bias` and
 logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`, with `echo` for the prompt's too; up to 20
-alternatives) as OpenAI defines them; structured output by `response_format` (json_object, json_schema). Extensions (as in vLLM): `top_k` (0 or
--1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`, `guided_regex`, `guided_grammar` (Lark),
-and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME, "num_speculative_tokens": k} picks
-the drafter (one of Limits.drafters) and the most tokens drafted per step for this request.
+alternatives) as OpenAI defines them; structured output by `response_format` (json_object, json_schema).
+Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`,
+`guided_regex`, `guided_grammar` (Lark), and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME,
+"num_speculative_tokens": k} picks the drafter (one of Limits.drafters) and the most tokens drafted per step for
+this request.
 """
 from __future__ import annotations
 
