@@ -87,6 +87,16 @@ class SpecDecoder:
             self.costs.for_drafter(self.drafter.name).reset_draft()
             forced.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens))
 
+    def enable_prefix_cache(self, max_entries: int = 16) -> bool:
+        """Keeps up to `max_entries` finished sequences' KV caches, so that prompts beginning as an earlier one
+        (a system prompt, a chat's earlier turns) skip that part of their prefill; 0 turns it off. False where the
+        backend keeps no cache slots (transformers' forward): nothing is cached there."""
+        enable = getattr(self.target.backend, "enable_prefix_cache", None)
+        if enable is None:
+            return False
+        enable(max_entries)
+        return max_entries > 0
+
     # ---- prompts ------------------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:
         """Token ids for a prompt: a string (through the chat template when chat is on), messages, or ids."""

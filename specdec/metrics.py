@@ -14,6 +14,7 @@ class GenerationMetrics:
     """
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of the prompt, the tokens whose prefill the prefix cache saved
     new_tokens: int = 0
     steps: int = 0
     step_tokens: int = 0  # tokens emitted by verify steps (new_tokens minus the one from prefill)
@@ -61,8 +62,8 @@ class GenerationMetrics:
     def merge(self, other: "GenerationMetrics") -> "GenerationMetrics":
         """Sums two requests' metrics (for aggregates over a benchmark or a server's lifetime)."""
         out = GenerationMetrics()
-        for name in ("prompt_tokens", "new_tokens", "steps", "step_tokens", "drafted_tokens", "accepted_tokens",
-                     "prefill_time_s", "draft_time_s", "verify_time_s", "total_time_s"):
+        for name in ("prompt_tokens", "cached_prompt_tokens", "new_tokens", "steps", "step_tokens", "drafted_tokens",
+                     "accepted_tokens", "prefill_time_s", "draft_time_s", "verify_time_s", "total_time_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         n = max(len(self.drafted_per_position), len(other.drafted_per_position))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731

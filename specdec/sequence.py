@@ -59,9 +59,10 @@ class SequenceState:
         self.eos = () if config.ignore_eos else info.eos_token_ids
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else costs  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=speculation.adaptive)
-        self.cache = backend.new_cache()
-        self.started_at = time.perf_counter()
         self.needs_features = drafter is not None and drafter.needs_features
+        self.cache = self._claim_prefix() or backend.new_cache()
+        self.metrics.cached_prompt_tokens = self.cache.length
+        self.started_at = time.perf_counter()
         self.learn = learn
         if drafter is not None:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
@@ -80,7 +81,8 @@ class SequenceState:
 
     # ---- the step, in order ----------------------------------------------------------------------
     def prefill_ids(self) -> torch.Tensor:
-        return torch.tensor(self.tokens)
+        """The prompt tokens the prefill scores: those after the prefix restored from the prefix cache."""
+        return torch.tensor(self.tokens[self.cache.length:])
 
     @property
     def prefill_all_logits(self) -> bool:
@@ -179,8 +181,28 @@ class SequenceState:
             if self.learn and learn is not None:
                 learn(self.generated)
             self.drafter.end()
-        self.backend.release(self.cache)
+        self._park_or_release()
         self.cache = None
+
+    # ---- prefix cache ---------------------------------------------------------------------------
+    def _claim_prefix(self):
+        """The cache of an earlier sequence that began as this prompt does, from the backend's prefix cache;
+        None when there is none, or when this request needs every prompt row scored (its drafter reads the
+        prompt's features, or it asks for prompt logprobs)."""
+        prefix = getattr(self.backend, "prefix_cache", None)
+        if prefix is None or self.needs_features or self.prefill_all_logits:
+            return None
+        return prefix.claim(self.tokens)
+
+    def _park_or_release(self) -> None:
+        """Hands the cache to the prefix cache (its rows that a later prefill would compute identically), or
+        frees its slot."""
+        prefix = getattr(self.backend, "prefix_cache", None)
+        if prefix is not None:
+            rows = min(len(self.tokens), self.backend.exact_prefix_rows(self.cache, self.prompt_len))
+            if prefix.park(self.tokens[:rows], self.cache):
+                return
+        self.backend.release(self.cache)
 
     # ---- helpers --------------------------------------------------------------------------------
     def verify(self, draft: Draft, logits: torch.Tensor) -> tuple[int, int]:

@@ -79,6 +79,24 @@ def test_chat_and_completions_streaming_and_not_give_the_models_greedy_text(clie
     assert "".join(c.choices[0].text for c in chunks) == want.text
 
 
+def test_a_conversation_reuses_its_earlier_turns_from_the_prefix_cache(client, server, local):
+    """The prefix cache (on by default): a turn's prompt holds the earlier turns, whose cached keys and values it
+    reuses (usage.prompt_tokens_details.cached_tokens, and the Prometheus counter); its answer is the model's
+    greedy answer all the same."""
+    chat_decoder, _ = local
+    messages = [{"role": "system", "content": prompt(3, 20)}, {"role": "user", "content": prompt(4, 12)}]
+    before = metric(server, "specdec_prefix_cache_hit_tokens_total")
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": prompt(5, 8)}]
+    want = chat_decoder.generate(messages, max_new_tokens=12, temperature=0.0)
+    second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    assert second.choices[0].message.content == want.text
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
+    assert metric(server, "specdec_prefix_cache_hit_tokens_total") - before >= cached
+
+
 def test_usage_reports_each_requests_own_speculation(client):
     def run(speculation):
         stream = client.chat.completions.create(

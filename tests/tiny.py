@@ -22,10 +22,12 @@ def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2
     return LlamaForCausalLM(config).eval()
 
 
-def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None, dtype=torch.float32) -> LoadedModel:
-    """Wraps a model (already in `dtype`) in a backend."""
+def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None, dtype=torch.float32,
+           slots: int = 1) -> LoadedModel:
+    """Wraps a model (already in `dtype`) in a backend whose KV pool starts with `slots` sequences."""
     info = model_info(name, hf_model, tokenizer or _NoTokenizer(hf_model), torch.device("cpu"), dtype)
-    return LoadedModel(name=name, hf_model=hf_model, tokenizer=tokenizer, backend=make_backend(hf_model, info, backend))
+    return LoadedModel(name=name, hf_model=hf_model, tokenizer=tokenizer,
+                       backend=make_backend(hf_model, info, backend, slots))
 
 
 class _NoTokenizer:

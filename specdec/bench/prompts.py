@@ -16,6 +16,7 @@ class BenchPrompt:
     question_id: str
     category: str
     text: str
+    follow_ups: tuple[str, ...] = ()  # the later turns of a multi-turn question
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
@@ -33,7 +34,9 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
             text = turns[0] if isinstance(turns, list) else turns
             if not isinstance(text, str) or not text.strip():
                 raise ValueError("the first turn is not a non-empty string")
-            prompts.append(BenchPrompt(str(row.get("question_id", number)), str(row.get("category", "default")), text))
+            later = tuple(t for t in turns[1:] if isinstance(t, str) and t.strip()) if isinstance(turns, list) else ()
+            prompts.append(BenchPrompt(str(row.get("question_id", number)), str(row.get("category", "default")), text,
+                                       later))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f"{path}:{number}: not a Spec-Bench line ({exc})") from None
     if not prompts:

@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")
+    p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
+                   help="prefix cache entries of the server started here (0: off; default: 16, as `specdec serve`)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
@@ -38,7 +40,8 @@ def register(sub) -> None:
 
 def _server_args(args, max_batch: int) -> list[str]:
     out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
-           args.device, "--backend", args.backend, "--max-batch", str(max_batch), "--log-level", "warning"]
+           args.device, "--backend", args.backend, "--max-batch", str(max_batch), "--prefix-cache",
+           str(args.prefix_cache), "--log-level", "warning"]
     for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads)):
         if value:
             out += [flag, str(value)]
@@ -86,7 +89,8 @@ def run(args) -> int:
     finally:
         exit_status = server.stop() if server else None
     summary = {"meta": {"url": url if args.url else "started here", "model": model, "drafter": health.get("drafter"),
-                        "max_batch": health.get("max_batch"), "prompt_file": str(args.prompts), "prompts": len(prompts),
+                        "max_batch": health.get("max_batch"), "prefix_cache": health.get("prefix_cache"),
+                        "prompt_file": str(args.prompts), "prompts": len(prompts),
                         "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": levels,
                         "server_exit_status": exit_status, "client_machine": machine_info(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},

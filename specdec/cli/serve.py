@@ -24,6 +24,10 @@ def register(sub) -> None:
                    help="max_tokens of chat requests that give none, clipped to the context left (default: 256)")
     p.add_argument("--max-prefill-tokens", type=int, default=512,
                    help="prompt tokens that may join the batch per step, at least one request (default: 512)")
+    p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
+                   help="finished requests whose KV caches stay in idle batch slots, so that a prompt beginning as an "
+                        "earlier one (a system prompt, a chat's earlier turns) skips that part of its prefill; "
+                        "0: off (default: 16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
@@ -35,7 +39,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..errors import ConfigError
 
-    minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0}
+    minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0,
+                "prefix_cache": 0}
     for name, low in minimums.items():
         if getattr(args, name) < low:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
@@ -61,6 +66,7 @@ def run(args) -> int:
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
                            **drafter_options)
+    cached = decoder.enable_prefix_cache(args.prefix_cache)
     name = args.served_model_name or model
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
@@ -68,7 +74,7 @@ def run(args) -> int:
                               drafter_options=drafter_options)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
-          f"max batch {args.max_batch}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
+          f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
           file=sys.stderr, flush=True)
     serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)
     return 0

@@ -24,6 +24,7 @@ class SequenceCache:
     length: int = 0
     slot: int = 0
     state: object = None
+    restored: bool = False  # holds a prefix from the prefix cache: its next pass is the prompt's prefill
 
 
 @dataclass(frozen=True)

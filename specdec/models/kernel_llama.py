@@ -107,7 +107,7 @@ class KernelLlama(PooledCaches, CausalLM):
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
-        fresh = [c.length == 0 for c in caches]
+        fresh = [_first_pass(c) for c in caches]
         if self.bf16_prefill and not self.bf16_products and any(fresh) and not all(fresh):
             # first passes and later ones multiply differently: two passes, each as it would run alone
             parts = [[i for i, f in enumerate(fresh) if f == want] for want in (True, False)]
@@ -133,10 +133,23 @@ class KernelLlama(PooledCaches, CausalLM):
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
-        bf16 = self.bf16_products or (self.bf16_prefill and all(c.length == 0 for c in caches))
+        bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
         logits, hidden = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                             torch.tensor([c.length for c in caches]), positions.to(torch.long),
                                             masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16)
         for c, n in zip(caches, lengths):
             c.length += n
+            c.restored = False
         return logits, hidden
+
+    def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
+        """With bfloat16 products for prefills only, a sequence's later passes computed its other rows
+        differently from how a prefill would: only the prompt's rows are a prefill's."""
+        if self.bf16_prefill and not self.bf16_products:
+            return min(cache.length, prompt_len)
+        return cache.length
+
+
+def _first_pass(cache: SequenceCache) -> bool:
+    """Whether a pass is the sequence's prefill: its first, or its first after a prefix was restored."""
+    return cache.length == 0 or cache.restored

@@ -48,13 +48,18 @@ class KVPool:
             tensor[:, cache.slot, :, dst] = tensor[:, cache.slot].index_select(2, src)
         cache.length = start + len(keep)
 
+    @property
+    def has_free(self) -> bool:
+        return bool(self._free)
+
     @torch.inference_mode()
-    def copy(self, src: SequenceCache, dst: SequenceCache) -> None:
-        """dst holds what src holds."""
-        rows = self._rows_held(src.length)
+    def copy(self, src: SequenceCache, dst: SequenceCache, length: int | None = None) -> None:
+        """dst holds src's first `length` entries (default: all of them)."""
+        length = src.length if length is None else min(length, src.length)
+        rows = self._rows_held(length)
         for tensor in (self.keys, self.values):
             tensor[:, dst.slot, :, :rows] = tensor[:, src.slot, :, :rows]
-        dst.length = src.length
+        dst.length = length
 
     def _rows_held(self, length: int) -> int:
         """Rows to move for a sequence of `length` tokens: a multiple of 16 covers any layout whose first n
@@ -77,12 +82,32 @@ class KVPool:
 
 
 class PooledCaches:
-    """Cache methods of a backend (CausalLM) whose sequences live in `self.pool`, a KVPool."""
+    """Cache methods of a backend (CausalLM) whose sequences live in `self.pool`, a KVPool; optionally a prefix
+    cache (specdec/prefix_cache.py) parks finished sequences in the slots no running one needs."""
 
     pool: KVPool
+    prefix_cache = None
+
+    def enable_prefix_cache(self, max_entries: int) -> None:
+        """Keeps up to `max_entries` finished sequences' caches for later prompts with the same beginning
+        (0: none)."""
+        from ..prefix_cache import PrefixCache
+
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        self.prefix_cache = PrefixCache(self, max_entries) if max_entries > 0 else None
+
+    def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
+        """How many of a finished sequence's first cached positions a later prefill would compute identically."""
+        return cache.length
 
     def new_cache(self) -> SequenceCache:
+        if self.prefix_cache is not None and not self.pool.has_free:
+            self.prefix_cache.evict_oldest()  # parked sequences only use slots no running one needs
         return self.pool.acquire()
+
+    def has_free_slot(self) -> bool:
+        return self.pool.has_free
 
     def release(self, cache: SequenceCache) -> None:
         self.pool.release(cache)
@@ -93,9 +118,10 @@ class PooledCaches:
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
         self.pool.compact(cache, start, keep)
 
-    def copy_cache(self, src: SequenceCache, dst: SequenceCache) -> None:
-        """dst (a fresh cache) gets src's keys and values: sequences with the same prompt prefill it once."""
-        self.pool.copy(src, dst)
+    def copy_cache(self, src: SequenceCache, dst: SequenceCache, length: int | None = None) -> None:
+        """dst (a fresh cache) gets src's first `length` keys and values (default: all): sequences with the same
+        prompt prefill it once."""
+        self.pool.copy(src, dst, length)
 
 
 def rope_tables(hf_model, positions: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,9 @@ class ServerMetrics:
                                 ["endpoint", "status"], registry=r)
         self.finished = Counter("specdec_finished_sequences", "Ended sequences by finish reason (stop, length, "
                                 "cancelled)", ["reason"], registry=r)
-        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of ended sequences", registry=r)
+        self.cached_prompt_tokens = Counter("specdec_prefix_cache_hit_tokens", "Prompt tokens whose prefill the "
+                                            "prefix cache saved", registry=r)
         self.generation_tokens = Counter("specdec_generation_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
@@ -52,6 +54,7 @@ class ServerMetrics:
         """One ended sequence (finished or cancelled)."""
         self.finished.labels(m.finish_reason or "unknown").inc()
         self.prompt_tokens.inc(m.prompt_tokens)
+        self.cached_prompt_tokens.inc(m.cached_prompt_tokens)
         self.generation_tokens.inc(m.new_tokens)
         self.drafted.inc(m.drafted_tokens)
         self.accepted.inc(m.accepted_tokens)

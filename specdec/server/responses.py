@@ -53,6 +53,7 @@ def usage(fins: list[Finished]) -> dict:
     """The request's usage: the prompt once, the completions of all its choices."""
     prompt, completion = fins[0].prompt_tokens, sum(f.completion_tokens for f in fins)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": fins[0].metrics.cached_prompt_tokens},
             "speculation": speculation(fins)}
 
 

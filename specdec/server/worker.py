@@ -99,6 +99,12 @@ class EngineWorker:
         self.stopped = threading.Event()
 
     @property
+    def prefix_cache_entries(self) -> int:
+        """The most finished requests the prefix cache keeps (0: off)."""
+        cache = getattr(self.decoder.target.backend, "prefix_cache", None)
+        return cache.max_entries if cache is not None else 0
+
+    @property
     def alive(self) -> bool:
         return not self.stopped.is_set() and (self.runs_in_caller or self.thread.is_alive())
 
@@ -210,7 +216,7 @@ class EngineWorker:
                 job.emit(Failed(internal()))
 
     def _start(self, job: Job) -> int:
-        """Adds the job to the engine; returns its prompt length."""
+        """Adds the job to the engine; returns the prompt tokens it will prefill (those the prefix cache lacks)."""
         request = job.request
         ids = self._encode(request)
         drafter, name = self._drafter(request.speculation)
@@ -225,7 +231,7 @@ class EngineWorker:
         state = self.engine.add(job.request_id, ids, config, speculation, drafter)
         self.live[job.request_id] = _Live(job, state, TextAssembler(self.tokenizer, config.stop), name)
         job.emit(Started(len(ids)))
-        return len(ids)
+        return len(ids) - state.cache.length
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         if isinstance(request.prompt, list) and request.endpoint == "completions":

@@ -1,0 +1,103 @@
+"""Prefix caching: finished sequences' KV caches stay in idle slots, so that a later prompt that starts with the
+same tokens (a system prompt, a chat's earlier turns, a document asked about again) skips their prefill.
+
+Exact, not approximate: a backend says how many of a sequence's cached positions were computed just as a fresh
+prefill computes them (`exact_prefix_rows`), only those are kept, and the rest of a later prompt is prefilled as
+a first pass. On specdec's CPU kernels a prompt's output is then the same, token for token and logit for logit,
+whether its prefix came from the cache or not. Entries live only in slots no running sequence needs: taking a
+slot for a new sequence evicts the least recently used entry first (PooledCaches.new_cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .drafters.base import common_prefix
+from .models.backend import SequenceCache
+
+MIN_PREFIX_TOKENS = 16  # shorter matches are prefilled: a copy of the slot's rows would save next to nothing
+
+
+@dataclass
+class _Entry:
+    tokens: list[int]  # the token ids whose keys and values cache.slot holds, at positions 0..len-1
+    cache: SequenceCache
+
+
+@dataclass
+class PrefixCacheStats:
+    hits: int = 0
+    reused_tokens: int = 0
+    evictions: int = 0
+
+
+class PrefixCache:
+    """Up to `max_entries` parked caches of one pooled backend, least recently used first."""
+
+    def __init__(self, backend, max_entries: int, min_tokens: int = MIN_PREFIX_TOKENS):
+        self.backend = backend
+        self.max_entries = max_entries
+        self.min_tokens = min_tokens
+        self.entries: list[_Entry] = []  # oldest use first
+        self.stats = PrefixCacheStats()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def claim(self, prompt_ids: list[int]) -> SequenceCache | None:
+        """A cache holding the longest stored prefix of `prompt_ids` (never its last token, which the prefill
+        must score), marked `restored`; None when no entry shares at least `min_tokens` with it. The entry is
+        copied into a free slot (freed from the least recently used other entry if need be) and kept; when it is
+        the only one and no slot is free, it is handed over itself."""
+        limit = len(prompt_ids) - 1
+        best, length = None, 0
+        for entry in self.entries:
+            n = common_prefix(entry.tokens, prompt_ids, limit)
+            if n > length:
+                best, length = entry, n
+        if best is None or length < self.min_tokens:
+            return None
+        self.entries.remove(best)
+        if not self.backend.has_free_slot():
+            self.evict_oldest()
+        if self.backend.has_free_slot():
+            cache = self.backend.pool.acquire()
+            self.backend.copy_cache(best.cache, cache, length)
+            self.entries.append(best)  # now the most recently used
+        else:
+            cache = best.cache
+            self.backend.truncate(cache, length)
+        cache.restored = True
+        self.stats.hits += 1
+        self.stats.reused_tokens += length
+        return cache
+
+    def park(self, tokens: list[int], cache: SequenceCache) -> bool:
+        """Keeps the first len(tokens) positions of a finished sequence's cache; False (the caller releases it)
+        when they are too few to be worth a slot or the cache keeps no entries."""
+        if self.max_entries <= 0 or len(tokens) < self.min_tokens:
+            return False
+        for entry in list(self.entries):  # an entry this one extends is redundant
+            if len(entry.tokens) <= len(tokens) and tokens[: len(entry.tokens)] == entry.tokens:
+                self._drop(entry)
+        self.backend.truncate(cache, len(tokens))
+        self.entries.append(_Entry(list(tokens), cache))
+        while len(self.entries) > self.max_entries:
+            self.evict_oldest()
+        return True
+
+    def evict_oldest(self) -> bool:
+        """Frees the least recently used entry's slot; False when there is none."""
+        if not self.entries:
+            return False
+        self._drop(self.entries[0])
+        self.stats.evictions += 1
+        return True
+
+    def clear(self) -> None:
+        while self.entries:
+            self._drop(self.entries[0])
+
+    def _drop(self, entry: _Entry) -> None:
+        self.entries.remove(entry)
+        self.backend.pool.release(entry.cache)
+
