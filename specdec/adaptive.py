@@ -28,6 +28,7 @@ class CostModel:
 
     def __init__(self, verify_table: dict[int, float] | None = None, draft_per_token_s: float = 0.0):
         # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
+        self.measured = bool(verify_table)
         self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
         self.draft_per_token_s = draft_per_token_s
         self.cheapest_draft_s = draft_per_token_s  # the lowest per-token drafting cost measured

@@ -31,10 +31,12 @@ class BatchEngine:
     """Owns a set of running sequences over one backend; not thread-safe (one step at a time)."""
 
     def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
-                 costs: CostModel, max_batch: int = 16, tokenizer=None):
-        """tokenizer: the target's, for requests with a structured-output constraint."""
+                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None):
+        """tokenizer: the target's, for requests with a structured-output constraint; tracer: a TraceWriter that
+        records every request when it ends."""
         self.backend = backend
         self.tokenizer = tokenizer
+        self.tracer = tracer
         self.drafter_factory = drafter_factory
         self.speculation = speculation
         self.costs = costs
@@ -56,7 +58,8 @@ class BatchEngine:
             raise RuntimeError("the batch is full")
         made = self.drafter_factory() if drafter == "default" else drafter
         state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs,
-                              allow_tree=False, tokenizer=self.tokenizer)  # trees: once it runs alone (see step)
+                              allow_tree=False, tokenizer=self.tokenizer,
+                              tracer=self.tracer)  # trees: once it runs alone (see step)
         self.waiting.append((request_id, state))
         return state
 

@@ -39,6 +39,7 @@ class SpecDecoder:
     """Lossless speculative decoding over one target model and one drafter."""
 
     learn_outputs = True  # finished outputs go to the drafter (Drafter.learn); warm-up runs turn it off
+    tracer = None  # a TraceWriter (specdec/trace.py) recording every request, after trace_to()
 
     def __init__(self, target, drafter: Drafter | None = None, speculation: SpeculationConfig | None = None,
                  chat: bool = True, costs: CostModel | None = None):
@@ -96,6 +97,15 @@ class SpecDecoder:
             return False
         enable(max_entries)
         return max_entries > 0
+
+    def trace_to(self, path) -> None:
+        """Appends an acceptance trace of every later request to `path` (JSONL: prompt and output token ids, and
+        each step's drafted and accepted counts), for `specdec replay`; engines made before keep theirs."""
+        from .trace import TraceWriter
+
+        if not self.costs.measured:  # plain decoding loads without timing the target: replays need its costs
+            self.costs = CostModel(measure_verify_costs(self.target.backend))
+        self.tracer = TraceWriter(path, self.target.name, self.costs.table)
 
     # ---- prompts ------------------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:
@@ -169,13 +179,13 @@ class SpecDecoder:
 
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
         return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
-                           tokenizer=self.target.tokenizer)
+                           tokenizer=self.target.tokenizer, tracer=self.tracer)
 
     # ---- the loop -----------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], config: GenerationConfig) -> SequenceState:
         """A request's state; its KV cache slot is held until decode() ends."""
         return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs,
-                             learn=self.learn_outputs, tokenizer=self.target.tokenizer)
+                             learn=self.learn_outputs, tokenizer=self.target.tokenizer, tracer=self.tracer)
 
     def decode(self, state: SequenceState) -> Iterator[list[int]]:
         """Runs the step loop for one sequence, yielding each step's new tokens."""

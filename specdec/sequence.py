@@ -28,9 +28,10 @@ class SequenceState:
 
     def __init__(self, prompt_ids: list[int], config: GenerationConfig, backend, drafter: Drafter | None,
                  speculation: SpeculationConfig, costs: CostModel, allow_tree: bool = True, learn: bool = True,
-                 tokenizer=None):
+                 tokenizer=None, tracer=None):
         """learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up runs.
-        tokenizer: the target's, for a structured-output constraint."""
+        tokenizer: the target's, for a structured-output constraint. tracer: a TraceWriter (specdec/trace.py)
+        that records the request when it ends."""
         info = backend.info
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
@@ -64,6 +65,8 @@ class SequenceState:
         self.metrics.cached_prompt_tokens = self.cache.length
         self.started_at = time.perf_counter()
         self.learn = learn
+        self.tracer = tracer
+        self.step_log: list[list[int]] | None = [] if tracer is not None else None  # [drafted, accepted] per step
         if drafter is not None:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
                                        generator=make_generator(self.seed + 1),
@@ -155,6 +158,8 @@ class SequenceState:
             self.drafter.observe(hidden[rows])
         self.metrics.verify_time_s += verify_seconds
         self.policy.observe(len(draft), n)
+        if self.step_log is not None:
+            self.step_log.append([len(draft), n])
         new = self.append(accepted + [token])
         self._record_logprobs(logits, new, rows)
         self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
@@ -183,6 +188,8 @@ class SequenceState:
             self.drafter.end()
         self._park_or_release()
         self.cache = None
+        if self.tracer is not None and self.generated:
+            self.tracer.write(self)
 
     # ---- prefix cache ---------------------------------------------------------------------------
     def _claim_prefix(self):

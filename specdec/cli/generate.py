@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each generated token's logprob and its N most likely alternatives (0 to 20) to stderr, "
                         "one JSON line per token")
+    p.add_argument("--trace", metavar="FILE", help="append the request's acceptance trace (token ids, drafted and "
+                                                   "accepted per step) to FILE, for `specdec replay`")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="SCHEMA",
                        help="constrain the output to a JSON schema: its JSON text, @FILE, or 'object' for any JSON "
@@ -64,6 +66,8 @@ def run(args) -> int:
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
                                trust_remote_code=args.trust_remote_code, backend=args.backend, **drafter_options(args))
+    if args.trace:
+        decoder.trace_to(args.trace)
     stream = decoder.stream(prompt, config)
     for delta in stream:
         sys.stdout.write(delta)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import sys
 
-from . import generate, models
+from . import generate, models, replay
 from .common import OneLineParser
 
-SUBCOMMANDS = [generate, models]
+SUBCOMMANDS = [generate, models, replay]
 
 
 def _optional_subcommands():

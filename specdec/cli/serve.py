@@ -28,6 +28,9 @@ def register(sub) -> None:
                    help="finished requests whose KV caches stay in idle batch slots, so that a prompt beginning as an "
                         "earlier one (a system prompt, a chat's earlier turns) skips that part of its prefill; "
                         "0: off (default: 16)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="append every request's acceptance trace (prompt and output token ids, drafted and accepted "
+                        "per step) to FILE, for `specdec replay`; it holds the requests' text, so keep it private")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
@@ -67,6 +70,8 @@ def run(args) -> int:
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
                            **drafter_options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
+    if args.trace:
+        decoder.trace_to(args.trace)
     name = args.served_model_name or model
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
