@@ -108,8 +108,9 @@ class SpecDecoder:
         self.tracer = TraceWriter(path, self.target.name, self.costs.table)
 
     # ---- prompts ------------------------------------------------------------------------------
-    def encode(self, prompt) -> list[int]:
-        """Token ids for a prompt: a string (through the chat template when chat is on), messages, or ids."""
+    def encode(self, prompt, tools: list[dict] | None = None) -> list[int]:
+        """Token ids for a prompt: a string (through the chat template when chat is on), messages, or ids.
+        tools: function definitions (OpenAI's format) for a chat template that takes them."""
         tokenizer = self.target.tokenizer
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
@@ -118,7 +119,8 @@ class SpecDecoder:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if not tokenizer.chat_template:
             raise ConfigError("this model's tokenizer has no chat template; pass a plain string with chat off")
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        extra = {"tools": tools} if tools else {}
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)

@@ -85,7 +85,8 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/chat/completions", {"messages": None}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": []}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": "hello"}, 400, BAD, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, BAD, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, BAD, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, BAD, "messages[0].tool_call_id"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, BAD, "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, BAD, "messages[0].content"),
@@ -94,7 +95,9 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/chat/completions", {"logprobs": 3}, 400, BAD, "logprobs"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, 400, BAD, "top_logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 2}, 400, BAD, "top_logprobs"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, BAD, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, BAD,
+     "tool_choice"),  # "auto" without --tool-call-parser
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, BAD, "tools"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, BAD, "response_format"),  # word-level tokenizer
     ("/v1/completions", {"guided_regex": "[a-"}, 400, BAD, "guided_regex"),
     ("/v1/completions", {"response_format": {"type": "yaml"}}, 400, BAD, "response_format"),

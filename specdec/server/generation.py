@@ -16,6 +16,7 @@ from . import responses
 from .errors import APIError, bad_request
 from .handle import ClientGone, RequestHandle
 from .schemas import GenerationRequest, parse_request
+from .tools import CALL_TAG, ToolCalling, tool_call
 from .worker import Delta, Finished
 
 CLIENT_GONE = 499
@@ -63,7 +64,8 @@ async def generate(request: Request, endpoint: str):
         handle.submit(_choices(parsed))
         await handle.next()  # the first Started: the request holds a batch slot (its choices share the prompt)
         if parsed.stream:
-            return EventStream(_stream(handle, meta, parsed.include_usage, formatters, echo), handle.close)
+            return EventStream(_stream(handle, meta, parsed.include_usage, formatters, echo, parsed.tool_calling),
+                               handle.close)
         deltas: list[list[Delta]] = [[] for _ in range(parsed.n)]
         async for index, event in handle.events():
             if isinstance(event, Delta):
@@ -72,7 +74,10 @@ async def generate(request: Request, endpoint: str):
         texts = [(echo or "") + "".join(d.text for d in ds) for ds in deltas]
         logprobs = [f.format(meta.chat, (ds[0].prompt_logprobs or []) + [e for d in ds for e in d.logprobs])
                     if f else None for f, ds in zip(formatters, deltas)]  # prompt logprobs come with echo only
-        return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs))))
+        calling = parsed.tool_calling
+        answers = [calling.answer(text, fin.finish_reason) for text, fin in zip(texts, handle.finished)] \
+            if calling is not None and calling.calls else None
+        return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs)), answers))
     except APIError as exc:
         handle.close(exc.status)
         raise
@@ -101,13 +106,19 @@ def _choices(parsed: GenerationRequest) -> list[GenerationRequest]:
 
 
 async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool,
-                  formatters: list[responses.LogprobFormatter | None], echo: str | None):
+                  formatters: list[responses.LogprobFormatter | None], echo: str | None,
+                  calling: ToolCalling | None = None):
     if meta.chat:
         for index in range(len(formatters)):
             yield responses.sse(responses.chunk(meta, None, role=True, index=index))
     echoed: set[int] = set()
+    calls = _ToolCallStream(meta, calling, len(formatters)) if calling is not None and calling.calls else None
     try:
         async for index, event in handle.events():
+            if calls is not None:
+                for out in calls.events(index, event):
+                    yield responses.sse(out)
+                continue
             formatter = formatters[index]
             if isinstance(event, Delta) and echo is not None and index not in echoed:  # the prompt comes first
                 echoed.add(index)
@@ -126,6 +137,58 @@ async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bo
     except APIError as exc:  # failed after the stream began: an error event, as OpenAI sends one
         yield responses.sse(exc.body())
     yield responses.DONE
+
+
+class _ToolCallStream:
+    """Streamed answers of a request that may call tools: a named function's arguments stream as they are
+    generated; an "auto" answer streams as content up to where a call may begin (CALL_TAG, held back while the
+    text could be opening it), the rest is read at the end; a "required" call is read whole at the end (which tool
+    it is is only known then). Calls go out as tool call deltas."""
+
+    def __init__(self, meta: responses.Meta, calling: ToolCalling, choices: int):
+        self.meta, self.calling = meta, calling
+        self.texts = [""] * choices
+        self.sent = [0] * choices  # characters of each text already streamed as content ("auto")
+        self.ids: dict[int, str] = {}
+
+    def events(self, index: int, event):
+        """The chunks for one engine event of choice `index`."""
+        meta, calling = self.meta, self.calling
+        if isinstance(event, Delta):
+            self.texts[index] += event.text
+            if calling.choice == "auto":
+                text = self.texts[index]
+                opened = text.find(CALL_TAG, self.sent[index])
+                safe = opened if opened >= 0 else _before_partial_tag(text)
+                if safe > self.sent[index]:
+                    yield responses.chunk(meta, text[self.sent[index]:safe], index=index)
+                    self.sent[index] = safe
+            if calling.choice == "function" and event.text:
+                if index not in self.ids:  # the call opens with its id and name
+                    call = tool_call(calling.function, "")
+                    self.ids[index] = call["id"]
+                    yield responses.chunk(meta, None, index=index, tool_calls=[{"index": 0, **call}])
+                yield responses.chunk(meta, None, index=index, tool_calls=[
+                    {"index": 0, "function": {"arguments": event.text}}])
+        elif isinstance(event, Finished):
+            if calling.choice == "function":
+                reason = "tool_calls" if event.finish_reason != "length" else "length"
+            else:
+                content, calls, reason = calling.answer(self.texts[index][self.sent[index]:], event.finish_reason)
+                if content:
+                    yield responses.chunk(meta, content, index=index)
+                if calls:
+                    yield responses.chunk(meta, None, index=index,
+                                          tool_calls=[{"index": j, **call} for j, call in enumerate(calls)])
+            yield responses.chunk(meta, None, event, index=index, finish_reason=reason)
+
+
+def _before_partial_tag(text: str) -> int:
+    """Where a suffix of `text` that could open CALL_TAG begins (len(text) when none could)."""
+    for n in range(min(len(CALL_TAG) - 1, len(text)), 0, -1):
+        if text.endswith(CALL_TAG[:n]):
+            return len(text) - n
+    return len(text)
 
 
 async def _json(request: Request, limit: int):

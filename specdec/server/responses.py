@@ -57,14 +57,19 @@ def usage(fins: list[Finished]) -> dict:
             "speculation": speculation(fins)}
 
 
-def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]]) -> dict:
+def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]],
+             answers: list[tuple[str | None, list[dict], str]] | None = None) -> dict:
     """A whole (non-streamed) completion or chat completion; choices: (text, Finished, logprobs from
-    LogprobFormatter.format) in index order."""
+    LogprobFormatter.format) in index order; answers: each chat choice's (content, tool calls, finish_reason)
+    where the request has tools (ToolCalling.answer)."""
     out = []
     for index, (text, fin, logprobs) in enumerate(choices):
         choice = {"index": index, "logprobs": logprobs, "finish_reason": fin.finish_reason}
         if meta.chat:
             choice["message"] = {"role": "assistant", "content": text}
+            if answers is not None:
+                content, calls, choice["finish_reason"] = answers[index]
+                choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
         else:
             choice["text"] = text
         out.append(choice)
@@ -72,13 +77,15 @@ def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]]) -> di
 
 
 def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool = False,
-          logprobs: dict | None = None, index: int = 0) -> dict:
-    """One streamed chunk of choice `index`: a text delta (with its tokens' logprobs), the opening role (chat),
-    or the closing finish_reason."""
-    choice = {"index": index, "logprobs": logprobs, "finish_reason": fin.finish_reason if fin else None}
+          logprobs: dict | None = None, index: int = 0, tool_calls: list[dict] | None = None,
+          finish_reason: str | None = None) -> dict:
+    """One streamed chunk of choice `index`: a text delta (with its tokens' logprobs), tool call deltas, the
+    opening role (chat), or the closing finish_reason (fin's, unless `finish_reason` says otherwise)."""
+    reason = (finish_reason or fin.finish_reason) if fin else None
+    choice = {"index": index, "logprobs": logprobs, "finish_reason": reason}
     if meta.chat:
-        choice["delta"] = ({"role": "assistant", "content": ""} if role else
-                           {} if text is None else {"content": text})
+        choice["delta"] = ({"role": "assistant", "content": ""} if role else {"tool_calls": tool_calls} if tool_calls
+                           else {} if text is None else {"content": text})
     else:
         choice["text"] = text or ""
     out = {**meta.head(True), "choices": [choice]}

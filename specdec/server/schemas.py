@@ -3,7 +3,8 @@
 Both endpoints share the sampling fields; defaults follow OpenAI (temperature 1, top_p 1; max_tokens 16
 for completions, the server's default for chat); `presence_penalty`, `frequency_penalty`, `logit_bias` and
 logprobs (chat: `logprobs`, `top_logprobs`; completions: `logprobs`, with `echo` for the prompt's too; up to 20
-alternatives) as OpenAI defines them; structured output by `response_format` (json_object, json_schema).
+alternatives) as OpenAI defines them; structured output by `response_format` (json_object, json_schema); function
+calling by `tools` and `tool_choice` (chat; see tools.py).
 Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`,
 `guided_regex`, `guided_grammar` (Lark), and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME,
 "num_speculative_tokens": k} picks the drafter (one of Limits.drafters) and the most tokens drafted per step for
@@ -11,6 +12,7 @@ this request.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -18,11 +20,12 @@ from ..config import MAX_TOP_LOGPROBS, Constraint, GenerationConfig, SamplingCon
 from ..errors import ConfigError
 from ..structured import check
 from .errors import APIError, bad_request, model_not_found, unsupported
+from .tools import ToolCalling, parse_tool_calling
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
           "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "logit_bias", "response_format", "guided_json", "guided_regex", "guided_grammar"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"},
           "completions": COMMON | {"prompt", "logprobs", "echo"}}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL = {  # accepted only at the value that changes nothing
@@ -30,7 +33,7 @@ NEUTRAL = {  # accepted only at the value that changes nothing
     "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOPS = 16
 MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 
@@ -46,6 +49,7 @@ class Limits:
     default_max_tokens: int = 256
     max_choices: int = 16  # the most choices (`n`) in one request: the server's batch size
     structured_error: str | None = None  # why this model's tokenizer cannot do structured output, if it cannot
+    tool_parser: str | None = None  # how "auto" tool calls are read from the text (tools.PARSERS), if at all
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class GenerationRequest:
     include_usage: bool
     n: int = 1  # choices: engine requests over the same prompt
     echo: bool = False  # completions: the prompt comes back before the completion (with its logprobs if asked for)
+    tool_calling: ToolCalling | None = None  # chat with tools: the tools and how the answer may call them
 
 
 def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
@@ -89,6 +94,9 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     top_k = _int(body, "top_k", 0, -1, 10**9)
     echo = endpoint == "completions" and _bool(body, "echo", False)
     logprobs = _logprobs(body, endpoint)
+    calling = parse_tool_calling(body, limits.tool_parser, limits.structured_error) if endpoint == "chat" else None
+    if calling is not None and calling.calls and logprobs is not None:
+        raise unsupported("logprobs", "cannot be combined with tool calls")
     try:
         sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
                                   top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
@@ -102,13 +110,14 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
                                   ignore_eos=_bool(body, "ignore_eos", False), logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo else None,
-                                  constraint=_constraint(body, limits.structured_error))
+                                  constraint=(calling and calling.constraint()) or _constraint(
+                                      body, limits.structured_error))
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     return GenerationRequest(endpoint=endpoint, model=model, prompt=prompt, config=config,
                              max_tokens_given=max_tokens is not None,
                              speculation=_speculation(body.get("speculation"), limits), stream=stream,
-                             include_usage=include_usage, n=n, echo=echo)
+                             include_usage=include_usage, n=n, echo=echo, tool_calling=calling)
 
 
 def _check_fields(body: dict, endpoint: str) -> None:
@@ -149,13 +158,49 @@ def _messages(value) -> list[dict]:
         if not isinstance(message, dict):
             raise bad_request(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
         for key in message:
-            if key not in ("role", "content", "name"):
+            if key not in ("role", "content", "name", "tool_calls", "tool_call_id"):
                 raise unsupported(f"{where}.{key}")
         role = message.get("role")
         if role not in ROLES:
             raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role",
                               "invalid_value")
-        out.append({"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")})
+        calls = _tool_calls(message.get("tool_calls"), where) if role == "assistant" else None
+        if message.get("tool_calls") is not None and role != "assistant":
+            raise unsupported(f"{where}.tool_calls", "is only allowed on assistant messages")
+        content = "" if calls and message.get("content") is None else _content(message.get("content"),
+                                                                                f"{where}.content")
+        item = {"role": ROLES[role], "content": content}
+        if calls:
+            item["tool_calls"] = calls
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad_request(f"'{where}.tool_call_id' must be the id of the call this message answers",
+                                  f"{where}.tool_call_id", "missing_required_parameter")
+            item["tool_call_id"] = call_id
+        out.append(item)
+    return out
+
+
+def _tool_calls(value, where: str) -> list[dict] | None:
+    """An assistant message's earlier calls, their arguments decoded (chat templates take them as objects)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request(f"'{where}.tool_calls' must be an array", f"{where}.tool_calls", "invalid_type")
+    out = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        try:
+            arguments = json.loads(fn["arguments"]) if isinstance(fn.get("arguments"), str) else fn["arguments"]
+            if not isinstance(fn["name"], str) or not isinstance(arguments, dict):
+                raise TypeError
+        except (TypeError, KeyError, AttributeError, ValueError):
+            raise bad_request(f"'{where}.tool_calls[{j}]' must be {{\"id\", \"type\": \"function\", \"function\": "
+                              "{\"name\", \"arguments\": a JSON object as text}}", f"{where}.tool_calls[{j}]",
+                              "invalid_value") from None
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": arguments}})
     return out
 
 

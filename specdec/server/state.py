@@ -19,6 +19,7 @@ class ServerSettings:
     max_prefill_tokens: int = 512  # prompt tokens that may join the batch in one step (at least one request)
     max_body_bytes: int = 8 << 20
     drafter_options: dict = field(default_factory=dict)  # create_drafter's options for drafters requests pick
+    tool_parser: str | None = None  # how "auto" tool calls are read from the text (server/tools.py), if at all
 
 
 class ServerState:
@@ -38,7 +39,8 @@ class ServerState:
                              vocab_size=decoder.target.info.vocab_size,
                              default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
                              structured_error=unsupported_reason(decoder.target.tokenizer, decoder.target.info.vocab_size,
-                                                                 decoder.target.info.eos_token_ids))
+                                                                 decoder.target.info.eos_token_ids),
+                             tool_parser=settings.tool_parser)
         self.inflight = 0
         self.draining = False
         self.started = int(time.time())

@@ -237,8 +237,12 @@ class EngineWorker:
         if isinstance(request.prompt, list) and request.endpoint == "completions":
             return list(request.prompt)  # token ids
         try:
-            if request.endpoint == "chat":
-                return self.decoder.encode(request.prompt)  # through the chat template
+            if request.endpoint == "chat":  # through the chat template
+                if request.tool_calling is None:
+                    return self.decoder.encode(request.prompt)
+                template = self.tokenizer.chat_template or ""
+                messages, tools = request.tool_calling.messages(request.prompt, "tools" in template)
+                return self.decoder.encode(messages, tools=tools)
             return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
         except SpecdecError:
             raise

@@ -1,0 +1,203 @@
+"""Function calling (OpenAI's `tools` and `tool_choice` on chat completions).
+
+- `tool_choice` "required", or {"type": "function", "function": {"name": N}}: the answer is constrained to a call
+  (structured output, specdec/structured.py): for a named function, its arguments object (the function's
+  `parameters` schema); for "required", {"name": one of the tools, "arguments": that tool's parameters}. A call is
+  then always well-formed and valid against its schema, speculation stays lossless (drafts are masked as in any
+  constrained request) and the keys and punctuation the schema forces are drafted for free.
+- "auto" (OpenAI's default when tools are given): the model decides, and its text is parsed for calls in the
+  format it was trained to write them in (`specdec serve --tool-call-parser hermes`: <tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>, as Hermes, Qwen and many others write them), as vLLM does. Without a parser
+  "auto" is refused with a 400 that says what to send instead.
+- "none": the model sees the tools and answers in text.
+
+The tools reach the model through its chat template when the template takes `tools`; otherwise their
+descriptions are added to the system message, and earlier calls and tool results are written as text.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..config import Constraint
+from .errors import bad_request, unsupported
+
+PARSERS = ("hermes",)
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CALL_TAG = "<tool_call>"  # how a hermes call opens
+HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters_json: str  # the arguments' JSON schema, as JSON text (hashable)
+
+    @property
+    def parameters(self) -> dict:
+        return json.loads(self.parameters_json)
+
+    def openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """A request's tools and how it may call them: choice "none", "auto", "required" or "function" (the one
+    named by `function`)."""
+
+    tools: tuple[Tool, ...]
+    choice: str
+    function: str | None = None
+    parser: str | None = None
+
+    @property
+    def calls(self) -> bool:
+        """Whether the answer may be a call (and is parsed as one)."""
+        return self.choice != "none"
+
+    def constraint(self) -> Constraint | None:
+        """The structured-output constraint that makes the answer a call ("required" and named choices)."""
+        if self.choice == "function":
+            return Constraint.json_schema(next(t for t in self.tools if t.name == self.function).parameters)
+        if self.choice == "required":
+            return Constraint.json_schema({"anyOf": [
+                {"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                 "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]})
+        return None
+
+    def answer(self, text: str, finish_reason: str) -> tuple[str | None, list[dict], str]:
+        """(content, tool calls in OpenAI's format, finish_reason) for a generated text. A call cut short by the
+        length limit stays text."""
+        if finish_reason == "length" and self.choice in ("function", "required"):
+            return text, [], finish_reason
+        if self.choice == "function":
+            return None, [tool_call(self.function, text)], "tool_calls"
+        if self.choice == "required":
+            call = json.loads(text)  # the constraint made it valid
+            return None, [tool_call(call["name"], _dumps(call["arguments"]))], "tool_calls"
+        if self.choice == "auto":
+            calls = []
+            for block in HERMES_CALL.findall(text):
+                try:
+                    call = json.loads(block)
+                    if isinstance(call, dict) and isinstance(call.get("name"), str) \
+                            and isinstance(call.get("arguments", {}), dict):
+                        calls.append(tool_call(call["name"], _dumps(call.get("arguments", {}))))
+                except ValueError:
+                    pass
+            if calls:
+                content = HERMES_CALL.sub("", text).strip()
+                return content or None, calls, "tool_calls"
+        return text, [], finish_reason
+
+    def messages(self, messages: list[dict], template_takes_tools: bool) -> tuple[list[dict], list[dict] | None]:
+        """(messages, tools) for the chat template: the tools as the template takes them, or written into the
+        system message for one that does not (with earlier calls and results as text)."""
+        if template_takes_tools:
+            return messages, [t.openai() for t in self.tools]
+        described = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
+                              for t in self.tools)
+        how = {"none": "Answer in text; do not call a function.",
+               "auto": 'To call a function, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+               "required": "Answer with a function call.", "function": f"Answer with a call to {self.function}."}
+        note = f"You can call these functions (name, description, JSON schema of the arguments):\n{described}\n" \
+               f"{how[self.choice]}"
+        out = [_as_text(m) for m in messages]
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{note}"}
+        else:
+            out.insert(0, {"role": "system", "content": note})
+        return out, None
+
+
+def parse_tool_calling(body: dict, parser: str | None, structured_error: str | None) -> ToolCalling | None:
+    """The request's tools and tool_choice; None when it gives no tools. Raises APIError (400)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise bad_request("'tool_choice' is only allowed when 'tools' are given", "tool_choice", "invalid_value")
+        return None
+    parsed = _tools(tools)
+    names = [t.name for t in parsed]
+    function = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        function = fn.get("name") if isinstance(fn, dict) else None
+        if function not in names:
+            raise bad_request("'tool_choice' must name one of the tools, {\"type\": \"function\", \"function\": "
+                              f"{{\"name\": ...}}}}, with a name among {', '.join(names)}", "tool_choice",
+                              "invalid_value")
+        choice = "function"
+    elif choice not in ("none", "auto", "required"):
+        raise bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}", "tool_choice", "invalid_value")
+    if choice == "auto" and parser is None:
+        raise unsupported("tool_choice", "\"auto\" (the default when tools are given) needs the server started with "
+                                         "--tool-call-parser (the format this model writes calls in); send "
+                                         "\"required\" or a named function, which specdec enforces by constrained "
+                                         "decoding, or \"none\"")
+    if choice in ("required", "function") and structured_error:
+        raise bad_request(f"tool calls are not available for this model: {structured_error}", "tool_choice",
+                          "unsupported_parameter")
+    if choice in ("required", "function") and any(body.get(k) is not None for k in (
+            "response_format", "guided_json", "guided_regex", "guided_grammar")):
+        raise bad_request("a required or named tool call constrains the answer already: send it without "
+                          "response_format or guided_*", "tool_choice", "invalid_value")
+    return ToolCalling(parsed, choice, function, parser)
+
+
+def _tools(value) -> tuple[Tool, ...]:
+    if not isinstance(value, list):
+        raise bad_request("'tools' must be an array of {\"type\": \"function\", \"function\": {...}}", "tools",
+                          "invalid_type")
+    out, seen = [], set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise bad_request(f"'{where}' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", where,
+                              "invalid_value")
+        name, description = fn.get("name"), fn.get("description", "")
+        parameters = fn.get("parameters", NO_PARAMETERS)
+        if not isinstance(name, str) or not NAME.match(name):
+            raise bad_request(f"'{where}.function.name' must be 1 to 64 letters, digits, underscores or dashes",
+                              f"{where}.function.name", "invalid_value")
+        if name in seen:
+            raise bad_request(f"two tools are named {name!r}", f"{where}.function.name", "invalid_value")
+        if not isinstance(description, str):
+            raise bad_request(f"'{where}.function.description' must be a string", f"{where}.function.description",
+                              "invalid_type")
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise bad_request(f"'{where}.function.parameters' must be a JSON schema of an object",
+                              f"{where}.function.parameters", "invalid_value")
+        seen.add(name)
+        out.append(Tool(name, description, json.dumps(parameters, sort_keys=True)))
+    return tuple(out)
+
+
+def tool_call(name: str, arguments: str) -> dict:
+    """A call in OpenAI's format, with a fresh id."""
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _dumps(arguments) -> str:
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def _as_text(message: dict) -> dict:
+    """A message for a chat template without tools: earlier calls and tool results written as text."""
+    if message["role"] == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}
+    if message.get("tool_calls"):
+        calls = "\n".join(f"<tool_call>\n{json.dumps(c['function'])}\n</tool_call>" for c in message["tool_calls"])
+        return {"role": "assistant", "content": f"{message.get('content') or ''}\n{calls}".strip()}
+    return {"role": message["role"], "content": message["content"]}
