@@ -3,7 +3,7 @@ from __future__ import annotations
 
 FLOORS = {  # name prefix -> (minimum, what it means)
     "throughput_scaling": (3.0, "aggregate tokens/s at the highest concurrency over the lowest, no speculation"),
-    "latency_speedup": (2.0, "mean latency at concurrency 1 without speculation over with it"),
+    "latency_speedup": (2.0, "mean latency at the lowest concurrency without speculation over with it"),
 }
 
 
