@@ -79,7 +79,8 @@ def _suffix(target, suffix_index=None, **ignored) -> Drafter:
 @register("draft-model")
 def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ignored) -> Drafter:
     from ..models.loading import LoadedModel, load_model
-    from .draft_model import DraftModelDrafter, check_same_vocabulary
+    from .cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
+    from .draft_model import DraftModelDrafter
 
     if draft_model is None:
         raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model NAME_OR_PATH)")
@@ -87,8 +88,9 @@ def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ig
         info = target.info
         draft_model = load_model(draft_model, device=str(info.device), dtype=str(info.dtype).replace("torch.", ""),
                                  trust_remote_code=trust_remote_code)
-    check_same_vocabulary(target.tokenizer, draft_model.tokenizer, target.name, draft_model.name)
-    return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
+    if None in (target.tokenizer, draft_model.tokenizer) or same_vocabulary(target.tokenizer, draft_model.tokenizer):
+        return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
+    return CrossTokenizerDrafter(draft_model.backend, draft_model.tokenizer, target.tokenizer)  # through text
 
 
 @register("layerskip")

@@ -1,24 +1,13 @@
-"""A smaller causal LM with the target's tokenizer drafts k tokens autoregressively."""
+"""A smaller causal LM with the target's tokenizer drafts k tokens autoregressively (cross_tokenizer.py: with
+another tokenizer)."""
 from __future__ import annotations
 
 import torch
 
-from ..errors import IncompatibleDraftError
 from ..models.backend import CausalLM
 from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
-
-
-def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
-    """Refuses a draft whose tokenizer maps any token to a different id than the target's."""
-    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if t_vocab != d_vocab:
-        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-        raise IncompatibleDraftError(
-            f"draft model {draft_name!r} has a different tokenizer from target {target_name!r} "
-            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differing entries); "
-            "speculative decoding needs the same vocabulary")
 
 
 class DraftModelDrafter(Drafter):
