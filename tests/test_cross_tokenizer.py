@@ -49,3 +49,15 @@ def test_an_unrelated_draft_with_another_tokenizer_changes_nothing(tiny_folder, 
             got = spec.generate(prompt, config)
             assert got.token_ids == plain.generate(prompt, config).token_ids
             assert got.metrics.drafted_tokens > 0
+
+
+def test_batched_requests_draft_through_text_each_with_its_own_fork(tiny_folder, other_vocab_folder):
+    target = load_model(str(tiny_folder), dtype="float32")
+    twin = _permuted_twin(target, load_model(str(other_vocab_folder), dtype="float32"))
+    spec = SpecDecoder(target, create_drafter("draft-model", target, draft_model=twin),
+                       SpeculationConfig(num_speculative_tokens=3, adaptive=False), chat=False)
+    config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    results = spec.generate_many(PROMPTS, config, max_batch=3)
+    plain = SpecDecoder(target, None, chat=False)
+    assert [r.token_ids for r in results] == [plain.generate(p, config).token_ids for p in PROMPTS]
+    assert all(r.metrics.accepted_tokens > 0 for r in results)
