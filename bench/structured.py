@@ -7,6 +7,8 @@ Every prompt gets an instruction to reply in JSON with the schema's fields, and 
 under the schema (llguidance masks, see specdec/structured.py); the methods take turns prompt by prompt, and
 each is compared with plain constrained decoding (`none`): tokens per second, MAT, identical outputs.
 With a drafter, the tokens the schema forces (keys, quotes, separators) are drafted first (jump-forward).
+With --tool-call, each prompt is answered by a required call of one of two tools (the server's tool_choice
+"required": the tools described in the system message, the call constrained to their schemas).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from specdec import SpecDecoder, SpecdecError
 from specdec.bench.prompts import load_prompts
 from specdec.bench.runner import machine_info
 from specdec.config import Constraint, GenerationConfig
+from specdec.server.tools import parse_tool_calling
 
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["answer", "topic", "keywords", "confident"],
@@ -27,6 +30,16 @@ SCHEMA = {"type": "object", "additionalProperties": False,
                          "keywords": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 5},
                          "confident": {"type": "boolean"}}}
 INSTRUCTION = "\n\nReply in JSON with the fields answer, topic, keywords (at most five) and confident (true or false)."
+TOOLS = [{"type": "function", "function": {"name": "search_web", "description": "Search the web for pages on a topic",
+                                           "parameters": {"type": "object", "properties": {
+                                               "query": {"type": "string", "maxLength": 200},
+                                               "max_results": {"type": "integer", "minimum": 1, "maximum": 20}},
+                                               "required": ["query", "max_results"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "reply", "description": "Answer the user directly",
+                                           "parameters": {"type": "object", "properties": {
+                                               "answer": {"type": "string", "maxLength": 600},
+                                               "topic": {"type": "string", "maxLength": 60}},
+                                               "required": ["answer", "topic"], "additionalProperties": False}}}]
 
 
 def main() -> None:
@@ -37,13 +50,20 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=192, help="room for most answers to close their JSON")
     p.add_argument("--drafters", default="none,ngram,suffix,eagle", help="the first is the reference")
+    p.add_argument("--tool-call", action="store_true",
+                   help="answer each prompt with a required call of one of TOOLS (the server's tool_choice "
+                        "\"required\": tools described in the system message, the call constrained) instead of JSON")
     p.add_argument("--out-json", required=True)
     args = p.parse_args()
     prompts = load_prompts(args.prompts, args.limit)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, constraint=Constraint.json_schema(SCHEMA))
+    calling = parse_tool_calling({"tools": TOOLS, "tool_choice": "required"}, None, None) if args.tool_call else None
+    constraint = calling.constraint() if calling else Constraint.json_schema(SCHEMA)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, constraint=constraint)
     names = args.drafters.split(",")
     decoders = {name: SpecDecoder.load(args.model, drafter=name, dtype=args.dtype) for name in names}
-    encoded = [decoders[names[0]].encode(q.text + INSTRUCTION) for q in prompts]
+    first = decoders[names[0]]
+    encoded = [first.encode(calling.messages([{"role": "user", "content": q.text}], False)[0]) if calling
+               else first.encode(q.text + INSTRUCTION) for q in prompts]
     for decoder in decoders.values():  # warm-up: the first call builds llguidance's tokenizer and allocations
         decoder.generate_ids(encoded[0], GenerationConfig(max_new_tokens=8, constraint=config.constraint))
     runs = {name: [] for name in names}
@@ -72,7 +92,8 @@ def main() -> None:
     for row in summary.values():
         row["speedup_over_" + names[0]] = round(row["tokens_per_s"] / base, 2)
     meta = {"prompts": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
-            "schema": SCHEMA, "instruction": INSTRUCTION, "question_ids": [q.question_id for q in prompts],
+            "schema": SCHEMA if calling is None else None, "instruction": INSTRUCTION if calling is None else None,
+            "tool_call": TOOLS if calling else None, "question_ids": [q.question_id for q in prompts],
             "machine": machine_info()}
     with open(args.out_json, "w") as f:
         json.dump({"meta": meta, "summary": summary,
