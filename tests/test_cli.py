@@ -80,6 +80,7 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--json-schema", "{oops"], "not valid JSON"),
     (["generate", "hi", "--json-schema", "@/nonexistent.json"], "cannot read"),
     (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
+    (["generate", "hi", "--model", "{tiny}", "--trace", "/proc/specdec/trace.jsonl"], "cannot write the trace file"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--document-tasks", "-2"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--max-prompts", "0"],
