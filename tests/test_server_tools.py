@@ -167,6 +167,8 @@ def test_tools_reach_a_chat_template_that_takes_them(tiny_bpe_folder):
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}], "tool_choice": "required"}, "tools"),
     ({"tools": [WEATHER]}, "tool_choice"),  # "auto" without --tool-call-parser
     ({"tools": [WEATHER], "tool_choice": "required", "logprobs": True}, "logprobs"),
     ({"tools": [WEATHER], "tool_choice": NAMED, "response_format": {"type": "json_object"}}, "tool_choice"),

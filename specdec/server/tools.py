@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import Constraint
+from ..errors import ConfigError
+from ..structured import check
 from .errors import bad_request, unsupported
 
 PARSERS = ("hermes",)
@@ -151,7 +153,14 @@ def parse_tool_calling(body: dict, parser: str | None, structured_error: str | N
             "response_format", "guided_json", "guided_regex", "guided_grammar")):
         raise bad_request("a required or named tool call constrains the answer already: send it without "
                           "response_format or guided_*", "tool_choice", "invalid_value")
-    return ToolCalling(parsed, choice, function, parser)
+    calling = ToolCalling(parsed, choice, function, parser)
+    if (constraint := calling.constraint()) is not None:
+        try:
+            check(constraint)  # compiled here, so that a bad parameters schema is a 400
+        except ConfigError as exc:
+            raise bad_request(f"a tool's parameters are not a usable JSON schema: {exc}", "tools",
+                              "invalid_value") from None
+    return calling
 
 
 def _tools(value) -> tuple[Tool, ...]:
