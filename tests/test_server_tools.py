@@ -99,7 +99,7 @@ def test_a_required_call_picks_one_of_the_tools_with_valid_arguments(client, str
         assert calls[0]["name"] == "get_time" and args in ({"zone": "utc"}, {"zone": "cet"})
 
 
-def test_a_conversation_carries_earlier_calls_and_tool_results(client):
+def test_a_conversation_carries_earlier_calls_and_tool_results(client, tiny_bpe_folder):
     messages = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "paris", "days": 1}'}}]},
@@ -108,6 +108,13 @@ def test_a_conversation_carries_earlier_calls_and_tool_results(client):
                                          max_tokens=8, temperature=0)
     assert isinstance(got.choices[0].message.content, str) and not got.choices[0].message.tool_calls
     assert got.choices[0].finish_reason in ("stop", "length")
+    without_tools = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    # without tools the history is still written out, as text, for a template that knows nothing of calls
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "paris", "days": 1}})
+    as_text = MESSAGES + [{"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+                          {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}]
+    encoded = SpecDecoder(load_model(str(tiny_bpe_folder), dtype="float32"), None).encode(as_text)
+    assert without_tools.usage.prompt_tokens == len(encoded)
 
 
 def test_auto_reads_hermes_calls_from_the_text():
@@ -121,6 +128,10 @@ def test_auto_reads_hermes_calls_from_the_text():
     assert calling.answer("<tool_call>{not json}</tool_call> plain", "stop") == (
         "<tool_call>{not json}</tool_call> plain", [], "stop")
     assert calling.answer("just text", "length") == ("just text", [], "length")
+    named = parse_tool_calling({"tools": [TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+                               None, None)
+    assert named.answer('{"zone": "ut', "stop") == ('{"zone": "ut', [], "stop")  # a stop string cut the call short
+    assert named.answer('{"zone": "utc"}', "stop")[2] == "tool_calls"
 
 
 def test_auto_streams_text_until_a_call_opens_then_sends_the_call():

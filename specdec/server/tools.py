@@ -74,14 +74,17 @@ class ToolCalling:
         return None
 
     def answer(self, text: str, finish_reason: str) -> tuple[str | None, list[dict], str]:
-        """(content, tool calls in OpenAI's format, finish_reason) for a generated text. A call cut short by the
-        length limit stays text."""
-        if finish_reason == "length" and self.choice in ("function", "required"):
-            return text, [], finish_reason
-        if self.choice == "function":
-            return None, [tool_call(self.function, text)], "tool_calls"
-        if self.choice == "required":
-            call = json.loads(text)  # the constraint made it valid
+        """(content, tool calls in OpenAI's format, finish_reason) for a generated text. A call cut short (by the
+        length limit or a stop string) stays text."""
+        if self.choice in ("function", "required"):
+            try:  # the constraint made it valid JSON unless the length limit or a stop string cut it short
+                call = json.loads(text) if finish_reason != "length" else None
+            except ValueError:
+                call = None
+            if call is None:
+                return text, [], finish_reason
+            if self.choice == "function":
+                return None, [tool_call(self.function, text)], "tool_calls"
             return None, [tool_call(call["name"], _dumps(call["arguments"]))], "tool_calls"
         if self.choice == "auto":
             calls = []
@@ -110,7 +113,7 @@ class ToolCalling:
                "required": "Answer with a function call.", "function": f"Answer with a call to {self.function}."}
         note = f"You can call these functions (name, description, JSON schema of the arguments):\n{described}\n" \
                f"{how[self.choice]}"
-        out = [_as_text(m) for m in messages]
+        out = [as_text(m) for m in messages]
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{note}"}
         else:
@@ -202,7 +205,7 @@ def _dumps(arguments) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-def _as_text(message: dict) -> dict:
+def as_text(message: dict) -> dict:
     """A message for a chat template without tools: earlier calls and tool results written as text."""
     if message["role"] == "tool":
         return {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}

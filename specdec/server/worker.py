@@ -24,6 +24,7 @@ from ..metrics import GenerationMetrics
 from ..sequence import SequenceState
 from .errors import APIError, bad_request, internal, shutting_down
 from .schemas import GenerationRequest, SpeculationChoice
+from .tools import as_text
 
 log = logging.getLogger("specdec.server")
 
@@ -238,11 +239,12 @@ class EngineWorker:
             return list(request.prompt)  # token ids
         try:
             if request.endpoint == "chat":  # through the chat template
-                if request.tool_calling is None:
-                    return self.decoder.encode(request.prompt)
-                template = self.tokenizer.chat_template or ""
-                messages, tools = request.tool_calling.messages(request.prompt, "tools" in template)
-                return self.decoder.encode(messages, tools=tools)
+                takes_tools = "tools" in (self.tokenizer.chat_template or "")
+                if request.tool_calling is not None:
+                    messages, tools = request.tool_calling.messages(request.prompt, takes_tools)
+                    return self.decoder.encode(messages, tools=tools)
+                # earlier calls and tool results, for a template that knows nothing of them, as text
+                return self.decoder.encode(request.prompt if takes_tools else [as_text(m) for m in request.prompt])
             return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
         except SpecdecError:
             raise
