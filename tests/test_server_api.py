@@ -196,6 +196,11 @@ def test_models_health_and_metrics(server, client):
                  "specdec_mean_accepted_tokens", "specdec_time_to_first_token_seconds_bucket",
                  "specdec_request_latency_seconds_bucket", "specdec_queue_depth", "specdec_running_batch_size"):
         assert re.search(rf"^{name}[ {{]", text, re.M), name
+    # per draft position (as vLLM exports them): the positions sum to the totals
+    for kind in ("draft", "accepted"):
+        per = re.findall(rf'^specdec_{kind}_tokens_per_position_total{{position="(\d+)"}} (\S+)$', text, re.M)
+        assert per and {p for p, _ in per} >= {"0"}
+        assert sum(float(v) for _, v in per) == metric(server, f"specdec_{kind}_tokens_total") > 0
 
 
 def test_bench_serve_against_the_running_server(server, tmp_path, capsys):

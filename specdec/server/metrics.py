@@ -13,6 +13,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 
 from ..metrics import GenerationMetrics
 
+MAX_POSITIONS = 16  # per-position series for draft positions 0..15; later positions count under the last one
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -36,6 +37,12 @@ class ServerMetrics:
         self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.steps = Counter("specdec_verify_steps", "Target verify steps (one per sequence per step)", registry=r)
+        self.drafted_at = Counter("specdec_draft_tokens_per_position", "Draft tokens proposed at each draft position "
+                                  f"(0: the first; {MAX_POSITIONS - 1} holds the later ones too)", ["position"],
+                                  registry=r)
+        self.accepted_at = Counter("specdec_accepted_tokens_per_position", "Draft tokens accepted at each draft "
+                                   "position (acceptance at position i: accepted / drafted there)", ["position"],
+                                   registry=r)
         self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
         self.mat = Gauge("specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)",
                          registry=r)
@@ -59,6 +66,10 @@ class ServerMetrics:
         self.drafted.inc(m.drafted_tokens)
         self.accepted.inc(m.accepted_tokens)
         self.steps.inc(m.steps)
+        for i, (drafted, accepted) in enumerate(zip(m.drafted_per_position, m.accepted_per_position)):
+            position = str(min(i, MAX_POSITIONS - 1))
+            self.drafted_at.labels(position).inc(drafted)
+            self.accepted_at.labels(position).inc(accepted)
         with self._lock:
             self._totals = self._totals.merge(m)
             rate, mat = self._totals.acceptance_rate, self._totals.mean_accepted_tokens
