@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .drafters.base import common_prefix
 from .models.backend import SequenceCache
 
@@ -21,6 +23,7 @@ MIN_PREFIX_TOKENS = 16  # shorter matches are prefilled: a copy of the slot's ro
 class _Entry:
     tokens: list[int]  # the token ids whose keys and values cache.slot holds, at positions 0..len-1
     cache: SequenceCache
+    features: torch.Tensor | None = None  # (len(tokens), H) the target's final hidden states, when they were kept
 
 
 @dataclass
@@ -43,14 +46,18 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def claim(self, prompt_ids: list[int]) -> SequenceCache | None:
-        """A cache holding the longest stored prefix of `prompt_ids` (never its last token, which the prefill
-        must score), marked `restored`; None when no entry shares at least `min_tokens` with it. The entry is
-        copied into a free slot (freed from the least recently used other entry if need be) and kept; when it is
-        the only one and no slot is free, it is handed over itself."""
+    def claim(self, prompt_ids: list[int], features: bool = False
+              ) -> tuple[SequenceCache, torch.Tensor | None] | None:
+        """(a cache holding the longest stored prefix of `prompt_ids`, marked `restored`; with `features`, that
+        prefix's hidden states (n, H), from entries that kept them). Never the prompt's last token, which the
+        prefill must score; None when no entry shares at least `min_tokens` with it. The entry is copied into a
+        free slot (freed from the least recently used other entry if need be) and kept; when it is the only one
+        and no slot is free, it is handed over itself."""
         limit = len(prompt_ids) - 1
         best, length = None, 0
         for entry in self.entries:
+            if features and entry.features is None:
+                continue
             n = common_prefix(entry.tokens, prompt_ids, limit)
             if n > length:
                 best, length = entry, n
@@ -69,18 +76,21 @@ class PrefixCache:
         cache.restored = True
         self.stats.hits += 1
         self.stats.reused_tokens += length
-        return cache
+        return cache, best.features[:length] if features else None
 
-    def park(self, tokens: list[int], cache: SequenceCache) -> bool:
-        """Keeps the first len(tokens) positions of a finished sequence's cache; False (the caller releases it)
+    def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None) -> bool:
+        """Keeps the first len(tokens) positions of a finished sequence's cache (and their hidden states
+        `features` (>= len(tokens), H), for requests whose drafter reads them); False (the caller releases it)
         when they are too few to be worth a slot or the cache keeps no entries."""
         if self.max_entries <= 0 or len(tokens) < self.min_tokens:
             return False
-        for entry in list(self.entries):  # an entry this one extends is redundant
-            if len(entry.tokens) <= len(tokens) and tokens[: len(entry.tokens)] == entry.tokens:
+        for entry in list(self.entries):  # an entry this one extends is redundant (unless it alone has features)
+            if len(entry.tokens) <= len(tokens) and tokens[: len(entry.tokens)] == entry.tokens \
+                    and (features is not None or entry.features is None):
                 self._drop(entry)
         self.backend.truncate(cache, len(tokens))
-        self.entries.append(_Entry(list(tokens), cache))
+        kept = None if features is None else features[: len(tokens)]
+        self.entries.append(_Entry(list(tokens), cache, kept))
         while len(self.entries) > self.max_entries:
             self.evict_oldest()
         return True

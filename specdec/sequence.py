@@ -61,6 +61,8 @@ class SequenceState:
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else costs  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=speculation.adaptive)
         self.needs_features = drafter is not None and drafter.needs_features
+        keep_features = self.needs_features and getattr(backend, "prefix_cache", None) is not None
+        self.features: list[torch.Tensor] | None = [] if keep_features else None  # hidden rows, for the cache
         self.cache = self._claim_prefix() or backend.new_cache()
         self.metrics.cached_prompt_tokens = self.cache.length
         self.started_at = time.perf_counter()
@@ -103,6 +105,9 @@ class SequenceState:
                                                    self.config.prompt_logprobs)
         last_logits = logits[-1:]
         if self.needs_features:
+            if self.features is not None:  # restored rows first, then the prefill's (prompt length, H) in all
+                hidden = torch.cat([*self.features, hidden.to(self.features[0].device)]) if self.features else hidden
+                self.features = [hidden]
             self.drafter.observe(hidden)
         _, token = self.verify(Draft.empty(), last_logits)
         self.metrics.prefill_time_s = seconds
@@ -156,6 +161,8 @@ class SequenceState:
         n = len(accepted)
         if self.needs_features:
             self.drafter.observe(hidden[rows])
+            if self.features is not None:
+                self.features.append(hidden[rows])
         self.metrics.verify_time_s += verify_seconds
         self.policy.observe(len(draft), n)
         if self.step_log is not None:
@@ -193,13 +200,19 @@ class SequenceState:
 
     # ---- prefix cache ---------------------------------------------------------------------------
     def _claim_prefix(self):
-        """The cache of an earlier sequence that began as this prompt does, from the backend's prefix cache;
-        None when there is none, or when this request needs every prompt row scored (its drafter reads the
-        prompt's features, or it asks for prompt logprobs)."""
+        """The cache of an earlier sequence that began as this prompt does, from the backend's prefix cache
+        (for a drafter that reads features, one that kept its hidden states, which `start` hands on with the
+        prefill's); None when there is none, or when the request asks for every prompt row's logprobs."""
         prefix = getattr(self.backend, "prefix_cache", None)
-        if prefix is None or self.needs_features or self.prefill_all_logits:
+        if prefix is None or self.prefill_all_logits:
             return None
-        return prefix.claim(self.tokens)
+        claimed = prefix.claim(self.tokens, features=self.needs_features)
+        if claimed is None:
+            return None
+        cache, features = claimed
+        if features is not None:
+            self.features = [features]  # the restored rows' hidden states, for the drafter at the prefill
+        return cache
 
     def _park_or_release(self) -> None:
         """Hands the cache to the prefix cache (its rows that a later prefill would compute identically), or
@@ -207,7 +220,10 @@ class SequenceState:
         prefix = getattr(self.backend, "prefix_cache", None)
         if prefix is not None:
             rows = min(len(self.tokens), self.backend.exact_prefix_rows(self.cache, self.prompt_len))
-            if prefix.park(self.tokens[:rows], self.cache):
+            features = torch.cat(self.features) if self.features else None
+            if features is not None and features.shape[0] < rows:
+                features = None  # a sequence that ended before its prefill kept none
+            if prefix.park(self.tokens[:rows], self.cache, features):
                 return
         self.backend.release(self.cache)
 

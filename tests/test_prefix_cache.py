@@ -37,8 +37,8 @@ def test_a_restored_prefix_scores_the_rest_of_the_prompt_as_a_fresh_prefill(back
     earlier = be.new_cache()
     be.forward(earlier, torch.tensor(prompt[:cut] + _prompt(20, seed=9)))  # an earlier prompt: same beginning
     assert be.prefix_cache.park(prompt[:cut] + _prompt(20, seed=9), earlier)
-    cache = be.prefix_cache.claim(prompt)
-    assert cache is not None and cache.length == cut and cache.restored
+    cache, features = be.prefix_cache.claim(prompt)
+    assert cache.length == cut and cache.restored and features is None
     got = be.forward(cache, torch.tensor(prompt[cut:])).logits
     assert torch.equal(got, want[cut:])
 
@@ -151,3 +151,53 @@ def test_common_prefix():
     assert common_prefix([1, 2, 9, 4], [1, 2, 3, 4], 10) == 2
     assert common_prefix([7], [1, 2], 10) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix(list(range(1000)), list(range(517)) + [0] * 10, 2000) == 517
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_an_eagle_request_restores_the_prefix_with_its_hidden_states(backend):
+    """A drafter that reads the target's features gets, at the prefill, the restored rows' hidden states (kept with
+    the entry) followed by the prefill's: the features a whole prefill gives, so its drafts and the output are those
+    of a run without the cache."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+
+    target = _target(backend, torch.float32, slots=2)
+    torch.manual_seed(1)
+    head = new_head(target.hf_model, "tiny", torch.arange(64))
+    config = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+    turns = [_prompt(30, seed=s) for s in (4, 5)]
+
+    class Recording(EagleDrafter):
+        seen: list = []
+
+        def begin(self, request):
+            super().begin(request)
+            self.first = True
+
+        def observe(self, features):
+            if self.first:  # the prefill's
+                Recording.seen.append(features.clone())
+                self.first = False
+            super().observe(features)
+
+    def converse(cached: bool):
+        Recording.seen = []
+        decoder = SpecDecoder(target, Recording(head, tree=True, width=2), SpeculationConfig(num_speculative_tokens=4))
+        decoder.enable_prefix_cache(4 if cached else 0)
+        prompt, outs, reused, drafted = [], [], [], 0
+        for turn in turns:
+            prompt = prompt + turn
+            out, metrics = decoder.generate_ids(prompt, config)
+            outs.append(out)
+            reused.append(metrics.cached_prompt_tokens)
+            drafted += metrics.drafted_tokens
+            prompt = prompt + out
+        return outs, reused, Recording.seen, drafted
+
+    plain, _, plain_features, _ = converse(False)
+    outs, reused, features, drafted = converse(True)
+    assert outs == plain and drafted > 0
+    assert reused[0] == 0 and reused[1] >= len(turns[0])
+    assert len(features) == 2
+    for a, b in zip(features, plain_features):  # bit for bit on the batch-invariant kernels; torch's may round apart
+        assert torch.equal(a, b) if backend == "kernels" else torch.allclose(a, b, atol=1e-5)
