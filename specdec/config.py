@@ -15,6 +15,7 @@ BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "torch", "hf")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLING_VERIFIERS = ("rejection", "coupled")
 MAX_TOP_LOGPROBS = 20  # alternatives listed per token, as OpenAI's top_logprobs
+LOGPROBS_MODES = ("raw", "processed")  # logprobs of the raw logits, or of the distribution sampled from (vLLM's)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -132,6 +133,7 @@ class GenerationConfig:
     logprobs: int | None = None  # None: none; N >= 0: each token's logprob and the N most likely (logprobs.py)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its first one has none)
     constraint: Constraint | None = None  # structured output: JSON schema, regex or grammar (structured.py)
+    logprobs_mode: str = "raw"  # "raw": of the model's logits; "processed": of the distribution sampled from
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
@@ -141,6 +143,8 @@ class GenerationConfig:
             _check(value is None or (isinstance(value, int) and not isinstance(value, bool)
                                      and 0 <= value <= MAX_TOP_LOGPROBS),
                    f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {value}")
+        _check(self.logprobs_mode in LOGPROBS_MODES,
+               f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(len(self.stop) <= 16, "at most 16 stop strings are supported")
 
@@ -150,7 +154,7 @@ class GenerationConfig:
                ignore_eos: bool = False, min_p: float = 0.0, repetition_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-               prompt_logprobs: int | None = None,
+               prompt_logprobs: int | None = None, logprobs_mode: str = "raw",
                json_schema: dict | str | bool | None = None, regex: str | None = None,
                grammar: str | None = None) -> "GenerationConfig":
         """Builds a config from flat keyword arguments, as `generate(**kwargs)` receives them. At most one of
@@ -164,7 +168,8 @@ class GenerationConfig:
                                   repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                                   presence_penalty=presence_penalty, logit_bias=tuple((logit_bias or {}).items()))
         return cls(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), ignore_eos=ignore_eos,
-                   logprobs=logprobs, prompt_logprobs=prompt_logprobs, constraint=constraint)
+                   logprobs=logprobs, prompt_logprobs=prompt_logprobs, constraint=constraint,
+                   logprobs_mode=logprobs_mode)
 
 
 @dataclass(frozen=True)

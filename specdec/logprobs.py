@@ -2,8 +2,10 @@
 
 Every emitted token, drafted and accepted or the target's own, was scored by a target pass: row j of the
 verify pass holds the distribution it was chosen from. So logprobs cost no extra pass and are the same with
-or without speculation (bit for bit on the batch-invariant kernels). They are the log-softmax of the target's
-raw logits, before temperature, penalties and top-k/top-p/min-p (vLLM's default, "raw logprobs").
+or without speculation (bit for bit on the batch-invariant kernels). By default they are the log-softmax of the
+target's raw logits, before temperature, penalties and top-k/top-p/min-p (vLLM's default, "raw logprobs"); with
+logprobs_mode "processed", of the distribution the token was drawn from (penalties, the constraint's mask, then
+temperature and the filters; greedy requests at temperature 1); tokens filtered out are not listed.
 """
 from __future__ import annotations
 
@@ -34,6 +36,6 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
     chosen = logp.gather(1, ids).squeeze(1).tolist()
     if top <= 0:
         return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
-    values, indices = logp.topk(top, dim=-1)
-    return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in
+    values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)
+    return [TokenLogprob(t, lp, tuple((a, b) for a, b in zip(i, v) if b != float("-inf"))) for t, lp, i, v in
             zip(tokens, chosen, indices.tolist(), values.tolist())]

@@ -17,7 +17,7 @@ from .errors import ConfigError, ContextLengthError
 from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
-from .sampling import make_generator, position_gumbel, probs_from_logits
+from .sampling import make_generator, position_gumbel, probs_from_logits, warp_logits
 from .structured import ConstraintState, apply_masks
 from .verify import (coupled_verify, greedy_verify, rejection_verify, tree_coupled_verify, tree_depths,
                      tree_greedy_verify, tree_mask, tree_rejection_verify)
@@ -111,8 +111,9 @@ class SequenceState:
             self.drafter.observe(hidden)
         _, token = self.verify(Draft.empty(), last_logits)
         self.metrics.prefill_time_s = seconds
+        scored = self._logprob_logits(last_logits, Draft.empty())  # before append moves penalties and constraint
         new = self.append([token])
-        self._record_logprobs(last_logits, new)
+        self._record_logprobs(scored, new)
         self.metrics.new_tokens = len(new)
         return new
 
@@ -167,8 +168,9 @@ class SequenceState:
         self.policy.observe(len(draft), n)
         if self.step_log is not None:
             self.step_log.append([len(draft), n])
+        scored = self._logprob_logits(logits, draft)  # before append moves penalties and constraint
         new = self.append(accepted + [token])
-        self._record_logprobs(logits, new, rows)
+        self._record_logprobs(scored, new, rows)
         self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
         self.metrics.new_tokens += len(new)
         return new
@@ -267,8 +269,19 @@ class SequenceState:
             logits = apply_masks(logits, self.constraint.row_masks(draft.tokens.tolist(), draft.parents))
         return logits
 
-    def _record_logprobs(self, logits: torch.Tensor, new: list[int], rows: list[int] | None = None) -> None:
-        """logits (R, V) of a pass; rows[j] (default j) holds the raw distribution new[j] was chosen from."""
+    def _logprob_logits(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor | None:
+        """The logits (R, V) whose log-softmax the request's logprobs are: the raw ones, or (logprobs_mode
+        "processed") those tokens are drawn from; None when the request asks for no logprobs."""
+        if self.logprobs is None:
+            return None
+        if self.config.logprobs_mode == "raw":
+            return logits
+        processed = self.processed(logits, draft).float()
+        sampling = self.config.sampling
+        return processed if sampling.greedy else warp_logits(processed, sampling)
+
+    def _record_logprobs(self, logits: torch.Tensor | None, new: list[int], rows: list[int] | None = None) -> None:
+        """logits (R, V) from _logprob_logits; rows[j] (default j) holds the distribution new[j] was chosen from."""
         if self.logprobs is not None:
             scored = logits if rows is None else logits[rows[: len(new)]]
             self.logprobs += token_logprobs(scored, new, self.config.logprobs)

@@ -140,3 +140,50 @@ def test_prompt_logprobs_equal_a_direct_forward_alone_or_batched(target_model, b
         got = [e.logprob for e in state.prompt_logprobs[1:]]
         assert got == pytest.approx([e.logprob for e in entries[1:]], abs=0 if backend == "kernels" else 1e-5)
         assert state.generated == alone.generated
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_processed_logprobs_are_of_the_distribution_sampled_from(target_model, backend):
+    """logprobs_mode "processed": each token's log-probability under the temperature- and top-k-warped distribution
+    it was drawn from, only the tokens that survive the filter listed; the same with and without drafts."""
+    from specdec.sampling import warp_logits
+
+    target = loaded(target_model, backend)
+    config = GenerationConfig.create(max_new_tokens=20, ignore_eos=True, temperature=0.7, top_k=5, seed=4, logprobs=8,
+                                     logprobs_mode="processed")
+    coupled = SpeculationConfig(num_speculative_tokens=4, adaptive=False, sampling_verifier="coupled")
+    plain = SpecDecoder(target, None, coupled).generate(PROMPT, config)
+    drafted = SpecDecoder(target, NgramDrafter(min_n=1, max_n=3), coupled).generate(PROMPT, config)
+    assert drafted.token_ids == plain.token_ids and drafted.metrics.drafted_tokens > 0
+    with torch.no_grad():
+        logits = target_model(torch.tensor([PROMPT + plain.token_ids])).logits[0, len(PROMPT) - 1: -1].float()
+    want = torch.log_softmax(warp_logits(logits, config.sampling), dim=-1)
+    for j, (a, b) in enumerate(zip(plain.logprobs, drafted.logprobs)):
+        assert a.logprob == pytest.approx(want[j, a.token_id].item(), abs=1e-4)
+        assert len(a.top) == 5 and [i for i, _ in a.top] == want[j].topk(5).indices.tolist()  # the 5 top_k left
+        assert b.token_id == a.token_id and b.logprob == pytest.approx(a.logprob, abs=1e-5)
+    raw = SpecDecoder(target, None, coupled).generate(PROMPT, GenerationConfig.create(
+        max_new_tokens=20, ignore_eos=True, temperature=0.7, top_k=5, seed=4, logprobs=8))
+    assert raw.token_ids == plain.token_ids and len(raw.logprobs[0].top) == 8  # raw: the model's, unfiltered
+
+
+def test_processed_logprobs_follow_the_logit_bias_of_a_greedy_request(target_model):
+    target = loaded(target_model, "kernels")
+    raw = SpecDecoder(target, None).generate(PROMPT, max_new_tokens=6, ignore_eos=True, logprobs=3)
+    runner_up = raw.logprobs[0].top[1][0]
+    biased = SpecDecoder(target, None).generate(PROMPT, max_new_tokens=6, ignore_eos=True, logprobs=3,
+                                               logit_bias={runner_up: 50.0}, logprobs_mode="processed")
+    assert biased.token_ids[0] == runner_up and biased.logprobs[0].logprob > -1e-3  # near-certain after the bias
+    with pytest.raises(ConfigError, match="logprobs_mode"):
+        GenerationConfig(logprobs_mode="softmax")
+
+
+def test_the_servers_logprobs_mode_reaches_every_request():
+    pytest.importorskip("fastapi")
+    from specdec.server.schemas import Limits, parse_request
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
+    for mode in ("raw", "processed"):
+        limits = Limits(model_names=("m",), drafters=("none",), default_drafter="none", vocab_size=64,
+                        logprobs_mode=mode)
+        assert parse_request(body, "chat", limits).config.logprobs_mode == mode

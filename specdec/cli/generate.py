@@ -6,7 +6,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import Constraint
+from ..config import LOGPROBS_MODES, Constraint
 from ..errors import ConfigError
 
 from .common import add_model_options, add_sampling_options, add_speculation_options, drafter_options, generation_config
@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each generated token's logprob and its N most likely alternatives (0 to 20) to stderr, "
                         "one JSON line per token")
+    p.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw",
+                   help="raw: of the model's logits (default); processed: of the distribution each token is drawn "
+                        "from (penalties, constraint, temperature, top-k/top-p/min-p)")
     p.add_argument("--trace", metavar="FILE", help="append the request's acceptance trace (token ids, drafted and "
                                                    "accepted per step) to FILE, for `specdec replay`")
     shape = p.add_mutually_exclusive_group()
@@ -61,7 +64,8 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
-    config = replace(generation_config(args), logprobs=args.logprobs, constraint=constraint_option(args))
+    config = replace(generation_config(args), logprobs=args.logprobs, constraint=constraint_option(args),
+                     logprobs_mode=args.logprobs_mode)
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..config import LOGPROBS_MODES
 from .common import add_model_options, add_speculation_options
 
 
@@ -32,6 +33,9 @@ def register(sub) -> None:
                    help="read tool calls from the model's text when a request lets it choose (tool_choice \"auto\", "
                         "the default with tools): hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>; "
                         "without it such requests get a 400 (\"required\" and named calls need no parser)")
+    p.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw",
+                   help="what logprobs report: raw (the model's logits, the default, as vLLM's) or processed (the "
+                        "distribution each token is drawn from: penalties, constraint, temperature, filters)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="append every request's acceptance trace (prompt and output token ids, drafted and accepted "
                         "per step) to FILE, for `specdec replay`; it holds the requests' text, so keep it private")
@@ -80,7 +84,8 @@ def run(args) -> int:
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
                               default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
-                              drafter_options=drafter_options, tool_parser=args.tool_call_parser)
+                              drafter_options=drafter_options, tool_parser=args.tool_call_parser,
+                              logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
           f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",

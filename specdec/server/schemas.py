@@ -50,6 +50,7 @@ class Limits:
     max_choices: int = 16  # the most choices (`n`) in one request: the server's batch size
     structured_error: str | None = None  # why this model's tokenizer cannot do structured output, if it cannot
     tool_parser: str | None = None  # how "auto" tool calls are read from the text (tools.PARSERS), if at all
+    logprobs_mode: str = "raw"  # what logprobs report: "raw" or "processed" (config.LOGPROBS_MODES)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
                                   logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
         config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
                                   ignore_eos=_bool(body, "ignore_eos", False), logprobs=logprobs,
+                                  logprobs_mode=limits.logprobs_mode,
                                   prompt_logprobs=logprobs if echo else None,
                                   constraint=(calling and calling.constraint()) or _constraint(
                                       body, limits.structured_error))

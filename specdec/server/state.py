@@ -20,6 +20,7 @@ class ServerSettings:
     max_body_bytes: int = 8 << 20
     drafter_options: dict = field(default_factory=dict)  # create_drafter's options for drafters requests pick
     tool_parser: str | None = None  # how "auto" tool calls are read from the text (server/tools.py), if at all
+    logprobs_mode: str = "raw"  # what logprobs report (config.LOGPROBS_MODES)
 
 
 class ServerState:
@@ -40,7 +41,7 @@ class ServerState:
                              default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
                              structured_error=unsupported_reason(decoder.target.tokenizer, decoder.target.info.vocab_size,
                                                                  decoder.target.info.eos_token_ids),
-                             tool_parser=settings.tool_parser)
+                             tool_parser=settings.tool_parser, logprobs_mode=settings.logprobs_mode)
         self.inflight = 0
         self.draining = False
         self.started = int(time.time())
