@@ -109,11 +109,11 @@ class SequenceState:
                 hidden = torch.cat([*self.features, hidden.to(self.features[0].device)]) if self.features else hidden
                 self.features = [hidden]
             self.drafter.observe(hidden)
-        _, token = self.verify(Draft.empty(), last_logits)
+        processed = self.processed(last_logits, Draft.empty())
+        _, token = self.verify(Draft.empty(), processed)
         self.metrics.prefill_time_s = seconds
-        scored = self._logprob_logits(last_logits, Draft.empty())  # before append moves penalties and constraint
         new = self.append([token])
-        self._record_logprobs(scored, new)
+        self._record_logprobs(self._logprob_logits(last_logits, processed), new)
         self.metrics.new_tokens = len(new)
         return new
 
@@ -149,13 +149,14 @@ class SequenceState:
         A tree keeps only the accepted path in the cache (compaction). hidden (1 + k, H): the target's
         hidden states of the scored rows, passed on for the kept ones to drafters that read features.
         """
+        processed = self.processed(logits, draft)  # before append moves the penalties' counts and the constraint
         if draft.parents is not None:
-            path, token = self.verify_tree(draft, logits)
+            path, token = self.verify_tree(draft, processed)
             rows = [0] + [i + 1 for i in path]
             self.backend.compact(self.cache, len(self.tokens) - 1, rows)
             accepted = draft.tokens[path].tolist()
         else:
-            n, token = self.verify(draft, logits)
+            n, token = self.verify(draft, processed)
             self.backend.truncate(self.cache, len(self.tokens) + n)
             rows = list(range(n + 1))
             accepted = draft.tokens[:n].tolist()
@@ -168,9 +169,8 @@ class SequenceState:
         self.policy.observe(len(draft), n)
         if self.step_log is not None:
             self.step_log.append([len(draft), n])
-        scored = self._logprob_logits(logits, draft)  # before append moves penalties and constraint
         new = self.append(accepted + [token])
-        self._record_logprobs(scored, new, rows)
+        self._record_logprobs(self._logprob_logits(logits, processed), new, rows)
         self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
         self.metrics.new_tokens += len(new)
         return new
@@ -231,10 +231,9 @@ class SequenceState:
 
     # ---- helpers --------------------------------------------------------------------------------
     def verify(self, draft: Draft, logits: torch.Tensor) -> tuple[int, int]:
-        """(n accepted, next token) for target logits (k + 1, V) over a draft of k tokens."""
+        """(n accepted, next token) for the target's processed logits (k + 1, V) over a draft of k tokens."""
         sampling = self.config.sampling
         tokens = draft.tokens.to(logits.device)
-        logits = self.processed(logits, draft)
         if sampling.greedy:
             return greedy_verify(tokens, logits)
         p = probs_from_logits(logits, sampling)
@@ -245,9 +244,8 @@ class SequenceState:
         return rejection_verify(tokens, probs, p, self.generator)
 
     def verify_tree(self, draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
-        """(accepted path of node indices, next token) for a tree draft; logits (1 + N, V)."""
+        """(accepted path of node indices, next token) for a tree draft; processed logits (1 + N, V)."""
         sampling = self.config.sampling
-        logits = self.processed(logits, draft)
         if sampling.greedy:
             return tree_greedy_verify(draft.tokens, draft.parents, logits)
         p = probs_from_logits(logits, sampling)
@@ -269,16 +267,16 @@ class SequenceState:
             logits = apply_masks(logits, self.constraint.row_masks(draft.tokens.tolist(), draft.parents))
         return logits
 
-    def _logprob_logits(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor | None:
+    def _logprob_logits(self, raw: torch.Tensor, processed: torch.Tensor) -> torch.Tensor | None:
         """The logits (R, V) whose log-softmax the request's logprobs are: the raw ones, or (logprobs_mode
-        "processed") those tokens are drawn from; None when the request asks for no logprobs."""
+        "processed") those tokens are drawn from (the processed ones, warped when sampling); None when the request
+        asks for no logprobs."""
         if self.logprobs is None:
             return None
         if self.config.logprobs_mode == "raw":
-            return logits
-        processed = self.processed(logits, draft).float()
+            return raw
         sampling = self.config.sampling
-        return processed if sampling.greedy else warp_logits(processed, sampling)
+        return processed.float() if sampling.greedy else warp_logits(processed.float(), sampling)
 
     def _record_logprobs(self, logits: torch.Tensor | None, new: list[int], rows: list[int] | None = None) -> None:
         """logits (R, V) from _logprob_logits; rows[j] (default j) holds the distribution new[j] was chosen from."""
