@@ -26,13 +26,6 @@ class _Entry:
     features: torch.Tensor | None = None  # (len(tokens), H) the target's final hidden states, when they were kept
 
 
-@dataclass
-class PrefixCacheStats:
-    hits: int = 0
-    reused_tokens: int = 0
-    evictions: int = 0
-
-
 class PrefixCache:
     """Up to `max_entries` parked caches of one pooled backend, least recently used first."""
 
@@ -41,7 +34,6 @@ class PrefixCache:
         self.max_entries = max_entries
         self.min_tokens = min_tokens
         self.entries: list[_Entry] = []  # oldest use first
-        self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -64,18 +56,17 @@ class PrefixCache:
         if best is None or length < self.min_tokens:
             return None
         self.entries.remove(best)
-        if not self.backend.has_free_slot():
+        pool = self.backend.pool
+        if not pool.has_free:
             self.evict_oldest()
-        if self.backend.has_free_slot():
-            cache = self.backend.pool.acquire()
+        if pool.has_free:
+            cache = pool.acquire()
             self.backend.copy_cache(best.cache, cache, length)
             self.entries.append(best)  # now the most recently used
         else:
             cache = best.cache
             self.backend.truncate(cache, length)
         cache.restored = True
-        self.stats.hits += 1
-        self.stats.reused_tokens += length
         return cache, best.features[:length] if features else None
 
     def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None) -> bool:
@@ -100,7 +91,6 @@ class PrefixCache:
         if not self.entries:
             return False
         self._drop(self.entries[0])
-        self.stats.evictions += 1
         return True
 
     def clear(self) -> None:

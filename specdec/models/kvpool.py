@@ -106,9 +106,6 @@ class PooledCaches:
             self.prefix_cache.evict_oldest()  # parked sequences only use slots no running one needs
         return self.pool.acquire()
 
-    def has_free_slot(self) -> bool:
-        return self.pool.has_free
-
     def release(self, cache: SequenceCache) -> None:
         self.pool.release(cache)
 

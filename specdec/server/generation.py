@@ -149,7 +149,7 @@ class _ToolCallStream:
         self.meta, self.calling = meta, calling
         self.texts = [""] * choices
         self.sent = [0] * choices  # characters of each text already streamed as content ("auto")
-        self.ids: dict[int, str] = {}
+        self.opened: set[int] = set()  # choices whose named call has been announced
 
     def events(self, index: int, event):
         """The chunks for one engine event of choice `index`."""
@@ -164,10 +164,10 @@ class _ToolCallStream:
                     yield responses.chunk(meta, text[self.sent[index]:safe], index=index)
                     self.sent[index] = safe
             if calling.choice == "function" and event.text:
-                if index not in self.ids:  # the call opens with its id and name
-                    call = tool_call(calling.function, "")
-                    self.ids[index] = call["id"]
-                    yield responses.chunk(meta, None, index=index, tool_calls=[{"index": 0, **call}])
+                if index not in self.opened:  # the call opens with its id and name
+                    self.opened.add(index)
+                    yield responses.chunk(meta, None, index=index,
+                                          tool_calls=[{"index": 0, **tool_call(calling.function, "")}])
                 yield responses.chunk(meta, None, index=index, tool_calls=[
                     {"index": 0, "function": {"arguments": event.text}}])
         elif isinstance(event, Finished):
