@@ -7,8 +7,9 @@ Every prompt gets an instruction to reply in JSON with the schema's fields, and 
 under the schema (llguidance masks, see specdec/structured.py); the methods take turns prompt by prompt, and
 each is compared with plain constrained decoding (`none`): tokens per second, MAT, identical outputs.
 With a drafter, the tokens the schema forces (keys, quotes, separators) are drafted first (jump-forward).
-With --tool-call, each prompt is answered by a required call of one of two tools (the server's tool_choice
-"required": the tools described in the system message, the call constrained to their schemas).
+With --tool-call, each prompt is answered by required calls of two tools (the server's tool_choice "required",
+parallel calls allowed: the tools described in the system message, a JSON array of one or more calls constrained
+to their schemas).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=192, help="room for most answers to close their JSON")
     p.add_argument("--drafters", default="none,ngram,suffix,eagle", help="the first is the reference")
     p.add_argument("--tool-call", action="store_true",
-                   help="answer each prompt with a required call of one of TOOLS (the server's tool_choice "
+                   help="answer each prompt with required calls of TOOLS (the server's tool_choice "
                         "\"required\": tools described in the system message, the call constrained) instead of JSON")
     p.add_argument("--out-json", required=True)
     args = p.parse_args()

@@ -44,8 +44,9 @@ class SequenceState:
         if self.prompt_len == 0:
             raise ConfigError("the prompt is empty")
         if self.prompt_len + config.max_new_tokens + self.k_max + 1 > info.max_context:
-            raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}) "
-                                     f"exceeds the model's context of {info.max_context} tokens")
+            room = f" and room for {self.k_max + 1} draft tokens" if self.k_max else ""
+            raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens})"
+                                     f"{room} exceeds the model's context of {info.max_context} tokens")
         sampling = config.sampling
         if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
             raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")

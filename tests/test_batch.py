@@ -115,17 +115,28 @@ def test_speculation_shrinks_as_the_batch_grows():
     assert per_seq_16 == 0  # a full compute-bound batch gains nothing from drafts
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
-def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend):
-    """An EAGLE drafter drafts trees while its sequence runs alone and chains once others join; the
+def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend, kind):
+    """An EAGLE or Medusa drafter drafts trees while its sequence runs alone and chains once others join; the
     tokens stay exactly each sequence's plain greedy output either way."""
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.drafters.medusa_head import new_medusa_heads
 
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     target = loaded(model, backend)
     torch.manual_seed(1)
-    drafter = EagleDrafter(new_head(model, "tiny", torch.arange(model.config.vocab_size)), tree=True, width=3)
+    vocab = torch.arange(model.config.vocab_size)
+    if kind == "eagle":
+        drafter = EagleDrafter(new_head(model, "tiny", vocab), tree=True, width=3)
+    else:
+        heads = new_medusa_heads(model, "tiny", vocab)
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.normal_(0, 0.2)
+        drafter = MedusaDrafter(heads, tree=True, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)

@@ -73,6 +73,9 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--dtype", "int3"], "invalid choice"),
     (["generate", "hi", "--drafter", "telepathy", "--model", "{tiny}"], "unknown drafter"),
     (["generate", "hi", "--drafter", "draft-model", "--model", "{tiny}"], "needs a draft model"),
+    (["generate", "hi", "--drafter", "medusa", "--model", "{tiny}"], "train-drafter --kind medusa"),
+    (["generate", "hi", "--drafter", "medusa", "--model", "{tiny}", "--medusa-head", "/nonexistent"],
+     "holds no Medusa heads"),
     (["generate", "   ", "--model", "{tiny}"], "prompt is empty"),
     (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
     (["generate", "hi", "--logprobs", "21"], "logprobs"),
@@ -83,6 +86,7 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--model", "{tiny}", "--trace", "/proc/specdec/trace.jsonl"], "cannot write the trace file"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--document-tasks", "-2"], "must be >= 0"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--kind", "medusa", "--medusa-num-heads", "0"], "must be >= 1"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--max-prompts", "0"],
      "--max-prompts 0 needs --synthesize N"),
 ])
@@ -129,3 +133,25 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
     documents = json.loads((tmp_path / "d2-doc4" / "index.json").read_text())
     assert documents["done"] == 4 and documents["documents_from"] == [str(tmp_path / "d2"), str(tmp_path / "d1")]
     assert load_head(tmp_path / "h2", load_model(str(tiny_folder), dtype="float32")).config.draft_vocab_size == 16
+
+
+def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_path):
+    from specdec.drafters.medusa_head import load_medusa_heads
+    from specdec.models.loading import load_model
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"source": "a", "prompt": p})
+                                 for p in ("the cat sat on the mat", "a big red dog ran", "she was in the tree")))
+    rc, out, err = run_cli(capsys, "train-drafter", "--kind", "medusa", "--medusa-num-heads", "3", "--model",
+                           str(tiny_folder), "--dtype", "float32", "--prompts", str(prompts), "--max-new-tokens", "8",
+                           "--time-budget", "0.01", "--draft-vocab", "16", "--out", str(tmp_path / "m"),
+                           "--data-dir", str(tmp_path / "d"))
+    assert rc == 0, err
+    record = json.loads((tmp_path / "m" / "training_record.json").read_text())
+    assert record["kind"] == "medusa" and set(record["heldout"]) == {"acc1", "acc2", "acc3", "chain_mat"}
+    heads = load_medusa_heads(tmp_path / "m", load_model(str(tiny_folder), dtype="float32"))
+    assert heads.config.num_heads == 3 and heads.config.draft_vocab_size == 16
+    common = ["generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens", "12"]
+    rc, plain, _ = run_cli(capsys, *common, "--drafter", "none")
+    rc2, drafted, err = run_cli(capsys, *common, "--drafter", "medusa", "--medusa-head", str(tmp_path / "m"))
+    assert rc == rc2 == 0 and drafted == plain, err

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.eagle import EagleDrafter, _choose_nodes
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.trees import choose_nodes
 from specdec.drafters.eagle_head import new_head
 from specdec.engine import SpecDecoder
 from specdec.verify import tree_depths, tree_greedy_verify, tree_mask
@@ -33,7 +34,7 @@ def test_tree_greedy_verify_walks_the_matching_branch():
 
 def test_tree_width_follows_the_cost_curve():
     from specdec.adaptive import CostModel
-    from specdec.drafters.eagle import tree_width
+    from specdec.drafters.trees import tree_width
 
     assert tree_width(CostModel({1: 0.010, 64: 0.0105})) == 8  # flat (memory-bound) verify: wide trees
     assert tree_width(CostModel({1: 0.010, 2: 0.011, 4: 0.013, 8: 0.025})) == 2  # compute-bound: narrow
@@ -46,9 +47,9 @@ def test_node_choice_follows_the_cost_curve():
     parents = [-1, 0, 1, -1, 2, 3]
     flat = CostModel({1: 0.010, 8: 0.0101, 16: 0.0102})
     steep = CostModel({1: 0.010, 2: 0.020, 8: 0.080})
-    assert len(_choose_nodes(scores, parents, flat, 48)) == 6
-    assert _choose_nodes(scores, parents, steep, 48) == []
-    chosen = _choose_nodes(scores, parents, CostModel({1: 0.010, 4: 0.012, 8: 0.030}), 48)
+    assert len(choose_nodes(scores, parents, flat, 48)) == 6
+    assert choose_nodes(scores, parents, steep, 48) == []
+    chosen = choose_nodes(scores, parents, CostModel({1: 0.010, 4: 0.012, 8: 0.030}), 48)
     assert all(parents[i] < 0 or parents[i] in chosen for i in chosen)  # closed under ancestors
 
 
@@ -113,17 +114,17 @@ def test_eagle_self_consistent_head_is_fully_accepted(models):
 
 
 def test_lookup_path_joins_the_tree_through_matching_nodes():
-    from specdec.drafters.eagle import _add_path
+    from specdec.drafters.trees import add_path
 
     tokens, parents, depths, scores = [5, 6, 7], [-1, -1, 0], [1, 1, 2], [-0.1, -0.5, -0.3]
-    chosen = _add_path([0, 1, 2], [5, 7, 9, 9], tokens, parents, depths, scores)
+    chosen = add_path([0, 1, 2], [5, 7, 9, 9], tokens, parents, depths, scores)
     # 5 and 5->7 are reused; 9 and 9 are new nodes under 7, at depths 3 and 4, ranked last
     assert chosen == [0, 1, 2, 3, 4]
     assert tokens[3:] == [9, 9] and parents[3:] == [2, 3] and depths[3:] == [3, 4]
     assert scores[3] == float("-inf")
     # a path through an unchosen node does not reuse it: siblings among the chosen stay distinct
     tokens, parents, depths, scores = [5, 6], [-1, -1], [1, 1], [-0.1, -0.5]
-    assert _add_path([0], [6], tokens, parents, depths, scores) == [0, 2]
+    assert add_path([0], [6], tokens, parents, depths, scores) == [0, 2]
     assert tokens[2] == 6 and parents[2] == -1
 
 
@@ -202,7 +203,7 @@ def test_the_head_reads_the_prompt_during_prefill(models):
 
 def test_lookup_record_scores_what_was_accepted():
     from specdec.adaptive import CostModel
-    from specdec.drafters.eagle import LookupRecord
+    from specdec.drafters.trees import LookupRecord
 
     record = LookupRecord()
     assert record.rate() == 0.5  # no evidence yet
@@ -233,11 +234,11 @@ def test_the_head_is_skipped_where_the_lookup_is_trusted(models):
     drafter.begin(DraftRequest(prompt_ids=prompt, costs=CostModel({1: 0.01, 64: 0.0101})))
     drafter.observe(out.hidden[:-1])
     assert drafter.propose(prompt, 4).parents is not None  # no estimate of the head's trees yet: a tree
-    assert drafter.head_expected is not None
-    drafter.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
+    assert drafter.branch.head_expected is not None
+    drafter.branch.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
     lookup_only = drafter.propose(prompt, 4)
     assert lookup_only.parents is None and lookup_only.tokens.tolist() == [6, 7, 8, 9]
-    drafter.head_expected = 5.0
+    drafter.branch.head_expected = 5.0
     assert drafter.propose(prompt, 4).parents is not None
 
 

@@ -15,6 +15,8 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.drafters.medusa_head import MedusaConfig, MedusaHeads
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
@@ -79,7 +81,21 @@ def make_drafter(kind: str):
         return SuffixDrafter(min_n=1, max_n=3)
     if kind == "self":
         return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
+    if kind.startswith("medusa"):  # random heads on the table target's features: chains with q, or trees
+        return MedusaDrafter(random_medusa_heads(), tree=kind == "medusa-tree", width=2)
     return DraftModelDrafter(TableLM(VOCAB, seed=11, scale=2.5), VOCAB)  # an unrelated draft
+
+
+def random_medusa_heads() -> MedusaHeads:
+    hidden = table_target(VOCAB, seed=0).info.hidden_size
+    config = MedusaConfig(target="table", target_fingerprint=None, hidden_size=hidden, num_heads=NEW_TOKENS,
+                          num_layers=1, vocab_size=VOCAB, draft_vocab_size=VOCAB)
+    gen = torch.Generator().manual_seed(5)
+    heads = MedusaHeads(config, torch.randn(VOCAB, hidden, generator=gen) * 0.7, torch.arange(VOCAB))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return heads
 
 
 def decoder_for(kind: str, verifier: str = "rejection", k: int = 3) -> SpecDecoder:
@@ -93,7 +109,7 @@ def _setting_id(s: SamplingConfig) -> str:
 
 
 @pytest.mark.parametrize("sampling", SETTINGS, ids=_setting_id)
-@pytest.mark.parametrize("kind", ["none", "ngram", "suffix", "draft", "self", "tree"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "suffix", "draft", "self", "tree", "medusa", "medusa-tree"])
 def test_rejection_sampling_matches_target_distribution(kind, sampling):
     decoder = decoder_for(kind)
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
@@ -102,7 +118,7 @@ def test_rejection_sampling_matches_target_distribution(kind, sampling):
 
 
 @pytest.mark.parametrize("sampling", [SETTINGS[1], SETTINGS[4]], ids=_setting_id)
-@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "tree"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft", "tree", "medusa"])
 def test_coupled_sampling_matches_target_distribution(kind, sampling):
     decoder = decoder_for(kind, verifier="coupled")
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
@@ -112,7 +128,7 @@ def test_coupled_sampling_matches_target_distribution(kind, sampling):
 def test_coupled_sampling_is_seed_stable():
     """The same seed gives the same tokens with and without speculation (a drafter changes only speed)."""
     plain = decoder_for("none", verifier="coupled")
-    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self", "tree")
+    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self", "tree", "medusa")
                    for k in (1, 4)]
     for seed in range(200):
         sampling = SETTINGS[0] if seed % 2 else SETTINGS[5]  # penalties keep it seed-stable too

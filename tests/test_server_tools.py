@@ -80,23 +80,43 @@ def test_a_named_call_is_constrained_to_the_tools_schema(client, tiny_bpe_folder
     assert streamed[0]["name"] == "get_weather" and streamed[0]["arguments"] == want.text
 
 
+@pytest.mark.parametrize("parallel", [None, False])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_required_call_picks_one_of_the_tools_with_valid_arguments(client, stream):
-    kwargs = dict(model="tiny", messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="required", max_tokens=60,
-                  temperature=0.8, seed=5)
+def test_a_required_call_picks_one_of_the_tools_with_valid_arguments(client, stream, parallel):
+    """Parallel calls are allowed unless parallel_tool_calls is false: then the answer is exactly one call."""
+    kwargs = dict(model="tiny", messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="required", max_tokens=76,
+                  temperature=0.8, seed=5, **({} if parallel is None else {"parallel_tool_calls": parallel}))
     if stream:
         calls, reason = _streamed_calls(client.chat.completions.create(**kwargs, stream=True))
     else:
         choice = client.chat.completions.create(**kwargs).choices[0]
         calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-                 for c in choice.message.tool_calls]
+                 for c in choice.message.tool_calls or []]
         reason = choice.finish_reason
-    assert reason == "tool_calls" and len(calls) == 1 and calls[0]["id"].startswith("call_")
-    args = json.loads(calls[0]["arguments"])
-    if calls[0]["name"] == "get_weather":
-        assert _valid_weather(calls[0]["arguments"])
-    else:
-        assert calls[0]["name"] == "get_time" and args in ({"zone": "utc"}, {"zone": "cet"})
+    assert reason == "tool_calls" and len(calls) >= 1
+    assert len(calls) == 1 or parallel is None
+    assert len({c["id"] for c in calls}) == len(calls) and all(c["id"].startswith("call_") for c in calls)
+    for call in calls:
+        args = json.loads(call["arguments"])
+        if call["name"] == "get_weather":
+            assert _valid_weather(call["arguments"])
+        else:
+            assert call["name"] == "get_time" and args in ({"zone": "utc"}, {"zone": "cet"})
+
+
+def test_parallel_required_calls_are_a_json_array_of_calls():
+    calling = parse_tool_calling({"tools": [WEATHER, TIME], "tool_choice": "required"}, None, None)
+    text = '[{"name": "get_time", "arguments": {"zone": "utc"}}, {"name": "get_weather", "arguments": ' \
+           '{"city": "rome", "days": 2}}]'
+    content, calls, reason = calling.answer(text, "stop")
+    assert content is None and reason == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_time", {"zone": "utc"}), ("get_weather", {"city": "rome", "days": 2})]
+    single = parse_tool_calling({"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": False},
+                                None, None)
+    assert json.loads(calling.constraint().text)["type"] == "array" and "anyOf" in json.loads(single.constraint().text)
+    content, calls, _ = single.answer('{"name": "get_time", "arguments": {"zone": "cet"}}', "stop")
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
 
 
 def test_a_conversation_carries_earlier_calls_and_tool_results(client, tiny_bpe_folder):
@@ -125,6 +145,10 @@ def test_auto_reads_hermes_calls_from_the_text():
     assert content == "Let me check." and reason == "tool_calls"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_time",
                                                                                                   {"zone": "utc"})]
+    two = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather"}</tool_call>'
+    assert [c["function"]["name"] for c in calling.answer(two, "stop")[1]] == ["get_time", "get_weather"]
+    one = parse_tool_calling({"tools": [WEATHER, TIME], "parallel_tool_calls": False}, "hermes", None)
+    assert [c["function"]["name"] for c in one.answer(two, "stop")[1]] == ["get_time"]
     assert calling.answer("<tool_call>{not json}</tool_call> plain", "stop") == (
         "<tool_call>{not json}</tool_call> plain", [], "stop")
     assert calling.answer("just text", "length") == ("just text", [], "length")
@@ -181,6 +205,7 @@ def test_tools_reach_a_chat_template_that_takes_them(tiny_bpe_folder):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "nonsense"}}}}}], "tool_choice": "required"}, "tools"),
     ({"tools": [WEATHER]}, "tool_choice"),  # "auto" without --tool-call-parser
+    ({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": [WEATHER], "tool_choice": "required", "logprobs": True}, "logprobs"),
     ({"tools": [WEATHER], "tool_choice": NAMED, "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),

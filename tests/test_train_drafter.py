@@ -159,3 +159,57 @@ def test_document_tasks_wrap_the_targets_own_answers(tiny_folder):
     assert all("he ran" not in t for t in tasks)
     with pytest.raises(ConfigError, match="no answer of"):
         document_prompts(sequences, tokenizer, 2, min_tokens=50)
+
+
+def test_medusa_training_lowers_the_loss_and_the_heads_reload(data, tmp_path):
+    from specdec.drafters.medusa_head import load_medusa_heads, new_medusa_heads
+    from specdec.training.medusa_trainer import medusa_losses
+
+    target, folder, _, _ = data
+    seqs = read_shards(folder)
+    ids, _ = choose_draft_vocab(seqs, 32, target.info.vocab_size)
+    torch.manual_seed(0)
+    heads = new_medusa_heads(target.hf_model, "tiny", ids, num_heads=3)
+    settings = TrainSettings(steps=3, lr=3e-3, warmup=1, batch_tokens=512, holdout=0.2, feature_noise=0.0)
+    trainer = Trainer(heads, seqs, tmp_path / "medusa", settings, time_budget_s=1e9, objective=medusa_losses)
+    batch = collate(trainer.train, 512)
+
+    def loss():
+        with torch.no_grad():
+            return float(sum(medusa_losses(heads, *batch, settings, trainer.vocab_index, train=False)[0]))
+
+    before = loss()
+    opt = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+    for _ in range(30):
+        total = sum(medusa_losses(heads, *batch, settings, trainer.vocab_index)[0])
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    assert loss() < 0.7 * before
+    stats = trainer.evaluate()
+    assert set(stats) == {"acc1", "acc2", "acc3", "chain_mat"} and 1.0 <= stats["chain_mat"] <= 4.0
+    trainer.checkpoint(stats)
+    back = load_medusa_heads(tmp_path / "medusa", target)
+    for name, tensor in heads.trainable_state().items():
+        torch.testing.assert_close(back.trainable_state()[name], tensor.to(torch.bfloat16).float())
+
+
+def test_medusa_heads_learn_only_where_the_tokens_between_are_the_targets():
+    """Head d at position t is scored against the target's choice at t + d only where tokens t+1..t+d follow
+    the target (prompt text the target would not have written is skipped)."""
+    from specdec.drafters.medusa_head import MedusaConfig, MedusaHeads
+    from specdec.training.medusa_trainer import medusa_losses
+
+    config = MedusaConfig(target="t", target_fingerprint=None, hidden_size=4, num_heads=2, num_layers=1, vocab_size=6,
+                          draft_vocab_size=6)
+    heads = MedusaHeads(config, torch.randn(6, 4), torch.arange(6))
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5]])  # positions 0..5
+    labels = torch.tensor([[9, 2, 3, 0, 5]]).clamp(max=5)  # the target's choice after each position
+    labels[0, 0] = 4  # after token 0 the target would say 4, not the prompt's 1
+    features = torch.randn(1, 5, 4)
+    settings = TrainSettings(steps=2, feature_noise=0.0)
+    _, accs = medusa_losses(heads, tokens, features, labels, torch.tensor([6]), settings, torch.arange(6), train=False)
+    # follows: t=0 no (1 != 4), t=1 yes (2), t=2 yes (3), t=3 no (4 != 0), t=4 yes (5)
+    # head 1 at t needs follows[t] and a label at t+1: t in {1, 2}; head 2 needs follows[t, t+1]: t = 1
+    assert accs[0][1] == 2
+    assert accs[1][1] <= 1

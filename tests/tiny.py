@@ -89,18 +89,24 @@ def write_tiny_bpe_folder(folder: Path, seed: int = 0, hidden: int = 64) -> Path
 class TableLM(CausalLM):
     """A toy LM whose next-token logits depend only on the previous two tokens: table[(a, b)] -> (V,).
 
-    Its forward costs microseconds, so the engine can draw 10^4 samples in seconds.
+    Its forward costs microseconds, so the engine can draw 10^4 samples in seconds. Its "hidden state" at a
+    position is a fixed random vector of the same two tokens (for drafters that read features).
     """
 
-    def __init__(self, vocab: int = 5, seed: int = 0, scale: float = 1.5, eos: tuple[int, ...] = ()):
+    def __init__(self, vocab: int = 5, seed: int = 0, scale: float = 1.5, eos: tuple[int, ...] = (), hidden: int = 8):
         gen = torch.Generator().manual_seed(seed)
         self.table = torch.randn(vocab, vocab, vocab, generator=gen) * scale  # (prev2, prev1) -> logits
-        self.info = ModelInfo(name=f"table-{seed}", model_type="table", vocab_size=vocab, hidden_size=1, num_layers=1,
+        self.features = torch.randn(vocab, vocab, hidden, generator=gen)  # (prev2, prev1) -> hidden state
+        self.info = ModelInfo(name=f"table-{seed}", model_type="table", vocab_size=vocab, hidden_size=hidden, num_layers=1,
                               max_context=4096, eos_token_ids=eos, device=torch.device("cpu"), dtype=torch.float32)
 
     def logits_after(self, tokens: list[int]) -> torch.Tensor:
         a = tokens[-2] if len(tokens) > 1 else 0
         return self.table[a, tokens[-1]]
+
+    def hidden_after(self, tokens: list[int]) -> torch.Tensor:
+        a = tokens[-2] if len(tokens) > 1 else 0
+        return self.features[a, tokens[-1]]
 
     def new_cache(self) -> SequenceCache:
         return SequenceCache(length=0, state=[])
@@ -109,14 +115,16 @@ class TableLM(CausalLM):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
         start = len(tokens)
-        rows = []
+        rows, hidden = [], []
         for i, t in enumerate(new):
             seen = [new[j] for j in range(i + 1) if tree_mask is None or tree_mask[i, j]]  # ancestors and itself
             rows.append(self.logits_after(tokens + seen))
+            hidden.append(self.hidden_after(tokens + seen))
         tokens.extend(new)
         cache.length = len(tokens)
         logits = torch.stack(rows)
-        return ForwardOutput(logits=logits[-1:] if last_only else logits)
+        return ForwardOutput(logits=logits[-1:] if last_only else logits,
+                             hidden=torch.stack(hidden) if output_hidden else None)
 
     def truncate(self, cache, length):
         del cache.state[length:]

@@ -16,10 +16,11 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto")
-    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, suffix, plus eagle when "
-                                                    "a head is known for the model, plus draft-model when --draft-model "
-                                                    "is given); eagle-chain is EAGLE drafting chains")
+    p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, suffix, plus eagle and "
+                                                    "medusa when heads are known for the model, plus draft-model when "
+                                                    "--draft-model is given); eagle-chain and medusa-chain draft chains")
     p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head")
+    p.add_argument("--medusa-head", default=None, help="folder of Medusa heads")
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
     p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
@@ -61,6 +62,7 @@ def run(args) -> int:
     prompts = load_prompts(args.prompts, args.limit)
     model_name = args.model or DEFAULT_MODEL
     default = ["ngram", "suffix"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
+        (["medusa"] if args.medusa_head or bundled_head(model_name, "medusa") else []) + \
         (["draft-model"] if args.draft_model else [])
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
@@ -87,9 +89,10 @@ def run(args) -> int:
         costs = CostModel(measure_verify_costs(backend))
         methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation), penalty))
         for name in drafters:
-            kind = "eagle" if name == "eagle-chain" else name
+            kind = name.removesuffix("-chain")
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
-                                     tree=name != "eagle-chain", layerskip_layers=args.layerskip_layers)
+                                     medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
+                                     layerskip_layers=args.layerskip_layers)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()

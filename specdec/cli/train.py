@@ -1,4 +1,5 @@
-"""`specdec train-drafter`: self-distil data from the target and train an EAGLE-style head on the CPU."""
+"""`specdec train-drafter`: self-distil data from the target and train an EAGLE-style head (or Medusa heads) on
+the CPU."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,11 @@ DEFAULT_PROMPTS = "../shared/data/train_prompts.jsonl"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train-drafter", help="train an EAGLE-style draft head for a target model (CPU)")
+    p = sub.add_parser("train-drafter", help="train an EAGLE-style draft head (or Medusa heads) for a target model "
+                                             "(CPU)")
+    p.add_argument("--kind", default="eagle", choices=("eagle", "medusa"),
+                   help="eagle: one decoder layer on the target's features and the next token, drafting step by "
+                        "step; medusa: one small residual head per drafted position, all drafting in one pass")
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="training prompts, JSONL with a 'prompt' field")
@@ -38,7 +43,9 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     p.add_argument("--time-budget", type=float, default=60.0, help="training minutes (data generation not counted)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose (the most frequent)")
-    p.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training")
+    p.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (eagle)")
+    p.add_argument("--medusa-num-heads", type=int, default=4, help="Medusa heads: tokens drafted ahead (medusa)")
+    p.add_argument("--medusa-num-layers", type=int, default=1, help="residual blocks per Medusa head (medusa)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="target dtype for data generation")
     p.add_argument("--data-only", action="store_true", help="generate (or complete) the data, then stop")
@@ -48,16 +55,17 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from ..drafters.eagle_head import CONFIG_FILE, load_head, new_head
     from ..errors import ConfigError
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
-    from ..training.eagle_trainer import Trainer, TrainSettings, choose_draft_vocab
+    from ..training.eagle_trainer import Trainer
     from ..training.selfdistill import (cycle_sources, document_prompts, generate_training_data, interleave_sources,
                                         read_data, synthesize_prompts)
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
+    if args.medusa_num_heads < 1 or args.medusa_num_layers < 1:
+        raise ConfigError("--medusa-num-heads and --medusa-num-layers must be >= 1")
     if min(args.synthesize, args.document_tasks, args.temperature) < 0 or (args.max_prompts or 0) < 0:
         raise ConfigError("--synthesize, --document-tasks, --temperature and --max-prompts must be >= 0")
     name = args.model or DEFAULT_MODEL
@@ -92,20 +100,11 @@ def run(args) -> int:
         return 0
     out = Path(args.out)
     torch.manual_seed(0)
-    if (out / CONFIG_FILE).is_file():
-        head = load_head(out, target).float().train()  # resume: keep its draft vocabulary
-        coverage = None
-    else:
-        ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
-        head = new_head(target.hf_model, name, ids)
-        if args.init_from:  # a trained head's weights; the draft vocabulary (frozen LM head rows) is this data's
-            head.load_state_dict(load_head(args.init_from, target).float().state_dict())
-        print(f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices",
-              file=sys.stderr)
-    settings = TrainSettings(steps=args.steps, lr=args.lr)
-    trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60)
+    head, coverage, settings, objective = _head_to_train(args, target, name, sequences)
+    trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective)
     stats = trainer.run()
-    record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "target": name,
+    record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
+              "target": name,
               "prompts": args.prompts, "prompts_used": len(prompts), "synthetic_prompts": args.synthesize,
               "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
@@ -115,3 +114,28 @@ def run(args) -> int:
     (out / "training_record.json").write_text(json.dumps(record, indent=1))
     print(json.dumps(record["heldout"]))
     return 0
+
+
+def _head_to_train(args, target, name: str, sequences: list[dict]):
+    """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
+    from ..drafters import eagle_head, medusa_head
+    from ..training.eagle_trainer import TrainSettings, choose_draft_vocab
+    from ..training.medusa_trainer import medusa_losses
+
+    out = Path(args.out)
+    medusa = args.kind == "medusa"
+    settings = TrainSettings(steps=args.medusa_num_heads if medusa else args.steps, lr=args.lr)
+    objective = medusa_losses if medusa else None
+    load = medusa_head.load_medusa_heads if medusa else eagle_head.load_head
+    if (out / (medusa_head.CONFIG_FILE if medusa else eagle_head.CONFIG_FILE)).is_file():
+        return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
+    ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
+    if medusa:
+        head = medusa_head.new_medusa_heads(target.hf_model, name, ids, args.medusa_num_heads, args.medusa_num_layers)
+    else:
+        head = eagle_head.new_head(target.hf_model, name, ids)
+    if args.init_from:  # a trained head's weights; the draft vocabulary (frozen LM head rows) is this data's
+        head.load_state_dict(load(args.init_from, target).float().state_dict())
+    print(f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices",
+          file=sys.stderr)
+    return head, coverage, settings, objective

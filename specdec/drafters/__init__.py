@@ -36,7 +36,7 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
 
 
 def auto_drafter_name(target, options: dict) -> str:
-    """A draft model when one is given, else an EAGLE head when one is given, else prompt lookup.
+    """A draft model when one is given, else an EAGLE head or Medusa heads when given, else prompt lookup.
 
     The head shipped for smollm2-135m is not picked by default: on the CPU it was measured on, its drafts
     cost about as much as a target pass and are accepted too rarely to pay (docs/drafters.md).
@@ -45,15 +45,22 @@ def auto_drafter_name(target, options: dict) -> str:
         return "draft-model"
     if options.get("eagle_head"):
         return "eagle"
+    if options.get("medusa_head"):
+        return "medusa"
     return "ngram"
 
 
-def bundled_head(model_name: str):
-    """The folder of the EAGLE head shipped with specdec for a built-in model, or None."""
+def bundled_head(model_name: str, kind: str = "eagle"):
+    """The folder of the EAGLE head (kind "eagle") or Medusa heads ("medusa") shipped with specdec for a built-in
+    model, or None."""
     from pathlib import Path
 
     folder = Path(__file__).resolve().parent.parent / "assets" / "heads" / model_name
-    return folder if (folder / "eagle_head.safetensors").is_file() else None
+    if kind == "medusa":
+        folder, weights = folder / "medusa", "medusa_heads.safetensors"
+    else:
+        weights = "eagle_head.safetensors"
+    return folder if (folder / weights).is_file() else None
 
 
 @register("none")
@@ -128,6 +135,31 @@ def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
     return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree)
+
+
+@register("medusa")
+def _medusa(target, medusa_head=None, tree: bool = True, **ignored) -> Drafter:
+    import torch
+
+    from ..kernels import KernelUnavailable
+    from .medusa import MedusaDrafter
+    from .medusa_head import load_medusa_heads
+    from .medusa_kernels import KernelMedusaHeads, kernel_heads_problem
+
+    folder = medusa_head or bundled_head(target.name, "medusa")
+    if folder is None:
+        raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
+                          f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
+    heads = load_medusa_heads(folder, target)
+    info = target.info
+    if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
+        try:
+            return MedusaDrafter(KernelMedusaHeads(heads, bfloat16=info.dtype == torch.bfloat16), tree=tree)
+        except KernelUnavailable:
+            pass  # the kernels failed to build here: torch's products
+    # elsewhere the heads run where the target's features are, in its dtype (float32 for float16 on CPUs)
+    dtype = torch.float32 if info.device.type == "cpu" and info.dtype == torch.float16 else info.dtype
+    return MedusaDrafter(heads.to(info.device, dtype), tree=tree)
 
 
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

@@ -21,7 +21,7 @@ from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
 from .eagle_head import EagleHead
-from .ngram import NgramDrafter
+from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
 
 
 class EagleDrafter(Drafter):
@@ -37,13 +37,13 @@ class EagleDrafter(Drafter):
         self.head = head  # an EagleHead, or its KernelEagleHead view
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.dtype = head.feature_dtype
-        self.lookup = NgramDrafter() if lookup else None
+        self.lookup = lookup
         self.vocab = head.config.vocab_size
         self._inverse: torch.Tensor | None = None  # token id -> draft index, built on first use (penalized requests)
         self._reset()
 
     def fork(self) -> "EagleDrafter":
-        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup is not None)
+        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup)
 
     @property
     def sizes_itself(self) -> bool:
@@ -55,8 +55,7 @@ class EagleDrafter(Drafter):
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
         self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
-        self.lookup_record = LookupRecord()
-        self.head_expected: float | None = None  # running mean of the head's expected accepted tokens per tree
+        self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
         self.penalties: SubsetPenalties | None = None  # the request's penalties at the context being drafted
 
     def begin(self, request: DraftRequest) -> None:
@@ -143,13 +142,8 @@ class EagleDrafter(Drafter):
     def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
         head = self.head
         costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
-        chain = []
-        if self.lookup is not None:
-            self.lookup_record.score(context)
-            chain = self.lookup.propose(context, depth_cap).tokens.tolist()
-            self.lookup_record.proposed(context, chain)
-            if chain and self.head_expected is not None and self.lookup_record.expected(chain) >= self.head_expected:
-                return Draft(tokens=torch.tensor(chain[:self.lookup_record.best_length(chain, costs)]))
+        if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
+            return copied
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
@@ -158,10 +152,10 @@ class EagleDrafter(Drafter):
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
         kv = self.kv
-        expand_floor = _expand_floor(costs)
+        floor = expand_floor(costs)
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
-            paths = [_path_tokens(n, tokens, parents) for n in frontier]
+            paths = [path_tokens(n, tokens, parents) for n in frontier]
             lp = torch.log_softmax(self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths), -1)
             top = torch.topk(lp, width, dim=-1)
             base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
@@ -175,7 +169,7 @@ class EagleDrafter(Drafter):
                 depths.append(depth)
                 scores.append(cand_scores[c])
                 frontier.append(len(tokens) - 1)
-            if depth == depth_cap or math.exp(scores[frontier[0]]) < expand_floor:
+            if depth == depth_cap or math.exp(scores[frontier[0]]) < floor:
                 break
             # one head pass for the new level: node i's pair is (its parent's output, its token)
             feats = torch.stack([hidden_of[parents[i]] for i in frontier])
@@ -193,117 +187,4 @@ class EagleDrafter(Drafter):
             for r, node in enumerate(frontier):
                 hidden_of[node] = out[r]
             fed += frontier
-        chosen = _choose_nodes(scores, parents, costs, self.max_nodes)
-        expected = sum(math.exp(scores[i]) for i in chosen)
-        self.head_expected = expected if self.head_expected is None else 0.8 * self.head_expected + 0.2 * expected
-        if chain:
-            chosen = _add_path(chosen, chain, tokens, parents, depths, scores)
-        order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
-        index = {node: j for j, node in enumerate(order)}
-        return Draft(tokens=torch.tensor([tokens[i] for i in order]),
-                     parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
-
-
-class LookupRecord:
-    """How far prompt-lookup continuations were accepted in this request: each drafted continuation token counts
-    as a trial of a geometric run (accepted, or the first rejected one), so the chance a next token is accepted is
-    (accepted + 1) / (trials + 2)."""
-
-    def __init__(self):
-        self.accepted, self.trials = 0, 0
-        self.pending: tuple[int, list[int]] | None = None  # (context length, continuation) drafted last
-
-    def proposed(self, context: list[int], chain: list[int]) -> None:
-        self.pending = (len(context), chain) if chain else None
-
-    def score(self, context: list[int]) -> None:
-        """Compares the last drafted continuation with what the context now holds after it."""
-        if self.pending is None:
-            return
-        start, chain = self.pending
-        self.pending = None
-        after = context[start:start + len(chain)]
-        if not after:
-            return
-        kept = common_prefix(chain, after)
-        self.accepted += kept
-        self.trials += kept + (kept < len(after))  # a differing token is one rejected trial
-
-    def rate(self) -> float:
-        return (self.accepted + 1) / (self.trials + 2)
-
-    def expected(self, chain: list[int]) -> float:
-        """Expected accepted tokens of the continuation."""
-        a = self.rate()
-        return sum(a ** i for i in range(1, len(chain) + 1))
-
-    def best_length(self, chain: list[int], costs) -> int:
-        """The prefix of the continuation with the most expected tokens per second of verification."""
-        a, best, best_rate, expected = self.rate(), 1, 0.0, 1.0
-        for n in range(1, len(chain) + 1):
-            expected += a ** n
-            rate = expected / costs.verify_s(n + 1)
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return best
-
-
-def _path_tokens(node: int, tokens: list[int], parents: list[int]) -> list[int]:
-    """The drafted tokens from the root down to node (none for the root, -1)."""
-    path = []
-    while node >= 0:
-        path.append(tokens[node])
-        node = parents[node]
-    return path[::-1]
-
-
-def _add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int],
-              scores: list[float]) -> list[int]:
-    """Adds `chain` as a path from the root, through chosen nodes where they already hold its tokens (siblings
-    stay distinct); new nodes are appended to the node lists with the lowest score. Returns the chosen set."""
-    chosen = set(chosen)
-    child = {(parents[i], tokens[i]): i for i in chosen}
-    node = -1
-    for depth, token in enumerate(chain, start=1):
-        if (node, token) not in child:
-            tokens.append(token)
-            parents.append(node)
-            depths.append(depth)
-            scores.append(-math.inf)
-            child[(node, token)] = len(tokens) - 1
-            chosen.add(len(tokens) - 1)
-        node = child[(node, token)]
-    return sorted(chosen)
-
-
-def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> int:
-    """Candidates kept per level: half the tokens one verify pass takes within `headroom` times the cost of a
-    one-token pass (a flat curve, as on GPUs, affords wide trees; a compute-bound CPU, narrow ones)."""
-    base, T = costs.verify_s(1), 1
-    while T < 64 and costs.verify_s(T + 1) <= headroom * base:
-        T += 1
-    return max(low, min(high, T // 2))
-
-
-def _expand_floor(costs) -> float:
-    """Smallest probability of reaching a node that can still pay for a deeper level: the marginal
-    cost of one more verified token relative to a one-token pass, from the measured curve."""
-    return max(0.02, min(0.5, (costs.verify_s(9) - costs.verify_s(8)) / costs.verify_s(1)))
-
-
-def _choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int) -> list[int]:
-    """The most probable nodes, closed under ancestors, as many as maximise E[accepted + 1] / verify cost."""
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:max_nodes]
-    best, best_rate, expected = 0, 1.0 / costs.verify_s(1), 1.0
-    for n, i in enumerate(order, start=1):
-        expected += math.exp(scores[i])
-        cost = costs.verify_s(n + 1)
-        if expected / cost > best_rate:
-            best, best_rate = n, expected / cost
-    chosen = set(order[:best])
-    for i in list(chosen):
-        a = parents[i]
-        while a >= 0 and a not in chosen:
-            chosen.add(a)
-            a = parents[a]
-    return sorted(chosen)
+        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch)

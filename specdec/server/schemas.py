@@ -25,9 +25,10 @@ from .tools import ToolCalling, parse_tool_calling
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
           "speculation", "ignore_eos", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "logit_bias", "response_format", "guided_json", "guided_regex", "guided_grammar"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"},
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                            "parallel_tool_calls"},
           "completions": COMMON | {"prompt", "logprobs", "echo"}}
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+IGNORED = {"user", "metadata", "store", "service_tier"}
 NEUTRAL = {  # accepted only at the value that changes nothing
     "best_of": (1,), "echo": (False,), "suffix": ("",),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],),
@@ -43,7 +44,7 @@ class Limits:
     """What the server accepts: the names it answers to, the drafters a request may pick, defaults."""
 
     model_names: tuple[str, ...]
-    drafters: tuple[str, ...]  # "none", "ngram", "suffix", a shipped head's "eagle" and the server's own drafter
+    drafters: tuple[str, ...]  # "none", "ngram", "suffix", shipped heads ("eagle", "medusa") and the server's own drafter
     default_drafter: str
     vocab_size: int
     default_max_tokens: int = 256

@@ -33,7 +33,8 @@ class ServerState:
 
         decoder = worker.decoder
         drafter = worker.default_drafter
-        shipped = ("eagle",) if bundled_head(decoder.target.name) else ()  # a head specdec ships for this model
+        shipped = tuple(kind for kind in ("eagle", "medusa")  # heads specdec ships for this model
+                        if bundled_head(decoder.target.name, kind))
         self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
                              drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, drafter))),
                              default_drafter=drafter,

@@ -2,7 +2,9 @@
 
 - `tool_choice` "required", or {"type": "function", "function": {"name": N}}: the answer is constrained to a call
   (structured output, specdec/structured.py): for a named function, its arguments object (the function's
-  `parameters` schema); for "required", {"name": one of the tools, "arguments": that tool's parameters}. A call is
+  `parameters` schema); for "required", {"name": one of the tools, "arguments": that tool's parameters}, or, as
+  parallel calls are allowed unless the request sends `parallel_tool_calls: false`, a JSON array of one or more
+  such calls (as vLLM constrains them). A call is
   then always well-formed and valid against its schema, speculation stays lossless (drafts are masked as in any
   constrained request) and the keys and punctuation the schema forces are drafted for free.
 - "auto" (OpenAI's default when tools are given): the model decides, and its text is parsed for calls in the
@@ -57,6 +59,7 @@ class ToolCalling:
     choice: str
     function: str | None = None
     parser: str | None = None
+    parallel: bool = True  # several calls in one answer ("required" and "auto"; OpenAI's parallel_tool_calls)
 
     @property
     def calls(self) -> bool:
@@ -68,9 +71,9 @@ class ToolCalling:
         if self.choice == "function":
             return Constraint.json_schema(next(t for t in self.tools if t.name == self.function).parameters)
         if self.choice == "required":
-            return Constraint.json_schema({"anyOf": [
-                {"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                 "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]})
+            call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                               "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]}
+            return Constraint.json_schema({"type": "array", "minItems": 1, "items": call} if self.parallel else call)
         return None
 
     def answer(self, text: str, finish_reason: str) -> tuple[str | None, list[dict], str]:
@@ -85,7 +88,8 @@ class ToolCalling:
                 return text, [], finish_reason
             if self.choice == "function":
                 return None, [tool_call(self.function, text)], "tool_calls"
-            return None, [tool_call(call["name"], _dumps(call["arguments"]))], "tool_calls"
+            return None, [tool_call(c["name"], _dumps(c["arguments"])) for c in
+                          (call if isinstance(call, list) else [call])], "tool_calls"
         if self.choice == "auto":
             calls = []
             for block in HERMES_CALL.findall(text):
@@ -98,7 +102,7 @@ class ToolCalling:
                     pass
             if calls:
                 content = HERMES_CALL.sub("", text).strip()
-                return content or None, calls, "tool_calls"
+                return content or None, calls if self.parallel else calls[:1], "tool_calls"
         return text, [], finish_reason
 
     def messages(self, messages: list[dict], template_takes_tools: bool) -> tuple[list[dict], list[dict] | None]:
@@ -110,7 +114,8 @@ class ToolCalling:
                               for t in self.tools)
         how = {"none": "Answer in text; do not call a function.",
                "auto": 'To call a function, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
-               "required": "Answer with a function call.", "function": f"Answer with a call to {self.function}."}
+               "required": "Answer with a JSON array of one or more function calls." if self.parallel else
+               "Answer with a function call.", "function": f"Answer with a call to {self.function}."}
         note = f"You can call these functions (name, description, JSON schema of the arguments):\n{described}\n" \
                f"{how[self.choice]}"
         out = [as_text(m) for m in messages]
@@ -156,7 +161,10 @@ def parse_tool_calling(body: dict, parser: str | None, structured_error: str | N
             "response_format", "guided_json", "guided_regex", "guided_grammar")):
         raise bad_request("a required or named tool call constrains the answer already: send it without "
                           "response_format or guided_*", "tool_choice", "invalid_value")
-    calling = ToolCalling(parsed, choice, function, parser)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls", "invalid_type")
+    calling = ToolCalling(parsed, choice, function, parser, parallel)
     if (constraint := calling.constraint()) is not None:
         try:
             check(constraint)  # compiled here, so that a bad parameters schema is a 400

@@ -159,8 +159,12 @@ class Trainer:
     """AdamW with warmup and cosine decay over a time budget; checkpoints and resumes (safetensors)."""
 
     def __init__(self, head: EagleHead, sequences: list[dict], out: Path, settings: TrainSettings,
-                 time_budget_s: float):
+                 time_budget_s: float, objective=None):
+        """objective: (head, tokens, features, labels, lengths, settings, vocab_index, train) -> (losses per
+        drafted position, [(hits, trials)] per position when not train); default: the EAGLE head's unrolled
+        losses. Any head with draft_ids, trainable_state() and save() trains here (Medusa heads too)."""
         self.head, self.out, self.cfg, self.budget = head, out, settings, time_budget_s
+        self.objective = objective or unrolled_losses
         rng = random.Random(settings.seed)
         seqs = [s for s in sequences if len(s["tokens"]) >= 4]
         rng.shuffle(seqs)
@@ -171,8 +175,9 @@ class Trainer:
         self.vocab_index = torch.full((vocab,), -1, dtype=torch.long)
         self.vocab_index[head.draft_ids] = torch.arange(len(head.draft_ids))
         # the frozen tables are read in bfloat16 under autocast anyway: cast them once, not at every product
-        head.embed = head.embed.to(torch.bfloat16)
-        head.draft_lm_head = head.draft_lm_head.to(torch.bfloat16)
+        for table in ("embed", "draft_lm_head"):
+            if getattr(head, table, None) is not None:
+                setattr(head, table, getattr(head, table).to(torch.bfloat16))
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.elapsed, self.history = 0, 0.0, []
@@ -197,8 +202,8 @@ class Trainer:
                 self.head.train()
                 tokens, features, labels, lengths = collate(group, self.cfg.max_len)
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    losses, _ = unrolled_losses(self.head, tokens, features, labels, lengths, self.cfg,
-                                                self.vocab_index)
+                    losses, _ = self.objective(self.head, tokens, features, labels, lengths, self.cfg,
+                                               self.vocab_index, True)
                 loss = sum(l * self.cfg.step_decay ** i for i, l in enumerate(losses))
                 for g in self.opt.param_groups:
                     g["lr"] = self.lr_at()
@@ -223,14 +228,14 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out top-1 agreement with the target at each unrolled step, and the chain MAT it implies."""
+        """Held-out top-1 agreement with the target at each drafted position, and the chain MAT it implies."""
         self.head.eval()
         hits = [0.0] * self.cfg.steps
         total = [0.0] * self.cfg.steps
         for group in batches(self.heldout, self.cfg.batch_tokens, self.cfg.max_len, random.Random(0)):
             tokens, features, labels, lengths = collate(group, self.cfg.max_len)
-            _, accs = unrolled_losses(self.head, tokens, features, labels, lengths, self.cfg, self.vocab_index,
-                                      train=False)
+            _, accs = self.objective(self.head, tokens, features, labels, lengths, self.cfg, self.vocab_index,
+                                     False)
             for i, (h, t) in enumerate(accs):
                 hits[i] += h
                 total[i] += t

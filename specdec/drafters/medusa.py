@@ -1,0 +1,109 @@
+"""Medusa drafting: the heads read the target's last kept feature and guess the next tokens in one pass.
+
+The feature f_t of the last position the target scored gave the context's last token x_{t+1}; head d guesses
+x_{t+1+d}. A chain takes each head's best token (or draws from it when sampling); a tree combines each head's
+`width` best tokens, most probable paths first (by the product of the heads' probabilities, the heads being
+independent), and keeps as many nodes as pay under the measured verify-cost curve (trees.finish_tree), with the
+prompt-lookup continuation as one more branch. Siblings are deterministic top-k choices, so sampling verifies
+trees one-hot (verify.tree_rejection_verify), and chains with the heads' distributions as q: the output is the
+target's either way.
+"""
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from ..adaptive import CostModel
+from ..sampling import probs_from_logits
+from .base import Draft, Drafter
+from .medusa_head import MedusaHeads
+from .medusa_kernels import KernelMedusaHeads
+from .trees import LookupBranch, finish_tree, tree_width
+
+
+class MedusaDrafter(Drafter):
+    name = "medusa"
+    needs_features = True
+
+    def __init__(self, heads: MedusaHeads | KernelMedusaHeads, tree: bool = True, width: int | None = None,
+                 max_nodes: int = 48, lookup: bool = True):
+        """width None: candidates per head chosen each step from the verify-cost curve (trees.tree_width).
+        lookup: trees also hold the prompt-lookup continuation as one more branch."""
+        if isinstance(heads, torch.nn.Module):
+            heads.eval().requires_grad_(False)
+        self.heads = heads  # MedusaHeads, or its KernelMedusaHeads view
+        self.tree, self.width, self.max_nodes, self.lookup = tree, width, max_nodes, lookup
+        self.vocab = heads.config.vocab_size
+        self._reset()
+
+    def fork(self) -> "MedusaDrafter":
+        return MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup)
+
+    @property
+    def sizes_itself(self) -> bool:
+        """Tree mode picks its own size from measured costs; chains take k from the engine."""
+        return self.tree and getattr(self, "request", None) is not None and self.request.allow_tree
+
+    def _reset(self) -> None:
+        self.seen = 0  # positions whose features arrived
+        self.last: torch.Tensor | None = None  # the latest of them (H,)
+        self.branch = LookupBranch() if self.lookup else None
+
+    def begin(self, request) -> None:
+        super().begin(request)
+        self._reset()
+
+    def end(self) -> None:
+        self._reset()
+
+    def observe(self, features: torch.Tensor) -> None:
+        if features.shape[0]:
+            self.seen += features.shape[0]
+            self.last = features[-1].detach()
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0 or self.last is None or self.seen != len(context) - 1:
+            return Draft.empty()  # the feature that gave the context's last token is not known
+        depth = min(k, self.heads.config.num_heads)
+        heads = self.heads
+        f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
+        logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
+        if self.sizes_itself:
+            return self._tree(logits, context)
+        return self._chain(logits, len(context))
+
+    def _chain(self, logits: torch.Tensor, context_len: int) -> Draft:
+        request, draft_ids = self.request, self.heads.draft_ids.cpu()
+        if request.sampling.greedy:
+            return Draft(tokens=draft_ids[logits.argmax(-1)])
+        tokens, rows = [], []
+        for i, row in enumerate(logits):
+            q = torch.zeros(self.vocab).index_copy_(0, draft_ids, probs_from_logits(row, request.sampling))
+            tokens.append(request.draw(q, context_len + i))
+            rows.append(q)
+        return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows))
+
+    def _tree(self, logits: torch.Tensor, context: list[int]) -> Draft:
+        depth = logits.shape[0]
+        costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
+        if self.branch is not None and (copied := self.branch.start(context, depth, costs)) is not None:
+            return copied
+        width = min(self.width or tree_width(costs), logits.shape[1])
+        top = torch.topk(torch.log_softmax(logits, -1), width, dim=-1)
+        logp, ids = top.values.tolist(), self.heads.draft_ids.cpu()[top.indices].tolist()  # (depth, width) each
+        tokens, parents, depths, scores = [], [], [], []
+        frontier = [(-logp[0][r], -1, 1, r) for r in range(width)]  # (-score, parent node, depth, rank): a heap
+        heapq.heapify(frontier)
+        while frontier and len(tokens) < self.max_nodes:  # most probable first: ancestors come before descendants
+            negative, parent, d, r = heapq.heappop(frontier)
+            tokens.append(ids[d - 1][r])
+            parents.append(parent)
+            depths.append(d)
+            scores.append(-negative)
+            if d < depth:
+                node = len(tokens) - 1
+                for r2 in range(width):
+                    heapq.heappush(frontier, (negative - logp[d][r2], node, d + 1, r2))
+        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch)
