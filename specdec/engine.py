@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-import torch
-
 from .adaptive import CostModel, draft_length, measure_verify_costs
 from .config import GenerationConfig, SpeculationConfig
 from .detokenize import TextAssembler
@@ -149,8 +147,6 @@ class SpecDecoder:
     def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
                       **kwargs) -> list[GenerationResult]:
         """Generates for several prompts at once, in batches that share each target pass."""
-        from .batch import BatchEngine
-
         cfg = config or GenerationConfig.create(**kwargs)
         engine = self.batch_engine(max_batch)
         pending = list(enumerate(self.encode(p) for p in prompts))

@@ -14,7 +14,7 @@ from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.medusa_head import load_medusa_heads, new_medusa_heads
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
-from tiny import loaded, tiny_llama
+from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 
 def flat() -> CostModel:
     """Verification as on a GPU: trees of any size pay (a new model each time: decoders update theirs)."""
@@ -51,16 +51,7 @@ def test_medusa_drafting_keeps_greedy_output(model, backend, tree):
     drafter = MedusaDrafter(random_heads(model), tree=tree, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False),
                           costs=flat())
-    baseline = SpecDecoder(target, None)
-    config = GenerationConfig(max_new_tokens=30, ignore_eos=True)
-    gen = torch.Generator().manual_seed(3)
-    drafted = 0
-    for n in (3, 9, 20):
-        prompt = torch.randint(0, 63, (n,), generator=gen).tolist()
-        got, metrics = decoder.generate_ids(prompt, config)
-        assert got == baseline.generate_ids(prompt, config)[0]
-        drafted += metrics.drafted_tokens
-    assert drafted > 0
+    assert drafted_keeping_greedy_output(decoder, target) > 0
 
 
 def test_heads_guess_from_the_feature_that_gave_the_last_token(model):
@@ -195,3 +186,36 @@ def test_the_kernel_heads_compute_what_the_torch_heads_do(model, tmp_path, layou
     prompt = list(range(4, 20))
     got, metrics = decoder.generate_ids(prompt, config)
     assert got == SpecDecoder(target, None).generate_ids(prompt, config)[0] and metrics.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_prompt_lookup_drafts_alone_where_it_is_trusted(model, tree):
+    target = loaded(model, "kernels")
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]  # lookup continuation: 6 7 8 9 ...
+    drafter = started(MedusaDrafter(random_heads(model), tree=tree, width=2), target, prompt)
+    first = drafter.propose(prompt, 4)  # no estimate of the heads' drafts yet: the heads draft
+    assert drafter.branch.head_expected is not None and first.tokens.tolist()[:4] != [6, 7, 8, 9]
+    drafter.branch.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
+    copied = drafter.propose(prompt, 4)
+    assert copied.parents is None and copied.tokens.tolist() == [6, 7, 8, 9][:len(copied)]
+    drafter.branch.head_expected = 5.0
+    assert drafter.propose(prompt, 4).tokens.tolist() == first.tokens.tolist()
+
+
+def test_lookup_only_chains_keep_greedy_output(model, monkeypatch):
+    """Heads that are never confident: the chains drafted are prompt-lookup continuations, verified as any chain."""
+    from specdec.drafters.trees import LookupBranch
+
+    copied = []
+    start = LookupBranch.start
+    monkeypatch.setattr(LookupBranch, "start", lambda self, *a: copied.append(start(self, *a)) or copied[-1])
+    target = loaded(model, "kernels")
+    heads = random_heads(model)
+    heads.draft_lm_head.mul_(1e-3)  # near-uniform guesses
+    drafter = MedusaDrafter(heads, tree=False)
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=6, adaptive=False), costs=flat())
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9, 10] * 5
+    got, metrics = decoder.generate_ids(prompt, config)
+    assert got == SpecDecoder(target, None).generate_ids(prompt, config)[0]
+    assert any(d is not None for d in copied) and metrics.drafted_tokens > 0  # continuations drafted alone

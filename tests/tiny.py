@@ -30,6 +30,24 @@ def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None,
                        backend=make_backend(hf_model, info, backend, slots))
 
 
+def drafted_keeping_greedy_output(decoder, target, lengths=(3, 9, 20), new_tokens: int = 30) -> int:
+    """Runs random prompts of these lengths through `decoder` and plain decoding of `target`, asserts the tokens
+    are the same, and returns how many tokens were drafted."""
+    from specdec.config import GenerationConfig
+    from specdec.engine import SpecDecoder
+
+    baseline = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)
+    gen = torch.Generator().manual_seed(3)
+    drafted = 0
+    for n in lengths:
+        prompt = torch.randint(0, target.info.vocab_size - 1, (n,), generator=gen).tolist()
+        got, metrics = decoder.generate_ids(prompt, config)
+        assert got == baseline.generate_ids(prompt, config)[0]
+        drafted += metrics.drafted_tokens
+    return drafted
+
+
 class _NoTokenizer:
     def __init__(self, model):
         self.eos_token_id = model.config.eos_token_id
@@ -114,7 +132,6 @@ class TableLM(CausalLM):
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
-        start = len(tokens)
         rows, hidden = [], []
         for i, t in enumerate(new):
             seen = [new[j] for j in range(i + 1) if tree_mask is None or tree_mask[i, j]]  # ancestors and itself

@@ -1,9 +1,9 @@
 """Medusa drafting: the heads read the target's last kept feature and guess the next tokens in one pass.
 
 The feature f_t of the last position the target scored gave the context's last token x_{t+1}; head d guesses
-x_{t+1+d}. A chain takes each head's best token (or draws from it when sampling); a tree combines each head's
-`width` best tokens, most probable paths first (by the product of the heads' probabilities, the heads being
-independent), and keeps as many nodes as pay under the measured verify-cost curve (trees.finish_tree), with the
+x_{t+1+d}. A chain takes each head's best token (or the prompt-lookup continuation where that is expected to go
+further; or, sampling, a draw from each head); a tree combines each head's `width` best tokens, most probable
+paths first (by the product of the heads' probabilities, the heads being independent), and keeps as many nodes as pay under the measured verify-cost curve (trees.finish_tree), with the
 prompt-lookup continuation as one more branch. Siblings are deterministic top-k choices, so sampling verifies
 trees one-hot (verify.tree_rejection_verify), and chains with the heads' distributions as q: the output is the
 target's either way.
@@ -71,13 +71,22 @@ class MedusaDrafter(Drafter):
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
         logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
         if self.sizes_itself:
-            return self._tree(logits, context)
-        return self._chain(logits, len(context))
+            return self._tree(logits, context, k)
+        return self._chain(logits, context, k)
 
-    def _chain(self, logits: torch.Tensor, context_len: int) -> Draft:
+    def _chain(self, logits: torch.Tensor, context: list[int], k: int) -> Draft:
+        """Each head's best token (greedy: or the prompt-lookup continuation, where it is expected to be accepted
+        further), or a draw from each head's distribution (sampling)."""
         request, draft_ids = self.request, self.heads.draft_ids.cpu()
         if request.sampling.greedy:
-            return Draft(tokens=draft_ids[logits.argmax(-1)])
+            costs = request.costs or CostModel()
+            if self.branch is not None and (copied := self.branch.start(context, k, costs)) is not None:
+                return copied
+            best = torch.softmax(logits, -1).max(-1)
+            if self.branch is not None:
+                self.branch.head_drafted(float(best.values.cumprod(0).sum()))
+            return Draft(tokens=draft_ids[best.indices])
+        context_len = len(context)
         tokens, rows = [], []
         for i, row in enumerate(logits):
             q = torch.zeros(self.vocab).index_copy_(0, draft_ids, probs_from_logits(row, request.sampling))
@@ -85,10 +94,10 @@ class MedusaDrafter(Drafter):
             rows.append(q)
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows))
 
-    def _tree(self, logits: torch.Tensor, context: list[int]) -> Draft:
+    def _tree(self, logits: torch.Tensor, context: list[int], k: int) -> Draft:
         depth = logits.shape[0]
         costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
-        if self.branch is not None and (copied := self.branch.start(context, depth, costs)) is not None:
+        if self.branch is not None and (copied := self.branch.start(context, k, costs)) is not None:
             return copied
         width = min(self.width or tree_width(costs), logits.shape[1])
         top = torch.topk(torch.log_softmax(logits, -1), width, dim=-1)

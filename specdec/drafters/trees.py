@@ -17,13 +17,13 @@ from .ngram import NgramDrafter
 
 class LookupBranch:
     """The prompt-lookup continuation of the context, drafted as one more branch of a head's tree; where it is
-    expected to be accepted at least as far as the head's recent trees (text the answer copies from the
+    expected to be accepted at least as far as the head's recent drafts (text the answer copies from the
     prompt), it is drafted alone, as a chain sized by the verify-cost curve, and the head is skipped."""
 
     def __init__(self):
         self.lookup = NgramDrafter()
         self.record = LookupRecord()
-        self.head_expected: float | None = None  # running mean of the head's expected accepted tokens per tree
+        self.head_expected: float | None = None  # running mean of the head's expected accepted tokens per draft
         self.chain: list[int] = []
 
     def start(self, context: list[int], depth_cap: int, costs) -> Draft | None:
@@ -36,7 +36,7 @@ class LookupBranch:
         return None
 
     def head_drafted(self, expected: float) -> None:
-        """Records the expected accepted tokens of the head's tree."""
+        """Records the expected accepted tokens of the head's draft (a tree, or a chain)."""
         self.head_expected = expected if self.head_expected is None else 0.8 * self.head_expected + 0.2 * expected
 
 

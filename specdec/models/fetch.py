@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .registry import KNOWN_MODELS, cache_root, converted_dir, is_cached
+from .registry import KNOWN_MODELS, converted_dir, is_cached
 
 
 def index_url() -> str:
