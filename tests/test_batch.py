@@ -8,7 +8,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.kernels import has_bf16_products
-from tiny import loaded, tiny_llama
+from tiny import loaded, random_medusa_heads, tiny_llama
 
 
 def _prompts(n=12, vocab=64):
@@ -123,7 +123,6 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.eagle_head import new_head
     from specdec.drafters.medusa import MedusaDrafter
-    from specdec.drafters.medusa_head import new_medusa_heads
 
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     target = loaded(model, backend)
@@ -132,11 +131,7 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend
     if kind == "eagle":
         drafter = EagleDrafter(new_head(model, "tiny", vocab), tree=True, width=3)
     else:
-        heads = new_medusa_heads(model, "tiny", vocab)
-        with torch.no_grad():
-            for p in heads.parameters():
-                p.normal_(0, 0.2)
-        drafter = MedusaDrafter(heads, tree=True, width=3)
+        drafter = MedusaDrafter(random_medusa_heads(model), tree=True, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)

@@ -11,10 +11,10 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import DraftRequest
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_head import load_medusa_heads, new_medusa_heads
+from specdec.drafters.medusa_head import load_medusa_heads
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
-from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
+from tiny import drafted_keeping_greedy_output, loaded, random_medusa_heads, tiny_llama
 
 def flat() -> CostModel:
     """Verification as on a GPU: trees of any size pay (a new model each time: decoders update theirs)."""
@@ -24,16 +24,6 @@ def flat() -> CostModel:
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
-
-
-def random_heads(model, num_heads: int = 4, seed: int = 1):
-    """Heads with random blocks (a fresh head is the target's LM head on f_t: it would draft x_{t+1} again)."""
-    torch.manual_seed(seed)
-    heads = new_medusa_heads(model, "tiny", torch.arange(model.config.vocab_size), num_heads=num_heads)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.normal_(0, 0.2)
-    return heads
 
 
 def started(drafter, target, prompt):
@@ -48,7 +38,7 @@ def started(drafter, target, prompt):
 @pytest.mark.parametrize("tree", [False, True])
 def test_medusa_drafting_keeps_greedy_output(model, backend, tree):
     target = loaded(model, backend)
-    drafter = MedusaDrafter(random_heads(model), tree=tree, width=3)
+    drafter = MedusaDrafter(random_medusa_heads(model), tree=tree, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False),
                           costs=flat())
     assert drafted_keeping_greedy_output(decoder, target) > 0
@@ -56,7 +46,7 @@ def test_medusa_drafting_keeps_greedy_output(model, backend, tree):
 
 def test_heads_guess_from_the_feature_that_gave_the_last_token(model):
     target = loaded(model, "torch")
-    heads = random_heads(model)
+    heads = random_medusa_heads(model)
     prompt = list(range(5, 17))
     drafter = started(MedusaDrafter(heads, tree=False), target, prompt)
     out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt[:-1]), output_hidden=True)
@@ -67,7 +57,7 @@ def test_heads_guess_from_the_feature_that_gave_the_last_token(model):
 
 def test_tree_is_most_probable_first_and_a_width_one_tree_is_the_chain(model):
     target = loaded(model, "torch")
-    heads = random_heads(model)
+    heads = random_medusa_heads(model)
     prompt = list(range(5, 17))
     chain = started(MedusaDrafter(heads, tree=False), target, prompt).propose(prompt, 4)
     line = started(MedusaDrafter(heads, tree=True, width=1, lookup=False), target, prompt).propose(prompt, 4)
@@ -154,7 +144,7 @@ def test_bad_medusa_folders_are_refused(model, tmp_path):
 
 
 def test_trained_heads_load_only_onto_their_target(model, tmp_path):
-    heads = random_heads(model)
+    heads = random_medusa_heads(model)
     heads.save(tmp_path / "h")
     back = load_medusa_heads(tmp_path / "h", loaded(model, "torch"))
     for name, tensor in heads.trainable_state().items():
@@ -169,7 +159,7 @@ def test_the_kernel_heads_compute_what_the_torch_heads_do(model, tmp_path, layou
     from specdec.drafters.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
 
     if layout == "specdec":
-        heads = random_heads(model)
+        heads = random_medusa_heads(model)
     else:
         _write_medusa_layout(tmp_path / "m", model, num_heads=3)
         heads = load_medusa_heads(tmp_path / "m", loaded(model, "torch"))
@@ -192,7 +182,7 @@ def test_the_kernel_heads_compute_what_the_torch_heads_do(model, tmp_path, layou
 def test_prompt_lookup_drafts_alone_where_it_is_trusted(model, tree):
     target = loaded(model, "kernels")
     prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]  # lookup continuation: 6 7 8 9 ...
-    drafter = started(MedusaDrafter(random_heads(model), tree=tree, width=2), target, prompt)
+    drafter = started(MedusaDrafter(random_medusa_heads(model), tree=tree, width=2), target, prompt)
     first = drafter.propose(prompt, 4)  # no estimate of the heads' drafts yet: the heads draft
     assert drafter.branch.head_expected is not None and first.tokens.tolist()[:4] != [6, 7, 8, 9]
     drafter.branch.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
@@ -210,7 +200,7 @@ def test_lookup_only_chains_keep_greedy_output(model, monkeypatch):
     start = LookupBranch.start
     monkeypatch.setattr(LookupBranch, "start", lambda self, *a: copied.append(start(self, *a)) or copied[-1])
     target = loaded(model, "kernels")
-    heads = random_heads(model)
+    heads = random_medusa_heads(model)
     heads.draft_lm_head.mul_(1e-3)  # near-uniform guesses
     drafter = MedusaDrafter(heads, tree=False)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=6, adaptive=False), costs=flat())

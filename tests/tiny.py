@@ -48,6 +48,19 @@ def drafted_keeping_greedy_output(decoder, target, lengths=(3, 9, 20), new_token
     return drafted
 
 
+def random_medusa_heads(model, num_heads: int = 4, seed: int = 1):
+    """Medusa heads for a tiny Llama with random blocks (a fresh head is the target's LM head on f_t: it would
+    draft x_{t+1} again)."""
+    from specdec.drafters.medusa_head import new_medusa_heads
+
+    torch.manual_seed(seed)
+    heads = new_medusa_heads(model, "tiny", torch.arange(model.config.vocab_size), num_heads=num_heads)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.2)
+    return heads
+
+
 class _NoTokenizer:
     def __init__(self, model):
         self.eos_token_id = model.config.eos_token_id

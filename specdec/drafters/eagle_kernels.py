@@ -23,6 +23,22 @@ def kernel_head_problem(config: EagleConfig) -> str | None:
     return f"{', '.join(odd)} not a multiple of 16" if odd else unavailable_reason()
 
 
+def packer(bfloat16: bool):
+    """pack(*weights, bias=None): the weights (rows stacked in order) as one PackedLinear, kept in bfloat16 (products
+    rounding their inputs to it where the CPU has AVX-512 BF16) or float32."""
+    from ..kernels import has_bf16_products, load
+
+    module = load()
+    weight_dtype = torch.bfloat16 if bfloat16 else torch.float32
+    bf16_dot = bfloat16 and has_bf16_products()
+
+    def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
+        w = torch.cat([x.detach() for x in weights]).to(weight_dtype).contiguous()
+        return module.PackedLinear(w, torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
+
+    return pack
+
+
 class KernelEagleHead:
     """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
 
@@ -31,18 +47,9 @@ class KernelEagleHead:
     def __init__(self, head: EagleHead, bfloat16: bool = False):
         """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
         AVX-512 BF16); otherwise float32 weights and products."""
-        from ..kernels import has_bf16_products, load
-
-        module = load()
         self.config, self.draft_ids, self.inv_freq = head.config, head.draft_ids, head.inv_freq.float()
         self.embed = head.embed
-        weight_dtype = torch.bfloat16 if bfloat16 else torch.float32
-        bf16_dot = bfloat16 and has_bf16_products()
-
-        def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
-            w = torch.cat([x.detach() for x in weights]).to(weight_dtype).contiguous()
-            return module.PackedLinear(w, torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
-
+        pack = packer(bfloat16)
         self.fc = pack(head.fc.weight, bias=head.fc.bias)
         self.qkv = pack(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
         self.o = pack(head.o_proj.weight)

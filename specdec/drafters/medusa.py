@@ -66,27 +66,28 @@ class MedusaDrafter(Drafter):
     def propose(self, context: list[int], k: int) -> Draft:
         if k <= 0 or self.last is None or self.seen != len(context) - 1:
             return Draft.empty()  # the feature that gave the context's last token is not known
+        request = self.request
+        costs = request.costs or CostModel()  # unmeasured: the cost model's default curve
+        # trees hold the prompt-lookup continuation, greedy chains may be it; either drafts it alone where trusted
+        if self.branch is not None and (self.sizes_itself or request.sampling.greedy):
+            if (copied := self.branch.start(context, k, costs)) is not None:
+                return copied  # the heads are not run
         depth = min(k, self.heads.config.num_heads)
         heads = self.heads
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
         logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
         if self.sizes_itself:
-            return self._tree(logits, context, k)
-        return self._chain(logits, context, k)
+            return self._tree(logits, costs)
+        return self._chain(logits, len(context))
 
-    def _chain(self, logits: torch.Tensor, context: list[int], k: int) -> Draft:
-        """Each head's best token (greedy: or the prompt-lookup continuation, where it is expected to be accepted
-        further), or a draw from each head's distribution (sampling)."""
+    def _chain(self, logits: torch.Tensor, context_len: int) -> Draft:
+        """Each head's best token (greedy), or a draw from each head's distribution (sampling)."""
         request, draft_ids = self.request, self.heads.draft_ids.cpu()
         if request.sampling.greedy:
-            costs = request.costs or CostModel()
-            if self.branch is not None and (copied := self.branch.start(context, k, costs)) is not None:
-                return copied
             best = torch.softmax(logits, -1).max(-1)
             if self.branch is not None:
                 self.branch.head_drafted(float(best.values.cumprod(0).sum()))
             return Draft(tokens=draft_ids[best.indices])
-        context_len = len(context)
         tokens, rows = [], []
         for i, row in enumerate(logits):
             q = torch.zeros(self.vocab).index_copy_(0, draft_ids, probs_from_logits(row, request.sampling))
@@ -94,11 +95,8 @@ class MedusaDrafter(Drafter):
             rows.append(q)
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows))
 
-    def _tree(self, logits: torch.Tensor, context: list[int], k: int) -> Draft:
+    def _tree(self, logits: torch.Tensor, costs: CostModel) -> Draft:
         depth = logits.shape[0]
-        costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
-        if self.branch is not None and (copied := self.branch.start(context, k, costs)) is not None:
-            return copied
         width = min(self.width or tree_width(costs), logits.shape[1])
         top = torch.topk(torch.log_softmax(logits, -1), width, dim=-1)
         logp, ids = top.values.tolist(), self.heads.draft_ids.cpu()[top.indices].tolist()  # (depth, width) each

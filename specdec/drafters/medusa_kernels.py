@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .eagle_kernels import packer
 from .medusa_head import MedusaHeads
 
 
@@ -23,19 +24,10 @@ class KernelMedusaHeads:
 
     def __init__(self, heads: MedusaHeads, bfloat16: bool = False):
         """bfloat16: keep the weights in bfloat16 (products round their inputs to it on CPUs with AVX-512 BF16)."""
-        from ..kernels import has_bf16_products, load
-
-        module = load()
         self.config, self.draft_ids = heads.config, heads.draft_ids
-        weight_dtype = torch.bfloat16 if bfloat16 else torch.float32
-        bf16_dot = bfloat16 and has_bf16_products()
-
-        def pack(weight: torch.Tensor, bias: torch.Tensor | None = None):
-            return module.PackedLinear(weight.detach().to(weight_dtype).contiguous(),
-                                       torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
-
+        pack = packer(bfloat16)
         layers = heads.config.num_layers
-        self.blocks = [[pack(block.linear.weight, block.linear.bias) for block in head[:layers]]
+        self.blocks = [[pack(block.linear.weight, bias=block.linear.bias) for block in head[:layers]]
                        for head in heads.heads]
         if heads.draft_lm_head is not None:
             self.shared_lm = pack(heads.draft_lm_head)
