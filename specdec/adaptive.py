@@ -231,7 +231,11 @@ def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128
 
 def draft_length(state, costs: CostModel) -> int:
     """k for a sequence verified alone (a SequenceState). The policy decides whether drafting pays at all
-    (pausing when it does not); a tree drafter then sizes its tree itself from the measured costs."""
+    (pausing when it does not); a tree drafter then sizes its tree itself from the measured costs. A drafter that
+    decides both itself (the select drafter, from its candidates' measured speeds) gets the most drafts allowed."""
+    drafter = state.drafter
+    if getattr(drafter, "decides_itself", False) and drafter.sizes_itself and state.policy.adaptive:
+        return state.draft_cap()
     k = choose_lengths([state.policy], costs, [state.draft_cap()])[0]
     if k > 0 and getattr(state.drafter, "sizes_itself", False):
         return state.draft_cap()

@@ -22,15 +22,19 @@ class GenerationMetrics:
     accepted_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    drafter_steps: dict[str, int] = field(default_factory=dict)  # steps drafted by each drafter a selector chose
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     total_time_s: float = 0.0
     finish_reason: str = ""
 
-    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
-        """Counts one verify step: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens output."""
+    def record_step(self, drafted: int, accepted: int, emitted: int, source: str | None = None) -> None:
+        """Counts one verify step: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens output;
+        source: the drafter a selector chose for it."""
         self.steps += 1
+        if source is not None:
+            self.drafter_steps[source] = self.drafter_steps.get(source, 0) + 1
         self.step_tokens += emitted
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -69,6 +73,8 @@ class GenerationMetrics:
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.drafted_per_position = [a + b for a, b in zip(pad(self.drafted_per_position), pad(other.drafted_per_position))]
         out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
+        out.drafter_steps = {name: self.drafter_steps.get(name, 0) + other.drafter_steps.get(name, 0)
+                             for name in {**self.drafter_steps, **other.drafter_steps}}
         return out
 
     def to_dict(self) -> dict:
@@ -85,4 +91,6 @@ class GenerationMetrics:
                 f"steps {self.steps} | drafted {self.drafted_tokens} accepted {self.accepted_tokens}"
                 f" ({'n/a' if rate is None else f'{rate:.0%}'}) | MAT {'n/a' if mat is None else f'{mat:.2f}'} | "
                 f"prefill {self.prefill_time_s * 1e3:.0f} ms, draft {self.draft_time_s:.2f}s, verify {self.verify_time_s:.2f}s"
-                f" | finish {self.finish_reason}")
+                f" | finish {self.finish_reason}"
+                + (" | drafted by " + ", ".join(f"{name} {n}" for name, n in sorted(self.drafter_steps.items()))
+                   if self.drafter_steps else ""))

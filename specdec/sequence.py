@@ -74,7 +74,7 @@ class SequenceState:
             drafter.begin(DraftRequest(prompt_ids=list(prompt_ids), sampling=sampling,
                                        generator=make_generator(self.seed + 1),
                                        noise=self.noise if self.coupled else None, costs=self.costs,
-                                       allow_tree=allow_tree))
+                                       allow_tree=allow_tree, adaptive=speculation.adaptive))
 
     @property
     def generated(self) -> list[int]:
@@ -172,7 +172,7 @@ class SequenceState:
             self.step_log.append([len(draft), n])
         new = self.append(accepted + [token])
         self._record_logprobs(self._logprob_logits(logits, processed), new, rows)
-        self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new))
+        self.metrics.record_step(drafted=len(draft), accepted=n, emitted=len(new), source=draft.source)
         self.metrics.new_tokens += len(new)
         return new
 

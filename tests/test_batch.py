@@ -115,11 +115,12 @@ def test_speculation_shrinks_as_the_batch_grows():
     assert per_seq_16 == 0  # a full compute-bound batch gains nothing from drafts
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "select"])
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
 def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend, kind):
-    """An EAGLE or Medusa drafter drafts trees while its sequence runs alone and chains once others join; the
-    tokens stay exactly each sequence's plain greedy output either way."""
+    """An EAGLE or Medusa drafter (or the select drafter choosing between Medusa heads and prompt lookup) drafts
+    trees while its sequence runs alone and chains once others join; the tokens stay exactly each sequence's plain
+    greedy output either way."""
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.eagle_head import new_head
     from specdec.drafters.medusa import MedusaDrafter
@@ -132,6 +133,10 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend
         drafter = EagleDrafter(new_head(model, "tiny", vocab), tree=True, width=3)
     else:
         drafter = MedusaDrafter(random_medusa_heads(model), tree=True, width=3)
+    if kind == "select":
+        from specdec.drafters.select import SelectingDrafter
+
+        drafter = SelectingDrafter([drafter, NgramDrafter()])
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)

@@ -73,6 +73,8 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--dtype", "int3"], "invalid choice"),
     (["generate", "hi", "--drafter", "telepathy", "--model", "{tiny}"], "unknown drafter"),
     (["generate", "hi", "--drafter", "draft-model", "--model", "{tiny}"], "needs a draft model"),
+    (["generate", "hi", "--drafter", "select", "--select-from", "ngram,telepathy", "--model", "{tiny}"],
+     "--select-from takes drafter names"),
     (["generate", "hi", "--drafter", "medusa", "--model", "{tiny}"], "train-drafter --kind medusa"),
     (["generate", "hi", "--drafter", "medusa", "--model", "{tiny}", "--medusa-head", "/nonexistent"],
      "holds no Medusa heads"),

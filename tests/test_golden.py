@@ -24,7 +24,7 @@ def target():
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "draft-model", "eagle", "eagle-chain", "medusa",
-                                     "medusa-chain", "layerskip"])
+                                     "medusa-chain", "layerskip", "select"])
 def test_golden_greedy_output(target, drafter):
     # The only draft model with this tokenizer here is the model itself (every draft accepted);
     # eagle and medusa are the heads shipped in specdec/assets for this model (a tree, or a chain).
@@ -41,6 +41,9 @@ def test_golden_greedy_output(target, drafter):
         assert result.metrics.accepted_tokens == result.metrics.drafted_tokens > 0
     if kind in ("eagle", "medusa"):  # the shipped heads must load, draft and be right at least sometimes
         assert result.metrics.accepted_tokens > 0
+    if kind == "select":  # its default candidates here: both shipped heads and both copying drafters
+        assert list(made.candidates) == ["eagle", "medusa", "ngram", "suffix"]
+        assert result.metrics.accepted_tokens > 0 and {"eagle", "medusa"} <= set(result.metrics.drafter_steps)
 
 
 @pytest.mark.parametrize("drafter", ["draft-model", "eagle"])

@@ -18,6 +18,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.medusa_head import MedusaConfig, MedusaHeads
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.select import SelectingDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.sampling import probs_from_logits
@@ -83,7 +84,20 @@ def make_drafter(kind: str):
         return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
     if kind.startswith("medusa"):  # random heads on the table target's features: chains with q, or trees
         return MedusaDrafter(random_medusa_heads(), tree=kind == "medusa-tree", width=2)
+    if kind == "select":  # the select drafter's steps, drafted in turn by a tree, a chain with q, a one-hot chain
+        return RotatingSelection([make_drafter("tree"), make_drafter("medusa"), make_drafter("ngram")])
     return DraftModelDrafter(TableLM(VOCAB, seed=11, scale=2.5), VOCAB)  # an unrelated draft
+
+
+class RotatingSelection(SelectingDrafter):
+    """The select drafter with its candidates chosen in turn, step after step and request after request (its own
+    choice settles on one candidate within these 3-token requests)."""
+
+    turn = -1
+
+    def _choose(self) -> str:
+        self.turn += 1
+        return list(self.candidates)[self.turn % len(self.candidates)]
 
 
 def random_medusa_heads() -> MedusaHeads:
@@ -121,6 +135,15 @@ def test_rejection_sampling_matches_target_distribution(kind, sampling):
 @pytest.mark.parametrize("kind", ["none", "ngram", "draft", "tree", "medusa"])
 def test_coupled_sampling_matches_target_distribution(kind, sampling):
     decoder = decoder_for(kind, verifier="coupled")
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling), exact) > P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("verifier,sampling", [("rejection", SETTINGS[1]), ("rejection", SETTINGS[4]),
+                                               ("coupled", SETTINGS[4])])
+def test_select_sampling_matches_target_distribution(verifier, sampling):
+    """The select drafter's steps, drafted in turn by a tree, a chain carrying q and a one-hot chain."""
+    decoder = decoder_for("select", verifier=verifier)
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
     assert fit_p_value(draw(decoder, sampling), exact) > P_VALUE_FLOOR
 

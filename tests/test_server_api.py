@@ -118,6 +118,10 @@ def test_usage_reports_each_requests_own_speculation(client):
     run({"drafter": "suffix"})
     _, again = run({"drafter": "suffix"})  # drafted from the first answer, which the server's suffix index holds
     assert again["drafter"] == "suffix" and again["accepted_tokens"] > 0
+    _, chosen = run({"drafter": "select"})  # per step, ngram or suffix (no heads for this model), by measured speed
+    assert chosen["drafter"] == "select" and chosen["accepted_tokens"] > 0
+    assert set(chosen["drafter_steps"]) <= {"ngram", "suffix"} and sum(chosen["drafter_steps"].values()) >= 1
+    assert "drafter_steps" not in again
     got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0)
     assert set(got.usage.model_extra["speculation"]) >= {"drafted_tokens", "accepted_tokens", "acceptance_rate",
                                                          "mean_accepted_tokens"}
@@ -126,12 +130,12 @@ def test_usage_reports_each_requests_own_speculation(client):
 def _requests():
     """16 different requests: chat and completions, several lengths and speculation settings."""
     specs = [None, {"enabled": False}, {"drafter": "ngram", "num_speculative_tokens": 2}, {"drafter": "none"},
-             {"drafter": "suffix"}]
+             {"drafter": "suffix"}, {"drafter": "select"}]
     out = []
     for i in range(16):
         extra = {"ignore_eos": i % 3 != 0}
-        if specs[i % 5] is not None:
-            extra["speculation"] = specs[i % 5]
+        if specs[i % 6] is not None:
+            extra["speculation"] = specs[i % 6]
         out.append(dict(kind="chat" if i % 2 else "completions", text=prompt(i), max_tokens=40 + 4 * i, extra=extra))
     return out
 

@@ -147,5 +147,5 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
         worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
         return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
 
-    assert limits("smollm2-135m") == ("none", "ngram", "suffix", "eagle", "medusa")
-    assert limits("tiny") == ("none", "ngram", "suffix")
+    assert limits("smollm2-135m") == ("none", "ngram", "suffix", "eagle", "medusa", "select")
+    assert limits("tiny") == ("none", "ngram", "suffix", "select")

@@ -156,6 +156,10 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
                 result.runs[q].tokens == none.runs[q].tokens for q in all_ids),
             "identical_to_reference": None if reference is None else sum(
                 result.runs[q].tokens == reference[q] for q in all_ids),
+            "steps": totals.steps,
+            "draft_time_s": totals.draft_time_s,
+            "verify_time_s": totals.verify_time_s,
+            **({"drafter_steps": totals.drafter_steps} if totals.drafter_steps else {}),  # the select drafter's choices
             "tokens": sum(len(result.runs[q].tokens) for q in all_ids),
             "seconds": sum(result.runs[q].seconds for q in all_ids),
             "per_category": {},

@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head")
     p.add_argument("--medusa-head", default=None, help="folder of Medusa heads")
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
+    p.add_argument("--select-from", default=None, help="comma-separated candidates of the select drafter (default: "
+                                                       "eagle, medusa, ngram, suffix, those available)")
     p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--no-adaptive", action="store_true")
@@ -92,7 +94,7 @@ def run(args) -> int:
             kind = name.removesuffix("-chain")
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
-                                     layerskip_layers=args.layerskip_layers)
+                                     layerskip_layers=args.layerskip_layers, select_from=args.select_from)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()

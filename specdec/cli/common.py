@@ -30,8 +30,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_speculation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, suffix, draft-model, eagle, medusa, layerskip (default: auto = the best "
-                        "available: a given draft model, else a given EAGLE head or Medusa heads, else ngram)")
+                   help="auto, none, ngram, suffix, draft-model, eagle, medusa, layerskip, select (default: auto = the "
+                        "best available: a given draft model, else a given EAGLE head or Medusa heads, else ngram); "
+                        "select: each step, whichever of --select-from is predicted to be fastest")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8, help="most tokens drafted per step (default: 8)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
@@ -46,6 +47,9 @@ def add_speculation_options(p: argparse.ArgumentParser) -> None:
                         "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")
     p.add_argument("--chain", action="store_true", help="EAGLE and Medusa draft a chain instead of a tree")
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
+    p.add_argument("--select-from", default=None,
+                   help="comma-separated candidates of --drafter select (default: eagle, medusa, ngram, suffix, those "
+                        "available for the model)")
     p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
                                                         "read at start when it exists, written back as outputs arrive "
                                                         "and at exit")
@@ -93,4 +97,4 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
 def drafter_options(args) -> dict:
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
-            "suffix_index": args.suffix_index}
+            "suffix_index": args.suffix_index, "select_from": args.select_from}

@@ -162,4 +162,23 @@ def _medusa(target, medusa_head=None, tree: bool = True, **ignored) -> Drafter:
     return MedusaDrafter(heads.to(info.device, dtype), tree=tree)
 
 
+SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select", those available for the target
+
+
+@register("select")
+def _select(target, select_from=None, **options) -> Drafter:
+    from .select import SelectingDrafter
+
+    if select_from:
+        names = [n.strip() for n in select_from.split(",")] if isinstance(select_from, str) else list(select_from)
+        bad = [n for n in names if n in ("select", "auto", "none") or n not in _FACTORIES]
+        if bad or not all(names):
+            raise ConfigError(f"--select-from takes drafter names other than select, auto and none, got {select_from!r}")
+    else:
+        heads = {"eagle": options.get("eagle_head") or bundled_head(target.name),
+                 "medusa": options.get("medusa_head") or bundled_head(target.name, "medusa")}
+        names = [n for n in SELECT_DEFAULT if heads.get(n, True)]
+    return SelectingDrafter([_FACTORIES[n](target, **options) for n in names])
+
+
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

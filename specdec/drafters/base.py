@@ -22,6 +22,7 @@ class Draft:
     tokens: torch.Tensor  # (k,) int64, on the CPU
     probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot); chains only
     parents: list[int] | None = None  # a tree: parents[i] < i, -1 under the root; None for a chain
+    source: str | None = None  # the drafter that drafted it, where a selector chose among several
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -48,6 +49,7 @@ class DraftRequest:
     noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
     costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
     allow_tree: bool = True  # False where the engine scores chains only (batched serving)
+    adaptive: bool = True  # False: draft the most allowed every step (--no-adaptive), for drafters that decide it
 
     def draw(self, q: torch.Tensor, position: int) -> int:
         """A draft token from q (V,) for `position`: argmax(log q + that position's noise) in coupled mode,

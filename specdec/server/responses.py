@@ -3,7 +3,8 @@
 Speculation statistics (an extension) travel in `usage.speculation` (summed over the request's choices) and,
 on the streamed chunk that carries a choice's finish_reason, in a top-level `speculation` object:
 {"drafter", "num_speculative_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
- "mean_accepted_tokens", "verify_steps"}; acceptance_rate and MAT are null when nothing was drafted/verified.
+ "mean_accepted_tokens", "verify_steps"}, and "drafter_steps" ({name: steps}) for the select drafter;
+acceptance_rate and MAT are null when nothing was drafted/verified.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import reduce
 
 from ..logprobs import TokenLogprob
 from .worker import Finished
@@ -46,7 +48,10 @@ def speculation(fins: Finished | list[Finished]) -> dict:
     return {"drafter": fins[0].drafter, "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_tokens": step_tokens / steps if steps else None, "verify_steps": steps}
+            "mean_accepted_tokens": step_tokens / steps if steps else None, "verify_steps": steps,
+            # steps drafted by each drafter the select drafter chose
+            **({"drafter_steps": by_drafter} if (by_drafter := reduce(lambda a, b: a.merge(b), ms).drafter_steps)
+               else {})}
 
 
 def usage(fins: list[Finished]) -> dict:

@@ -36,7 +36,7 @@ class ServerState:
         shipped = tuple(kind for kind in ("eagle", "medusa")  # heads specdec ships for this model
                         if bundled_head(decoder.target.name, kind))
         self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
-                             drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, drafter))),
+                             drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, "select", drafter))),
                              default_drafter=drafter,
                              vocab_size=decoder.target.info.vocab_size,
                              default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
