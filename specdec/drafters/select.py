@@ -7,8 +7,9 @@ accepted is read afterwards from the tokens the target went on to emit, and that
 accepted if and only if the target emits it there, under greedy decoding and under rejection sampling alike
 (the residual a rejected token is resampled from excludes it). So candidates that read only the context (prompt
 lookup, suffix) and draft in microseconds also draft "in the shadow" (whenever their previous shadow draft has
-been scored), and their estimates stay current without being verified. The others (heads on the target's features) are measured when chosen; one not
-chosen is retried after a pause that doubles each time it is retried without winning.
+been scored), and their estimates stay current without being verified. The others (heads on the target's features)
+are measured when chosen; one not chosen is retried after a pause that doubles each time it is retried without
+winning.
 
 A request's estimates start from those of the requests the selector (and its forks, in a server) served before:
 the drafter is chosen per request by the acceptance predicted from earlier ones, then per step by the request's own.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from ..adaptive import CostModel, DraftLengthPolicy
 from ..errors import ConfigError
+from ..verify import tree_children
 from .base import Draft, Drafter, DraftRequest, common_prefix
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
@@ -71,9 +73,7 @@ class Pending:
         if self.parents is None:
             m = common_prefix(self.tokens, after)
             return m if m < len(after) or m == len(self.tokens) else None
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(self.parents):
-            children.setdefault(p, []).append(i)
+        children = tree_children(self.parents)
         node, depth = -1, 0
         while children.get(node):
             if depth >= len(after):
