@@ -3,7 +3,8 @@
 Sequences join and leave between steps (continuous batching). Each keeps its own KV slot, drafter
 and random streams; one step drafts for every running sequence, scores all of them in one ragged
 target pass (masks and positions per sequence), and verifies each on its own. Draft lengths are
-allocated jointly from the measured cost curve, so speculation shrinks as the batch grows.
+allocated jointly from the measured cost curve, so speculation shrinks as the batch grows; above
+SpeculationConfig.max_batch_for_drafting sequences a step drafts nothing at all (no probes either).
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ class BatchEngine:
         solo = len(states) == 1  # alone, a sequence may draft a tree (the batched pass scores chains only)
         for s in states:
             _allow_tree(s, solo)
-        if solo:
+        if self._drafting_off(len(states)):
+            ks = [0] * len(states)  # plain decoding: no drafter runs, no policy probes or counts down its pause
+        elif solo:
             ks = [draft_length(states[0], self.costs)]
         else:
             ks = choose_lengths([s.policy for s in states], self.costs, [s.draft_cap() for s in states])
@@ -104,6 +107,12 @@ class BatchEngine:
             new = state.finish_step(draft, out.logits, seconds, out.hidden)
             events.append(self._event(rid, state, new))
         return events
+
+    def _drafting_off(self, batch_size: int) -> bool:
+        """Whether a step verifying `batch_size` sequences is over the engine's limit for drafting (the engine's
+        SpeculationConfig decides it, not a request's own)."""
+        limit = self.speculation.max_batch_for_drafting
+        return limit is not None and batch_size > limit
 
     def _prefill(self) -> list[StepEvent]:
         if not self.waiting:

@@ -184,17 +184,24 @@ class SpeculationConfig:
       "coupled": every position's sample is the argmax of log p plus Gumbel noise drawn from
                  (seed, position); a draft token is accepted when it equals that sample. Equally
                  lossless, and the same seed gives the same text with or without speculation.
+    max_batch_for_drafting (vLLM's disable_by_batch_size): in batched decoding, a step that verifies more
+    sequences than this drafts for none of them (k = 0, no probes, drafters not called) until the batch
+    shrinks; None: no limit, the cost model alone decides.
     """
 
     num_speculative_tokens: int = 8
     adaptive: bool = True
     sampling_verifier: str = "rejection"
+    max_batch_for_drafting: int | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
                f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
         _check(self.sampling_verifier in SAMPLING_VERIFIERS,
                f"sampling_verifier must be one of {', '.join(SAMPLING_VERIFIERS)}, got {self.sampling_verifier!r}")
+        limit = self.max_batch_for_drafting
+        _check(limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1),
+               f"max_batch_for_drafting must be an integer >= 1 or None, got {limit!r}")
 
     def with_k(self, k: int) -> "SpeculationConfig":
         return replace(self, num_speculative_tokens=k)

@@ -51,14 +51,17 @@ class SpecDecoder:
     def load(cls, model: str | None = None, *, drafter: str = "auto", draft_model=None, device: str = "auto",
              dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
              sampling_verifier: str = "rejection", chat: bool = True, trust_remote_code: bool = False,
-             backend: str = "auto", calibrate: bool = True, **drafter_options) -> "SpecDecoder":
-        """Loads a target (default: the built-in smollm2-135m) and a drafter by name."""
+             backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
+             **drafter_options) -> "SpecDecoder":
+        """Loads a target (default: the built-in smollm2-135m) and a drafter by name. max_batch_for_drafting: see
+        SpeculationConfig (batched decoding drafts nothing in steps with more sequences than this)."""
         from .drafters import create_drafter
         from .models.loading import load_model
         from .models.registry import DEFAULT_MODEL
 
         speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
-                                        sampling_verifier=sampling_verifier)
+                                        sampling_verifier=sampling_verifier,
+                                        max_batch_for_drafting=max_batch_for_drafting)
         target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype,
                             trust_remote_code=trust_remote_code, backend=backend)
         made = create_drafter(drafter, target, draft_model=draft_model, trust_remote_code=trust_remote_code,
@@ -146,7 +149,8 @@ class SpecDecoder:
 
     def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
                       **kwargs) -> list[GenerationResult]:
-        """Generates for several prompts at once, in batches that share each target pass."""
+        """Generates for several prompts at once, in batches that share each target pass (of up to max_batch
+        sequences; steps with more than speculation.max_batch_for_drafting of them draft nothing)."""
         cfg = config or GenerationConfig.create(**kwargs)
         engine = self.batch_engine(max_batch)
         pending = list(enumerate(self.encode(p) for p in prompts))

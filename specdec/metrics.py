@@ -10,13 +10,17 @@ class GenerationMetrics:
 
     A verify step is one target forward over the last token plus k draft tokens. It yields the
     accepted drafts plus one token of the target's own (the correction at the first rejection, or the
-    bonus token when all k were accepted), so mean_accepted_tokens (MAT) counts that token too.
+    bonus token when all k were accepted), so mean_accepted_tokens (MAT) counts that token too. MAT is
+    over all verify steps, including those where the adaptive policy drafted nothing (k = 0);
+    mean_acceptance_length is over drafting steps only (1 + accepted / drafting steps), the figure vLLM
+    reports as "mean acceptance length" and the EAGLE papers as tau, so it compares across engines.
     """
 
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of the prompt, the tokens whose prefill the prefix cache saved
     new_tokens: int = 0
     steps: int = 0
+    drafting_steps: int = 0  # verify steps that scored at least one drafted token
     step_tokens: int = 0  # tokens emitted by verify steps (new_tokens minus the one from prefill)
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -33,6 +37,7 @@ class GenerationMetrics:
         """Counts one verify step: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens output;
         source: the drafter a selector chose for it."""
         self.steps += 1
+        self.drafting_steps += drafted > 0
         if source is not None:
             self.drafter_steps[source] = self.drafter_steps.get(source, 0) + 1
         self.step_tokens += emitted
@@ -56,6 +61,10 @@ class GenerationMetrics:
         return self.step_tokens / self.steps if self.steps else None
 
     @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1.0 + self.accepted_tokens / self.drafting_steps if self.drafting_steps else None
+
+    @property
     def per_position_acceptance(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
@@ -66,7 +75,7 @@ class GenerationMetrics:
     def merge(self, other: "GenerationMetrics") -> "GenerationMetrics":
         """Sums two requests' metrics (for aggregates over a benchmark or a server's lifetime)."""
         out = GenerationMetrics()
-        for name in ("prompt_tokens", "cached_prompt_tokens", "new_tokens", "steps", "step_tokens", "drafted_tokens",
+        for name in ("prompt_tokens", "cached_prompt_tokens", "new_tokens", "steps", "drafting_steps", "step_tokens", "drafted_tokens",
                      "accepted_tokens", "prefill_time_s", "draft_time_s", "verify_time_s", "total_time_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         n = max(len(self.drafted_per_position), len(other.drafted_per_position))
@@ -80,16 +89,18 @@ class GenerationMetrics:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, mean_accepted_tokens=self.mean_accepted_tokens,
+                 mean_acceptance_length=self.mean_acceptance_length,
                  per_position_acceptance=self.per_position_acceptance, tokens_per_s=self.tokens_per_s)
         return d
 
     def summary(self) -> str:
         """One human-readable line, as `specdec generate --stats` prints it."""
         rate = self.acceptance_rate
-        mat = self.mean_accepted_tokens
+        mat, mal = self.mean_accepted_tokens, self.mean_acceptance_length
         return (f"{self.new_tokens} tokens in {self.total_time_s:.2f}s ({self.tokens_per_s:.1f} tok/s) | "
                 f"steps {self.steps} | drafted {self.drafted_tokens} accepted {self.accepted_tokens}"
-                f" ({'n/a' if rate is None else f'{rate:.0%}'}) | MAT {'n/a' if mat is None else f'{mat:.2f}'} | "
+                f" ({'n/a' if rate is None else f'{rate:.0%}'}) | MAT {'n/a' if mat is None else f'{mat:.2f}'}"
+                + ("" if mal is None else f" ({mal:.2f} over {self.drafting_steps} drafting steps)") + " | "
                 f"prefill {self.prefill_time_s * 1e3:.0f} ms, draft {self.draft_time_s:.2f}s, verify {self.verify_time_s:.2f}s"
                 f" | finish {self.finish_reason}"
                 + (" | drafted by " + ", ".join(f"{name} {n}" for name, n in sorted(self.drafter_steps.items()))

@@ -4,9 +4,11 @@ import torch
 
 from specdec.adaptive import CostModel, DraftLengthPolicy, choose_lengths
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
+from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
 from tiny import loaded, random_medusa_heads, tiny_llama
 
@@ -157,3 +159,58 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend
     assert [got[i] for i in range(len(prompts))] == want
     assert any(n == 1 and trees == [True] for n, trees in shapes[1:6])
     assert any(n > 1 and not any(trees) for n, trees in shapes[7:])
+
+
+class _RepeatDrafter(Drafter):
+    """Drafts k copies of the last token (every call drafts, whatever the acceptance) and logs each call's k in a
+    list its forks share."""
+
+    name = "repeat"
+
+    def __init__(self, calls: list[int]):
+        self.calls = calls
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        self.calls.append(k)
+        return Draft(tokens=torch.tensor([context[-1]] * k))
+
+    def fork(self) -> "_RepeatDrafter":
+        return _RepeatDrafter(self.calls)
+
+
+def _steps_with_limit(target, limit):
+    """Five sequences of different lengths decoded together, drafting 3 tokens a step (adaptive off, so only the
+    limit can stop drafts): per step (sequences verified, drafter calls, tokens drafted), and the states."""
+    calls: list[int] = []
+    speculation = SpeculationConfig(num_speculative_tokens=3, adaptive=False, max_batch_for_drafting=limit)
+    engine = SpecDecoder(target, _RepeatDrafter(calls), speculation).batch_engine(max_batch=5)
+    states = [engine.add(i, p, GenerationConfig(max_new_tokens=n, ignore_eos=True))
+              for i, (p, n) in enumerate(zip(_prompts(5), (6, 10, 14, 30, 40)))]
+    rows = []
+    while len(engine):
+        running, before, drafted = len(engine.running), len(calls), sum(s.metrics.drafted_tokens for s in states)
+        engine.step()
+        rows.append((running, len(calls) - before, sum(s.metrics.drafted_tokens for s in states) - drafted))
+    return rows, states
+
+
+def test_no_drafts_while_the_batch_is_over_the_limit():
+    """With max_batch_for_drafting = 2, steps verifying 3 or more sequences call no drafter and draft nothing; once
+    sequences finish and 2 or fewer are left, drafting resumes; the tokens stay each sequence's plain greedy output."""
+    target = loaded(tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2), "kernels")
+    unlimited, _ = _steps_with_limit(target, None)
+    assert any(calls and drafted for running, calls, drafted in unlimited if running > 2)  # without it, big steps draft
+    rows, states = _steps_with_limit(target, 2)
+    big = [(calls, drafted) for running, calls, drafted in rows if running > 2]
+    small = [(calls, drafted) for running, calls, drafted in rows if 0 < running <= 2]
+    assert len(big) >= 4 and all(calls == drafted == 0 for calls, drafted in big)
+    assert sum(drafted for _, drafted in small) > 0 and all(calls > 0 for calls, _ in small[:3])
+    plain = SpecDecoder(target, None)
+    for state in states:
+        assert state.generated == plain.generate_ids(state.tokens[: state.prompt_len], state.config)[0]
+
+
+@pytest.mark.parametrize("limit", [0, -3, 2.5, True, "4"])
+def test_max_batch_for_drafting_must_be_an_integer_of_at_least_one(limit):
+    with pytest.raises(ConfigError, match="max_batch_for_drafting must be an integer >= 1"):
+        SpeculationConfig(max_batch_for_drafting=limit)

@@ -29,6 +29,9 @@ def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draf
         if name.startswith("specdec:"):
             assert m["identical"] == m["total"] == 4, m["divergences"]
             assert m["mean_accepted_tokens"] >= 1.0
+            assert m["drafting_steps"] <= m["steps"]
+            if m["drafting_steps"]:  # over drafting steps only: never below MAT
+                assert m["mean_acceptance_length"] >= m["mean_accepted_tokens"]
     assert methods["hf_generate"]["speedup"] == 1.0 and methods["hf_generate"]["mean_accepted_tokens"] is None
     assert (report / "summary.md").read_text().startswith("# specdec bench")
     assert (report / "speedup.png").stat().st_size > 1000

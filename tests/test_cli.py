@@ -52,6 +52,16 @@ def test_generate_with_draft_model(capsys, request, tiny_folder, draft):
     assert out == run_cli(capsys, *common, "--drafter", "none")[1]
 
 
+def test_draft_p_min_reaches_the_draft_model(capsys, tiny_folder, tiny_draft_folder):
+    """Near 1, every drafting step drafts one token (of -k 4), and the text is plain decoding's."""
+    common = ["generate", "the dog ran", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens", "8"]
+    rc, out, err = run_cli(capsys, *common, "--drafter", "draft-model", "--draft-model", str(tiny_draft_folder),
+                           "--no-adaptive", "-k", "4", "--draft-p-min", "0.999", "--stats-json")
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert rc == 0 and stats["drafted_tokens"] == stats["drafting_steps"] > 0
+    assert out == run_cli(capsys, *common, "--drafter", "none")[1]
+
+
 def test_models_lists_the_default(capsys):
     rc, out, _ = run_cli(capsys, "models", "--json")
     assert rc == 0 and any(row["name"] == "smollm2-135m" for row in json.loads(out))
@@ -80,12 +90,17 @@ def test_models_lists_the_default(capsys):
      "holds no Medusa heads"),
     (["generate", "   ", "--model", "{tiny}"], "prompt is empty"),
     (["generate", "hi", "-k", "500"], "num_speculative_tokens"),
+    (["generate", "hi", "--draft-p-min", "1"], "argument --draft-p-min: draft_p_min must be in [0, 1), got 1.0"),
+    (["generate", "hi", "--draft-p-min", "high"], "invalid draft_p_min value"),
+    (["serve", "--draft-p-min", "-0.5"], "draft_p_min must be in [0, 1), got -0.5"),
     (["generate", "hi", "--logprobs", "21"], "logprobs"),
     (["generate", "hi", "--regex", "[a-"], "invalid regex"),
     (["generate", "hi", "--json-schema", "{oops"], "not valid JSON"),
     (["generate", "hi", "--json-schema", "@/nonexistent.json"], "cannot read"),
     (["bench", "--prompts", "/nonexistent.jsonl"], "prompt file not found"),
     (["generate", "hi", "--model", "{tiny}", "--trace", "/proc/specdec/trace.jsonl"], "cannot write the trace file"),
+    (["serve", "--speculation-max-batch", "0"], "--speculation-max-batch must be >= 1, got 0"),
+    (["serve", "--speculation-max-batch", "many"], "invalid int value"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--synthesize", "-1"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--document-tasks", "-2"], "must be >= 0"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--kind", "medusa", "--medusa-num-heads", "0"], "must be >= 1"),
@@ -157,3 +172,29 @@ def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_pat
     rc, plain, _ = run_cli(capsys, *common, "--drafter", "none")
     rc2, drafted, err = run_cli(capsys, *common, "--drafter", "medusa", "--medusa-head", str(tmp_path / "m"))
     assert rc == rc2 == 0 and drafted == plain, err
+
+
+def test_suffix_index_build_refuses_bad_input_in_one_line(capsys, tmp_path, tiny_folder, other_vocab_folder):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat\n")
+    out = tmp_path / "index.safetensors"
+    build = ["suffix-index", "build", "--out", str(out)]
+    rc, _, err = run_cli(capsys, *build, "--model", str(tiny_folder), str(tmp_path / "text.txt"))
+    assert rc == 0, err
+    written = out.read_bytes()
+    for argv, message in [
+        (["--model", str(tiny_folder), str(tmp_path / "text.txt"), str(tmp_path / "missing")], "input not found: "),
+        (["--model", str(tiny_folder), str(tmp_path / "empty"), str(tmp_path / "blob.bin")],
+         "no text to index in " + str(tmp_path / "empty")),
+        (["--model", str(other_vocab_folder), str(tmp_path / "text.txt")], "whose tokenizer is not"),
+        (["--model", str(other_vocab_folder), "--append", str(tmp_path / "text.txt")], "whose tokenizer is not"),
+        (["--model", str(tiny_folder)], "the following arguments are required: INPUT"),
+    ]:
+        rc, _, err = run_cli(capsys, *build, *argv)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, (argv, err)
+    assert out.read_bytes() == written  # the file another model's build was refused is left as it was
+    rc, _, err = run_cli(capsys, "suffix-index", "build", "--model", str(tiny_folder), "--out",
+                         str(tmp_path / "text.txt"), str(tmp_path / "text.txt"))
+    assert rc == 2 and "could not read suffix index" in err and err.count("\n") == 1

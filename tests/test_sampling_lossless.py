@@ -82,6 +82,9 @@ def make_drafter(kind: str):
         return SuffixDrafter(min_n=1, max_n=3)
     if kind == "self":
         return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
+    if kind == "draft-p-min":  # the unrelated draft, stopping after a token it drew with q < 0.5 (from PROMPT at
+        # T=1, 88 of 300 three-token drafts stopped early)
+        return DraftModelDrafter(TableLM(VOCAB, seed=11, scale=2.5), VOCAB, p_min=0.5)
     if kind.startswith("medusa"):  # random heads on the table target's features: chains with q, or trees
         return MedusaDrafter(random_medusa_heads(), tree=kind == "medusa-tree", width=2)
     if kind == "select":  # the select drafter's steps, drafted in turn by a tree, a chain with q, a one-hot chain
@@ -131,6 +134,15 @@ def test_rejection_sampling_matches_target_distribution(kind, sampling):
     assert fit_p_value(counts, exact) > P_VALUE_FLOOR
 
 
+def test_confidence_stop_keeps_the_target_distribution():
+    """A draft cut short where q of a drawn token is below p_min: its length depends on the tokens drawn (coupled
+    mode: test_coupled_sampling_is_seed_stable)."""
+    sampling = SETTINGS[0]
+    decoder = decoder_for("draft-p-min")
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling), exact) > P_VALUE_FLOOR
+
+
 @pytest.mark.parametrize("sampling", [SETTINGS[1], SETTINGS[4]], ids=_setting_id)
 @pytest.mark.parametrize("kind", ["none", "ngram", "draft", "tree", "medusa"])
 def test_coupled_sampling_matches_target_distribution(kind, sampling):
@@ -151,8 +163,8 @@ def test_select_sampling_matches_target_distribution(verifier, sampling):
 def test_coupled_sampling_is_seed_stable():
     """The same seed gives the same tokens with and without speculation (a drafter changes only speed)."""
     plain = decoder_for("none", verifier="coupled")
-    speculative = [decoder_for(kind, verifier="coupled", k=k) for kind in ("ngram", "draft", "self", "tree", "medusa")
-                   for k in (1, 4)]
+    speculative = [decoder_for(kind, verifier="coupled", k=k)
+                   for kind in ("ngram", "draft", "draft-p-min", "self", "tree", "medusa") for k in (1, 4)]
     for seed in range(200):
         sampling = SETTINGS[0] if seed % 2 else SETTINGS[5]  # penalties keep it seed-stable too
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True, sampling=replace(sampling, seed=seed))

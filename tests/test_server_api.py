@@ -110,11 +110,15 @@ def test_usage_reports_each_requests_own_speculation(client):
     chunks, off = run({"enabled": False})
     assert off["drafter"] == "none" and off["drafted_tokens"] == 0 and off["verify_steps"] == 29
     assert off["mean_accepted_tokens"] == 1.0 and off["acceptance_rate"] is None
+    assert off["drafting_steps"] == 0 and off["mean_acceptance_length"] is None
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish[0].model_extra["speculation"] == off  # also on the chunk that carries finish_reason
     _, on = run({"drafter": "ngram", "num_speculative_tokens": 3})
     assert on["drafter"] == "ngram" and on["num_speculative_tokens"] == 3
-    assert 0 <= on["accepted_tokens"] <= on["drafted_tokens"] <= 3 * on["verify_steps"]
+    assert 0 <= on["accepted_tokens"] <= on["drafted_tokens"] <= 3 * on["drafting_steps"]
+    assert on["drafting_steps"] <= on["verify_steps"]
+    if on["drafting_steps"]:
+        assert on["mean_acceptance_length"] == 1 + on["accepted_tokens"] / on["drafting_steps"]
     run({"drafter": "suffix"})
     _, again = run({"drafter": "suffix"})  # drafted from the first answer, which the server's suffix index holds
     assert again["drafter"] == "suffix" and again["accepted_tokens"] > 0
@@ -199,7 +203,8 @@ def test_models_health_and_metrics(server, client):
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in ("specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generation_tokens_total",
                  "specdec_draft_tokens_total", "specdec_accepted_tokens_total", "specdec_acceptance_rate",
-                 "specdec_mean_accepted_tokens", "specdec_time_to_first_token_seconds_bucket",
+                 "specdec_mean_accepted_tokens", "specdec_drafting_steps_total",
+                 "specdec_mean_acceptance_length", "specdec_time_to_first_token_seconds_bucket",
                  "specdec_request_latency_seconds_bucket", "specdec_queue_depth", "specdec_running_batch_size"):
         assert re.search(rf"^{name}[ {{]", text, re.M), name
     # per draft position (as vLLM exports them): the positions sum to the totals

@@ -129,3 +129,136 @@ def test_warm_up_outputs_are_not_learned(tiny_folder, tmp_path):
     assert len(decoder.drafter.shared.sequences) == 0
     decoder.generate_ids([5, 6, 7, 8], GenerationConfig(max_new_tokens=8, ignore_eos=True))
     assert len(decoder.drafter.shared.sequences) == 1
+
+
+def test_store_all_keeps_exactly_what_storing_one_by_one_keeps():
+    import random
+
+    rng = random.Random(1)
+    for trial in range(20):
+        earlier = [[rng.randrange(5) for _ in range(rng.randrange(0, 12))] for _ in range(rng.randrange(0, 4))]
+        batch = [[rng.randrange(5) for _ in range(rng.randrange(0, 30))] for _ in range(rng.randrange(0, 8))]
+        one_by_one, at_once = SuffixIndex(max_n=3, max_tokens=40), SuffixIndex(max_n=3, max_tokens=40)
+        for sequence in earlier:
+            one_by_one.store(sequence)
+            at_once.store(sequence)
+        for sequence in batch:
+            one_by_one.store(sequence)
+        at_once.store_all(batch)
+        assert list(at_once.sequences) == list(one_by_one.sequences), trial
+        assert at_once.next_counts == one_by_one.next_counts and at_once.tokens == one_by_one.tokens
+
+
+def test_an_index_file_names_its_tokenizer_and_is_refused_under_another(tmp_path, tiny_folder, tiny_draft_folder,
+                                                                         other_vocab_folder):
+    from specdec.drafters.suffix import tokenizer_id
+    from specdec.models.loading import load_tokenizer
+
+    (tiny, vocab), (draft, _), (other, other_vocab) = (load_tokenizer(str(f)) for f in
+                                                      (tiny_folder, tiny_draft_folder, other_vocab_folder))
+    assert vocab == other_vocab  # the same size: only the tokenizer's identity tells them apart
+    assert tokenizer_id(tiny) == tokenizer_id(draft) != tokenizer_id(other)
+    path = tmp_path / "index.safetensors"
+    index = SuffixIndex.load(path, vocab, tokenizer=tokenizer_id(tiny), model="tiny")
+    index.store([5, 6, 7])
+    index.save()
+    assert list(SuffixIndex.load(path, vocab, tokenizer=tokenizer_id(draft)).sequences) == [[5, 6, 7]]
+    with pytest.raises(ConfigError, match="written for model tiny, whose tokenizer is not other's"):
+        SuffixIndex.load(path, vocab, tokenizer=tokenizer_id(other), model="other")
+    with pytest.raises(ConfigError, match="is not other's"):
+        SuffixIndex.load(path, vocab, tokenizer=tokenizer_id(other), model="other", keep=False)
+    unnamed = SuffixIndex.load(tmp_path / "unnamed.safetensors", vocab)  # as files written before names were kept
+    unnamed.store([5, 6, 7])
+    unnamed.save()
+    assert list(SuffixIndex.load(unnamed.path, vocab, tokenizer=tokenizer_id(other)).sequences) == [[5, 6, 7]]
+
+
+def test_a_corpus_is_read_from_text_files_folders_and_jsonl(tmp_path):
+    import json
+
+    from specdec.corpus import read_corpus
+
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "docs" / ".git").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("alpha text\n")
+    (tmp_path / "docs" / "deep" / "b.txt").write_text("beta text\n")
+    (tmp_path / "docs" / ".git" / "HEAD").write_text("hidden\n")
+    (tmp_path / "docs" / "image.png").write_bytes(b"\x89PNG\x00\x01")
+    (tmp_path / "docs" / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "docs" / "blank.txt").write_text("  \n")
+    records = [{"text": "a whole document"}, {"prompt": "asked", "completion": "answered"},
+               {"messages": [{"role": "user", "content": "a question"}, {"role": "assistant", "content": "reply one"},
+                             {"role": "assistant", "content": [{"type": "text", "text": "reply two"}]}]},
+               {"prompt": "no answer"}, ["not", "a", "record"]]
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    corpus = read_corpus([str(tmp_path / "docs"), str(tmp_path / "log.jsonl")])
+    assert corpus.documents == ["alpha text\n", "beta text\n", "a whole document", "answered", "reply one", "reply two"]
+    assert (corpus.files, corpus.skipped_files, corpus.skipped_records) == (4, 2, 2)
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: not valid JSON"):
+        read_corpus([str(tmp_path / "bad.jsonl")])
+    with pytest.raises(ConfigError, match="input not found: .*missing"):
+        read_corpus([str(tmp_path / "docs"), str(tmp_path / "missing")])
+
+
+def _build(capsys, *argv) -> tuple[int, str, str]:
+    from specdec.cli.main import main
+
+    rc = main(["suffix-index", "build", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _drafted(decoder, text: str, k: int = 8) -> str:
+    """What the decoder's suffix drafter proposes after `text`, in a request whose prompt shares none of it."""
+    tokenizer = decoder.target.tokenizer
+    drafter = decoder.drafter.fork()
+    drafter.begin(DraftRequest(prompt_ids=tokenizer.encode("we you", add_special_tokens=False)))
+    context = tokenizer.encode("we you " + text, add_special_tokens=False)
+    return tokenizer.decode(drafter.propose(context, k).tokens.tolist())
+
+
+def test_an_index_built_from_a_folder_drafts_the_corpus_continuations(capsys, tmp_path, tiny_folder):
+    corpus = tmp_path / "corpus"
+    (corpus / "notes").mkdir(parents=True)
+    (corpus / "story.txt").write_text("red cat sat on big tree then\n")
+    (corpus / "notes" / "more.txt").write_text("blue dog ran under green house again\n")
+    (corpus / "blob.bin").write_bytes(b"\x00\x01\x02")
+    out = tmp_path / "index.safetensors"
+    rc, summary, err = _build(capsys, "--model", str(tiny_folder), "--out", str(out), str(corpus))
+    assert rc == 0, err
+    assert summary.startswith("2 files read (1 skipped as binary or not UTF-8): 2 documents, 14 tokens added;")
+    decoder = SpecDecoder.load(str(tiny_folder), drafter="suffix", dtype="float32", calibrate=False,
+                               suffix_index=str(out))  # the model, not only its tokenizer, accepts the file
+    assert _drafted(decoder, "red cat") == "sat on big tree then"
+    assert _drafted(decoder, "dog ran") == "under green house again"
+    assert _drafted(decoder, "sun moon") == ""  # nothing the corpus holds
+
+
+def test_append_keeps_the_earlier_corpus_and_a_plain_build_replaces_it(capsys, tmp_path, tiny_folder):
+    first, second, out = tmp_path / "first.txt", tmp_path / "second.txt", tmp_path / "index.safetensors"
+    first.write_text("red cat sat on big tree then\n")
+    second.write_text("blue dog ran under green house again\n")
+    common = ["--model", str(tiny_folder), "--out", str(out)]
+    assert _build(capsys, *common, str(first))[0] == 0
+    rc, summary, _ = _build(capsys, *common, "--append", str(second))
+    assert rc == 0 and "holds 14 tokens in 2 sequences" in summary
+    decoder = SpecDecoder.load(str(tiny_folder), drafter="suffix", dtype="float32", calibrate=False,
+                               suffix_index=str(out))
+    assert (_drafted(decoder, "red cat"), _drafted(decoder, "dog ran")) == ("sat on big tree then",
+                                                                            "under green house again")
+    assert _build(capsys, *common, str(second))[0] == 0
+    decoder = SpecDecoder.load(str(tiny_folder), drafter="suffix", dtype="float32", calibrate=False,
+                               suffix_index=str(out))
+    assert (_drafted(decoder, "red cat"), _drafted(decoder, "dog ran")) == ("", "under green house again")
+
+
+def test_a_corpus_beyond_the_index_bound_keeps_its_newest_text(capsys, tmp_path, tiny_folder, monkeypatch):
+    from specdec.cli import suffix_index
+
+    monkeypatch.setattr(suffix_index, "PIECE_TOKENS", 4)
+    monkeypatch.setattr(SuffixIndex.__init__, "__defaults__", (8, 6))  # every index: max_n 8, max_tokens 6
+    (tmp_path / "a.txt").write_text("red cat sat on big tree then\n")  # 7 tokens: runs of 4 and 3
+    out = tmp_path / "index.safetensors"
+    rc, summary, _ = _build(capsys, "--model", str(tiny_folder), "--out", str(out), str(tmp_path / "a.txt"))
+    assert rc == 0 and summary.rstrip().endswith("holds 3 tokens in 1 sequence (cap 6; its oldest 4 tokens forgotten)")

@@ -11,7 +11,7 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(result: dict) -> str:
     """Fixed-width table: one row per method."""
     ref = result.get("reference_dtype")
-    head = f"{'method':<28} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'accept':>7} {'identical':>10} {'=none':>6}"
+    head = f"{'method':<28} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=none':>6}"
     if ref:
         head += f" {'=' + ref:>9}"
     lines = [f"model {result['model']} | dtype {result['dtype']} | {result['prompts']} prompts | "
@@ -19,7 +19,7 @@ def table(result: dict) -> str:
     for name, m in result["methods"].items():
         same_none = m.get("identical_to_specdec_none")
         line = (f"{name:<28} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
-                f"{_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
+                f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
                 f"{'-' if same_none is None else same_none:>6}")
         if ref:
             line += f" {m['identical_to_reference']:>9}"
@@ -33,15 +33,17 @@ def markdown(result: dict) -> str:
     out = [f"# specdec bench: {result['model']} ({result['dtype']})", "",
            f"{result['prompts']} prompts from `{result.get('prompt_file', '?')}`, greedy, max_new_tokens "
            f"{result['max_new_tokens']}, device {result.get('device', '?')}; speedup is over `hf_generate` "
-           "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s.", "",
-           "| method | tok/s | speedup | MAT | acceptance | identical | = specdec:none |"
+           "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s. MAT: tokens per "
+           "verify step, plain steps included; MAL: mean acceptance length, 1 + accepted drafts per drafting step "
+           "(vLLM's figure, EAGLE's tau).", "",
+           "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = specdec:none |"
            + (f" = {result['reference_dtype']} reference |" if result.get("reference_dtype") else ""),
-           "|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else "")]
+           "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else "")]
     for name, m in methods.items():
         same_none = m.get("identical_to_specdec_none")
         same_none = "-" if same_none is None else f"{same_none}/{m['total']}"
         row = (f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {_fmt(m['mean_accepted_tokens'])} | "
-               f"{_fmt(m.get('acceptance_rate'), '.0%')} | {m['identical']}/{m['total']} | {same_none} |")
+               f"{_fmt(m.get('mean_acceptance_length'))} | {_fmt(m.get('acceptance_rate'), '.0%')} | {m['identical']}/{m['total']} | {same_none} |")
         if result.get("reference_dtype"):
             row += f" {m['identical_to_reference']}/{m['total']} |"
         out.append(row)

@@ -6,6 +6,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import reduce
 
 import torch
 
@@ -113,14 +114,15 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
         seconds = sum(result.runs[q].seconds for q in ids)
         return tokens / seconds if seconds else 0.0
 
-    def mat(result: MethodResult, ids: list[str]) -> float | None:
+    def merged(result: MethodResult, ids: list[str]) -> GenerationMetrics | None:
         ms = [result.runs[q].metrics for q in ids if result.runs[q].metrics is not None]
-        if not ms:
-            return None
-        total = GenerationMetrics()
-        for m in ms:
-            total = total.merge(m)
-        return total.mean_accepted_tokens
+        return reduce(GenerationMetrics.merge, ms) if ms else None
+
+    def mat(result: MethodResult, ids: list[str]) -> float | None:
+        return None if (total := merged(result, ids)) is None else total.mean_accepted_tokens
+
+    def acceptance_length(result: MethodResult, ids: list[str]) -> float | None:
+        return None if (total := merged(result, ids)) is None else total.mean_acceptance_length
 
     all_ids = [p.question_id for p, _ in prompts]
     out = dict(meta)
@@ -139,15 +141,13 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             baseline = base.runs[q].tokens
             gap = top2_gap(hf_model, ids, baseline[:pos]) if pos < len(baseline) else None
             divergences.append({"question_id": q, "category": prompt.category, "position": pos, "logit_gap": gap})
-        totals = GenerationMetrics()
-        for q in all_ids:
-            if result.runs[q].metrics is not None:
-                totals = totals.merge(result.runs[q].metrics)
+        totals = merged(result, all_ids) or GenerationMetrics()
         tps = throughput(result, all_ids)
         entry = {
             "tokens_per_s": tps,
             "speedup": tps / throughput(base, all_ids),
             "mean_accepted_tokens": mat(result, all_ids),
+            "mean_acceptance_length": acceptance_length(result, all_ids),  # over drafting steps only (vLLM's)
             "acceptance_rate": totals.acceptance_rate,
             "per_position_acceptance": totals.per_position_acceptance or None,
             "identical": identical,
@@ -157,6 +157,7 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             "identical_to_reference": None if reference is None else sum(
                 result.runs[q].tokens == reference[q] for q in all_ids),
             "steps": totals.steps,
+            "drafting_steps": totals.drafting_steps,
             "draft_time_s": totals.draft_time_s,
             "verify_time_s": totals.verify_time_s,
             **({"drafter_steps": totals.drafter_steps} if totals.drafter_steps else {}),  # the select drafter's choices
@@ -169,6 +170,7 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             ids_c = [p.question_id for p, _ in prompts if p.category == c]
             entry["per_category"][c] = {"speedup": throughput(result, ids_c) / throughput(base, ids_c),
                                         "mean_accepted_tokens": mat(result, ids_c),
+                                        "mean_acceptance_length": acceptance_length(result, ids_c),
                                         "tokens_per_s": throughput(result, ids_c)}
         out["methods"][name] = entry
     return out

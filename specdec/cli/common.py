@@ -47,12 +47,25 @@ def add_speculation_options(p: argparse.ArgumentParser) -> None:
                         "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")
     p.add_argument("--chain", action="store_true", help="EAGLE and Medusa draft a chain instead of a tree")
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
+    p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
+                   help="draft-model and layerskip stop drafting after a token they give a probability below P, in "
+                        "[0, 1) (default: 0, off: the draft-length policy alone decides)")
     p.add_argument("--select-from", default=None,
                    help="comma-separated candidates of --drafter select (default: eagle, medusa, ngram, suffix, those "
                         "available for the model)")
     p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
                                                         "read at start when it exists, written back as outputs arrive "
                                                         "and at exit")
+
+
+def draft_p_min(text: str) -> float:
+    """--draft-p-min's value, refused while parsing (before any model loads) unless 0 <= P < 1."""
+    from ..drafters.draft_model import check_p_min
+
+    try:
+        return check_p_min(float(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -97,4 +110,4 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
 def drafter_options(args) -> dict:
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
-            "suffix_index": args.suffix_index, "select_from": args.select_from}
+            "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min}

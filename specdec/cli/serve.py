@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; none: open)")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default: 16)")
+    p.add_argument("--speculation-max-batch", type=int, default=None, metavar="N",
+                   help="steps with more than N running sequences draft nothing (no probes either) until the batch "
+                        "shrinks, as vLLM's disable_by_batch_size (default: no limit; the draft-length policy decides)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a batch slot; beyond that the server answers 429 (default: 64)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model, "
@@ -57,6 +60,8 @@ def run(args) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
+    if args.speculation_max_batch is not None and args.speculation_max_batch < 1:
+        raise ConfigError(f"--speculation-max-batch must be >= 1, got {args.speculation_max_batch}")
     try:
         from ..server.app import create_app
         from ..server.launch import serve
@@ -71,12 +76,13 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model or DEFAULT_MODEL
-    drafter_options = dict(min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index)
+    drafter_options = dict(min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index,
+                           draft_p_min=args.draft_p_min)
     decoder = load_decoder(model, slots=args.max_batch, drafter=args.drafter, draft_model=args.draft_model,
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           **drafter_options)
+                           max_batch_for_drafting=args.speculation_max_batch, **drafter_options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)

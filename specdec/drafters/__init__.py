@@ -77,18 +77,21 @@ def _ngram(target, min_n: int = 2, max_n: int = 4, **ignored) -> Drafter:
 
 @register("suffix")
 def _suffix(target, suffix_index=None, **ignored) -> Drafter:
-    from .suffix import SuffixDrafter, SuffixIndex
+    from .suffix import SuffixDrafter, SuffixIndex, tokenizer_id
 
-    shared = SuffixIndex.open(suffix_index, target.info.vocab_size) if suffix_index else None
+    shared = SuffixIndex.open(suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
+                              model=target.name) if suffix_index else None
     return SuffixDrafter(shared=shared)
 
 
 @register("draft-model")
-def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ignored) -> Drafter:
+def _draft_model(target, draft_model=None, trust_remote_code: bool = False, draft_p_min: float = 0.0,
+                 **ignored) -> Drafter:
     from ..models.loading import LoadedModel, load_model
     from .cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
-    from .draft_model import DraftModelDrafter
+    from .draft_model import DraftModelDrafter, check_p_min
 
+    check_p_min(draft_p_min)  # before a draft model loads
     if draft_model is None:
         raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model NAME_OR_PATH)")
     if not isinstance(draft_model, LoadedModel):
@@ -96,12 +99,13 @@ def _draft_model(target, draft_model=None, trust_remote_code: bool = False, **ig
         draft_model = load_model(draft_model, device=str(info.device), dtype=str(info.dtype).replace("torch.", ""),
                                  trust_remote_code=trust_remote_code)
     if None in (target.tokenizer, draft_model.tokenizer) or same_vocabulary(target.tokenizer, draft_model.tokenizer):
-        return DraftModelDrafter(draft_model.backend, target.info.vocab_size)
-    return CrossTokenizerDrafter(draft_model.backend, draft_model.tokenizer, target.tokenizer)  # through text
+        return DraftModelDrafter(draft_model.backend, target.info.vocab_size, p_min=draft_p_min)
+    return CrossTokenizerDrafter(draft_model.backend, draft_model.tokenizer, target.tokenizer,  # through text
+                                 p_min=draft_p_min)
 
 
 @register("layerskip")
-def _layerskip(target, layerskip_layers: int | None = None, **ignored) -> Drafter:
+def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float = 0.0, **ignored) -> Drafter:
     from .draft_model import DraftModelDrafter
     from .layerskip import DEFAULT_EXIT_LAYER, EarlyExit
 
@@ -111,7 +115,8 @@ def _layerskip(target, layerskip_layers: int | None = None, **ignored) -> Drafte
         raise ConfigError(f"layerskip needs 1 <= layers < {total} (the target's layer count), got {layers}")
     if type(target.backend).__name__ == "HFBackend":
         raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
-    return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip")
+    return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip",
+                             p_min=draft_p_min)
 
 
 @register("eagle")

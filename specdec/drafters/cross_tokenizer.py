@@ -27,12 +27,12 @@ class CrossTokenizerDrafter(Drafter):
 
     name = "draft-model"
 
-    def __init__(self, draft: CausalLM, draft_tokenizer, target_tokenizer):
-        self.inner = DraftModelDrafter(draft, draft.info.vocab_size)
+    def __init__(self, draft: CausalLM, draft_tokenizer, target_tokenizer, p_min: float = 0.0):
+        self.inner = DraftModelDrafter(draft, draft.info.vocab_size, p_min=p_min)  # p_min: its confidence stop
         self.draft_tokenizer, self.target_tokenizer = draft_tokenizer, target_tokenizer
 
     def fork(self) -> "CrossTokenizerDrafter":
-        return CrossTokenizerDrafter(self.inner.draft, self.draft_tokenizer, self.target_tokenizer)
+        return CrossTokenizerDrafter(self.inner.draft, self.draft_tokenizer, self.target_tokenizer, self.inner.p_min)
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)

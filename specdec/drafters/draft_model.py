@@ -1,29 +1,48 @@
 """A smaller causal LM with the target's tokenizer drafts k tokens autoregressively (cross_tokenizer.py: with
-another tokenizer)."""
+another tokenizer).
+
+Confidence stop (llama.cpp's --draft-p-min, transformers' assistant_confidence_threshold): with p_min > 0, drafting
+ends after the first token whose draft probability is below p_min (that token is kept). The probability is the
+draft's softmax of that token under greedy decoding, else q(token), the distribution it was drawn from. Stopping only
+shortens the draft: each position's q and token are the ones drafting used, so verification stays lossless.
+"""
 from __future__ import annotations
+
+import math
 
 import torch
 
+from ..errors import ConfigError
 from ..models.backend import CausalLM
 from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
 
 
+def check_p_min(p_min: float) -> float:
+    """p_min itself, or a ConfigError unless 0 <= p_min < 1 (1 would stop every draft at one token whatever q)."""
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not math.isfinite(p_min) \
+            or not 0.0 <= p_min < 1.0:
+        raise ConfigError(f"draft_p_min must be in [0, 1), got {p_min!r}")
+    return float(p_min)
+
+
 class DraftModelDrafter(Drafter):
-    """Runs a draft backend k times per step, keeping its KV cache in sync with the context."""
+    """Runs a draft backend up to k times per step, keeping its KV cache in sync with the context; with p_min > 0
+    it stops after a token the draft gives less than p_min."""
 
     name = "draft-model"
 
-    def __init__(self, draft: CausalLM, target_vocab_size: int, name: str = "draft-model"):
+    def __init__(self, draft: CausalLM, target_vocab_size: int, name: str = "draft-model", p_min: float = 0.0):
         self.name = name
         self.draft = draft
         self.vocab = target_vocab_size
+        self.p_min = check_p_min(p_min)
         self.cache = None
         self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
 
     def fork(self) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.draft, self.vocab, self.name)
+        return DraftModelDrafter(self.draft, self.vocab, self.name, self.p_min)
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -58,6 +77,7 @@ class DraftModelDrafter(Drafter):
             if history is not None:
                 logits = penalize(logits[None], history.counts[None], history.seen[None], sampling)[0]
             position = len(context) + i
+            q = None
             if sampling.greedy:
                 token = int(logits.argmax())
             else:
@@ -65,13 +85,22 @@ class DraftModelDrafter(Drafter):
                 token = self.request.draw(q, position)
                 rows.append(q)
             tokens.append(token)
+            if i == k - 1 or self._unsure(logits, q, token):
+                break  # the last token is not fed: the cache holds the context and the drafts before it
             if history is not None:
                 history.extend([token])
             pending = [token]
-            if i < k - 1:
-                self.cached.append(token)
+            self.cached.append(token)
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=probs)
+
+    def _unsure(self, logits: torch.Tensor, q: torch.Tensor | None, token: int) -> bool:
+        """Whether the draft's probability of `token` is below p_min: softmax(logits (V,)) under greedy decoding,
+        else q (V,)."""
+        if self.p_min == 0.0:
+            return False
+        probs = logits.softmax(-1) if q is None else q
+        return float(probs[token]) < self.p_min
 
 
 def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

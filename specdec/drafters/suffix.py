@@ -3,12 +3,14 @@
 Two indexes of the same kind are searched: one over the current request (prompt and tokens so far),
 and one shared by every request this drafter and its forks serve, fed with each finished output (as
 in SuffixDecoding, Arctic/vLLM `suffix`). Repeated work (agents calling the same tools, templated
-answers, a question asked again) is drafted from what the target itself wrote before. Deterministic
-(q one-hot); costs microseconds per token.
+answers, a question asked again) is drafted from what the target itself wrote before, or from the
+user's own texts (`specdec suffix-index build`). Deterministic (q one-hot); costs microseconds per token.
 """
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import os
 import time
 from collections import deque
@@ -21,6 +23,14 @@ from .base import Draft, Drafter, DraftRequest
 
 INDEX_FORMAT = "specdec-suffix-index/1"
 SAVE_EVERY_S = 30.0  # a file-backed index is written at most this often while serving, and at exit
+
+
+def tokenizer_id(tokenizer) -> str:
+    """A digest of the tokenizer's token -> id map ("" for None): index files are shared only where it is equal."""
+    if tokenizer is None:
+        return ""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(vocab.encode("utf-8")).hexdigest()[:16]
 
 
 class SuffixIndex:
@@ -36,19 +46,32 @@ class SuffixIndex:
         self.next_counts: dict[int, int | dict[int, int]] = {}
         self.sequences: deque[list[int]] = deque()
         self.tokens = 0
-        self.path: Path | None = None  # set by open(): a file the index is kept in
+        self.path: Path | None = None  # set by load(): a file the index is kept in
         self.vocab_size, self.saved_at = 0, 0.0
+        self.tokenizer, self.model = "", ""  # tokenizer_id() and model name the file is written with
 
     # ---- a file of past outputs (safetensors: the stored sequences, concatenated) ------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8) -> "SuffixIndex":
-        """The index kept in `path`: loaded when the file exists, written back at most every SAVE_EVERY_S seconds
-        as outputs arrive (`learned`) and at exit. Refuses a file written for another vocabulary."""
+    def open(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8, tokenizer: str = "",
+             model: str = "") -> "SuffixIndex":
+        """The index kept in `path` (see load), written back at most every SAVE_EVERY_S seconds as outputs
+        arrive (`learned`) and at exit."""
+        index = cls.load(path, vocab_size, max_n, tokenizer, model)
+        index.saved_at = float("-inf")  # the first output is written
+        atexit.register(index._save_at_exit)
+        return index
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8, tokenizer: str = "", model: str = "",
+             keep: bool = True) -> "SuffixIndex":
+        """The index in `path`, empty when the file does not exist (or keep is False: then the file is only
+        checked). Refuses a file written for another vocabulary size, or for another tokenizer (`tokenizer_id`)
+        where both the file and the caller name one."""
         path = Path(path)
         if not path.parent.is_dir():
             raise ConfigError(f"suffix index {path}: folder {path.parent} does not exist")
         index = cls(max_n)
-        index.path, index.vocab_size, index.saved_at = path, vocab_size, float("-inf")  # the first output is written
+        index.path, index.vocab_size, index.tokenizer, index.model = path, vocab_size, tokenizer, model
         if path.exists():
             from safetensors import safe_open
 
@@ -61,11 +84,13 @@ class SuffixIndex:
             if meta.get("format") != INDEX_FORMAT or meta.get("vocab_size") != str(vocab_size):
                 raise ConfigError(f"suffix index {path} was not written by specdec for a vocabulary of {vocab_size} "
                                   f"tokens (format {meta.get('format')!r}, vocabulary {meta.get('vocab_size')})")
+            if tokenizer and meta.get("tokenizer", tokenizer) != tokenizer:
+                owner = f"for model {meta['model']}, whose tokenizer" if meta.get("model") else "for a tokenizer that"
+                raise ConfigError(f"suffix index {path} was written {owner} is not {model or 'this model'}'s")
             start = 0
-            for n in lengths:
+            for n in lengths if keep else ():
                 index.store(tokens[start:start + n])
                 start += n
-        atexit.register(index._save_at_exit)
         return index
 
     def _save_at_exit(self) -> None:
@@ -91,7 +116,9 @@ class SuffixIndex:
         tmp = self.path.with_name(self.path.name + ".tmp")
         save_file({"tokens": torch.tensor(tokens, dtype=torch.int32),
                    "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)}, str(tmp),
-                  metadata={"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n)})
+                  metadata={"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n),
+                            **({"tokenizer": self.tokenizer} if self.tokenizer else {}),
+                            **({"model": self.model} if self.model else {})})
         os.replace(tmp, self.path)
         self.saved_at = time.monotonic()
 
@@ -114,6 +141,19 @@ class SuffixIndex:
             self.tokens -= len(old)
             for i in range(1, len(old)):
                 self._count(old, i, -1)
+
+    def store_all(self, sequences: list[list[int]]) -> None:
+        """store() of each sequence in turn, without counting those the size bound would forget by the last one:
+        either way, what is kept is the longest run of newest sequences within max_tokens (or the newest alone)."""
+        sequences = [s for s in sequences if len(s) >= 2]
+        first, total = len(sequences), 0
+        while first > 0 and (first == len(sequences) or total + len(sequences[first - 1]) <= self.max_tokens):
+            first -= 1
+            total += len(sequences[first])
+        if first > 0:  # sequences[first - 1] does not fit with those after it: everything older goes too
+            self.next_counts, self.sequences, self.tokens = {}, deque(), 0
+        for sequence in sequences[first:]:
+            self.store(sequence)
 
     def continuations(self, run: list[int]) -> dict[int, int]:
         """{token: count} of what followed `run`."""

@@ -136,9 +136,26 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     return FastLlama(hf_model, info, slots=slots, max_context=max_context)
 
 
-def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_remote_code: bool):
+def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, int]:
+    """(tokenizer, vocabulary size of the model's output layer) for a model name, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, gguf = locate(spec)
+    _quiet_transformers()
+    kwargs = {"trust_remote_code": trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        config = AutoConfig.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        raise _load_error(folder, gguf, exc) from None
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    if not vocab_size:
+        raise ModelLoadError(f"cannot read the vocabulary size of {spec} from its config")
+    return tokenizer, int(vocab_size)
+
+
+def _quiet_transformers() -> None:
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -148,6 +165,20 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
         hub_logging.set_verbosity_error()
     except ImportError:
         pass
+
+
+def _load_error(folder: str, gguf: str | None, exc: Exception) -> ModelLoadError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    hint = ""
+    if not Path(folder).exists() and not os.environ.get("HF_HUB_OFFLINE"):
+        hint = " (the Hugging Face hub may be unreachable: pass a local folder or a .gguf file)"
+    return ModelLoadError(f"cannot load {folder if not gguf else Path(folder) / gguf}: {first}{hint}")
+
+
+def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
     kwargs = {"trust_remote_code": trust_remote_code}
     if gguf:
         kwargs["gguf_file"] = gguf
@@ -157,11 +188,7 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
             kwargs["use_safetensors"] = True  # never unpickle weights
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = ""
-        if not Path(folder).exists() and not os.environ.get("HF_HUB_OFFLINE"):
-            hint = " (the Hugging Face hub may be unreachable: pass a local folder or a .gguf file)"
-        raise ModelLoadError(f"cannot load {folder if not gguf else Path(folder) / gguf}: {first}{hint}") from None
+        raise _load_error(folder, gguf, exc) from None
     if gguf and getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None  # GGUF weights arrive dequantized
     return model, tokenizer

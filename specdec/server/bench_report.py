@@ -14,19 +14,22 @@ def _f(x, digits=2, unit=""):
 def markdown(summary: dict) -> str:
     meta = summary["meta"]
     lines = [f"# specdec serving benchmark: {meta['model']}", "",
+             "MAT: tokens per verify step; MAL: 1 + accepted drafts per drafting step (vLLM's mean acceptance "
+             "length).", "",
              f"{meta['prompts']} prompts from `{meta['prompt_file']}`, max_tokens {meta['max_tokens']}, temperature "
              f"{meta['temperature']}, server drafter `{meta.get('drafter', '?')}`, {meta.get('url', '')}; 1-minute "
              f"load average {_f((meta.get('load_average_before') or [None])[0])} before, "
              f"{_f((meta.get('load_average_after') or [None])[0])} after", "",
              "| concurrency | speculation | ok / failed / lost | prompt / completion tokens | tokens/s "
-             "| TTFT mean / p90 (s) | latency mean / p90 (s) | acceptance | MAT |",
-             "|---:|---|---|---|---:|---|---|---:|---:|"]
+             "| TTFT mean / p90 (s) | latency mean / p90 (s) | acceptance | MAT | MAL |",
+             "|---:|---|---|---|---:|---|---|---:|---:|---:|"]
     for r in summary["runs"]:
         ttft, lat = r["ttft_s"], r["latency_s"]
         lines.append(f"| {r['concurrency']} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
                      f"{r.get('prompt_tokens', '?')} / {r['completion_tokens']} | {r['tokens_per_s']:.1f} | "
                      f"{_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / {_f(lat['p90'])} | "
-                     f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} |")
+                     f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} | "
+                     f"{_f(r.get('mean_acceptance_length'))} |")
     lines += ["", "| floor | measured | required | met |", "|---|---:|---:|---|"]
     for name, value in summary["floors"].items():
         if name == "lost_or_failed":

@@ -27,6 +27,7 @@ class RequestResult:
     accepted_tokens: int = 0
     verify_steps: int = 0
     step_tokens: float = 0.0  # MAT x verify steps
+    drafting_steps: int = 0  # verify steps that scored drafts
     error: str = ""
 
 
@@ -59,7 +60,7 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
     steps = spec.get("verify_steps") or 0
     return RequestResult("ok", latency, ttft, usage["prompt_tokens"], usage["completion_tokens"],
                          spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0), steps,
-                         (spec.get("mean_accepted_tokens") or 0.0) * steps)
+                         (spec.get("mean_accepted_tokens") or 0.0) * steps, spec.get("drafting_steps") or 0)
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, speculation: dict | None,
@@ -93,7 +94,7 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
     ok = [r for r in results if r.status == "ok"]
     tokens = sum(r.completion_tokens for r in ok)
     drafted, accepted = sum(r.drafted_tokens for r in ok), sum(r.accepted_tokens for r in ok)
-    steps = sum(r.verify_steps for r in ok)
+    steps, drafting_steps = sum(r.verify_steps for r in ok), sum(r.drafting_steps for r in ok)
     return {"concurrency": concurrency, "speculation": mode, "requests": len(results), "ok": len(ok),
             "failed": sum(r.status == "failed" for r in results), "lost": sum(r.status == "lost" for r in results),
             "wall_s": wall, "prompt_tokens": sum(r.prompt_tokens for r in ok), "completion_tokens": tokens,
@@ -102,6 +103,7 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
             "latency_s": _dist([r.latency_s for r in ok]),
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_tokens": sum(r.step_tokens for r in ok) / steps if steps else None,
+            "mean_acceptance_length": 1.0 + accepted / drafting_steps if drafting_steps else None,
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "errors": sorted({r.error for r in results if r.error})[:5],
             "per_request": [asdict(r) for r in results]}

@@ -37,6 +37,8 @@ class ServerMetrics:
         self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.steps = Counter("specdec_verify_steps", "Target verify steps (one per sequence per step)", registry=r)
+        self.drafting_steps = Counter("specdec_drafting_steps", "Verify steps that scored at least one draft token",
+                                      registry=r)
         self.drafted_at = Counter("specdec_draft_tokens_per_position", "Draft tokens proposed at each draft position "
                                   f"(0: the first; {MAX_POSITIONS - 1} holds the later ones too)", ["position"],
                                   registry=r)
@@ -46,6 +48,8 @@ class ServerMetrics:
         self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
         self.mat = Gauge("specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)",
                          registry=r)
+        self.acceptance_length = Gauge("specdec_mean_acceptance_length", "1 + accepted draft tokens per drafting "
+                                       "step since start (vLLM's mean acceptance length)", registry=r)
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Request arrival to first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("specdec_request_latency_seconds", "Request arrival to last byte (successful "
@@ -66,6 +70,7 @@ class ServerMetrics:
         self.drafted.inc(m.drafted_tokens)
         self.accepted.inc(m.accepted_tokens)
         self.steps.inc(m.steps)
+        self.drafting_steps.inc(m.drafting_steps)
         for i, (drafted, accepted) in enumerate(zip(m.drafted_per_position, m.accepted_per_position)):
             position = str(min(i, MAX_POSITIONS - 1))
             self.drafted_at.labels(position).inc(drafted)
@@ -73,8 +78,10 @@ class ServerMetrics:
         with self._lock:
             self._totals = self._totals.merge(m)
             rate, mat = self._totals.acceptance_rate, self._totals.mean_accepted_tokens
+            length = self._totals.mean_acceptance_length
         self.acceptance.set(rate or 0.0)
         self.mat.set(mat or 0.0)
+        self.acceptance_length.set(length or 0.0)
 
     def observe_request(self, endpoint: str, status: int, latency_s: float | None = None,
                         ttft_s: float | None = None) -> None:

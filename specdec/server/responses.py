@@ -3,8 +3,9 @@
 Speculation statistics (an extension) travel in `usage.speculation` (summed over the request's choices) and,
 on the streamed chunk that carries a choice's finish_reason, in a top-level `speculation` object:
 {"drafter", "num_speculative_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
- "mean_accepted_tokens", "verify_steps"}, and "drafter_steps" ({name: steps}) for the select drafter;
-acceptance_rate and MAT are null when nothing was drafted/verified.
+ "mean_accepted_tokens", "verify_steps", "drafting_steps", "mean_acceptance_length"}, and "drafter_steps"
+({name: steps}) for the select drafter; acceptance_rate, MAT (over all verify steps) and the mean acceptance
+length (1 + accepted / drafting steps, vLLM's figure) are null when nothing was drafted/verified.
 """
 from __future__ import annotations
 
@@ -43,12 +44,14 @@ def speculation(fins: Finished | list[Finished]) -> dict:
     fins = fins if isinstance(fins, list) else [fins]
     ms = [f.metrics for f in fins]
     drafted, accepted = sum(m.drafted_tokens for m in ms), sum(m.accepted_tokens for m in ms)
-    steps = sum(m.steps for m in ms)
+    steps, drafting_steps = sum(m.steps for m in ms), sum(m.drafting_steps for m in ms)
     step_tokens = sum((m.mean_accepted_tokens or 0.0) * m.steps for m in ms)
     return {"drafter": fins[0].drafter, "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_tokens": step_tokens / steps if steps else None, "verify_steps": steps,
+            "drafting_steps": drafting_steps,
+            "mean_acceptance_length": 1.0 + accepted / drafting_steps if drafting_steps else None,
             # steps drafted by each drafter the select drafter chose
             **({"drafter_steps": by_drafter} if (by_drafter := reduce(lambda a, b: a.merge(b), ms).drafter_steps)
                else {})}
