@@ -46,6 +46,8 @@ class SpecDecoder:
         self.speculation = speculation or SpeculationConfig()
         self.chat = chat
         self.costs = costs or CostModel()
+        self.drafter_options: dict = {}  # create_drafter's options for drafters that calls pick by name
+        self._named_drafters: dict[tuple, Drafter] = {}  # by (name, options)
 
     @classmethod
     def load(cls, model: str | None = None, *, drafter: str = "auto", draft_model=None, device: str = "auto",
@@ -68,6 +70,8 @@ class SpecDecoder:
                               **drafter_options)
         costs = CostModel(measure_verify_costs(target.backend)) if calibrate and made is not None else None
         decoder = cls(target, made, speculation, chat=chat, costs=costs)
+        decoder.drafter_options = {"draft_model": draft_model, "trust_remote_code": trust_remote_code,
+                                   **drafter_options}
         if calibrate:
             decoder.warm_up()
         return decoder
@@ -126,19 +130,51 @@ class SpecDecoder:
             ids = ids["input_ids"]
         return list(ids)
 
+    # ---- drafters by name ---------------------------------------------------------------------
+    def drafter_named(self, name: str, **options) -> Drafter | None:
+        """The drafter called `name` (None for "none"): this decoder's own, or one built for this target with
+        `options` (default: the decoder's drafter_options) on first use and kept. Callers running requests side by
+        side fork it."""
+        if name == "none":
+            return None
+        if self.drafter is not None and name == self.drafter.name:
+            return self.drafter
+        options = options or self.drafter_options
+        key = (name, tuple(sorted((k, repr(v)) for k, v in options.items())))
+        if key not in self._named_drafters:  # built once (a drafter may load weights)
+            from .drafters import create_drafter
+
+            self._named_drafters[key] = create_drafter(name, self.target, **options)
+        return self._named_drafters[key]
+
     # ---- public generation API ---------------------------------------------------------------
-    def generate(self, prompt, config: GenerationConfig | None = None, **kwargs) -> GenerationResult:
+    def generate(self, prompt, config: GenerationConfig | None = None, *, drafter: str | None = None,
+                 speculation: SpeculationConfig | bool | None = None, **kwargs) -> GenerationResult:
         """Generates a whole completion. kwargs: GenerationConfig.create's (max_new_tokens, temperature, top_k, top_p,
-        seed, stop, penalties, logit_bias, logprobs)."""
-        stream = self.stream(prompt, config, **kwargs)
+        seed, stop, penalties, logit_bias, logprobs). drafter and speculation choose this call's speculation, as a
+        server request's `speculation` object does: see stream()."""
+        stream = self.stream(prompt, config, drafter=drafter, speculation=speculation, **kwargs)
         for _ in stream:
             pass
         return stream.result
 
-    def stream(self, prompt, config: GenerationConfig | None = None, **kwargs) -> "TextStream":
-        """An iterator of text deltas; `.result` holds the GenerationResult once it is exhausted."""
+    def stream(self, prompt, config: GenerationConfig | None = None, *, drafter: str | None = None,
+               speculation: SpeculationConfig | bool | None = None, **kwargs) -> "TextStream":
+        """An iterator of text deltas; `.result` holds the GenerationResult once it is exhausted.
+        drafter: a drafter's name for this call ("none": plain decoding; default: the decoder's own).
+        speculation: this call's SpeculationConfig (draft length, adaptive, sampling verifier), or False for plain
+        decoding (default: the decoder's)."""
         cfg = config or GenerationConfig.create(**kwargs)
-        return TextStream(self, self.encode(prompt), cfg)
+        if speculation is not None and not isinstance(speculation, (bool, SpeculationConfig)):
+            raise ConfigError(f"speculation must be a SpeculationConfig, True or False, got {speculation!r}")
+        if speculation is False or drafter == "none":
+            chosen, speculation = None, None
+        else:
+            chosen = self.drafter if drafter is None else self.drafter_named(drafter)
+            if chosen is not None and not self.costs.measured:  # loaded without a drafter: time the target now
+                self.costs = CostModel(measure_verify_costs(self.target.backend))
+            speculation = speculation if isinstance(speculation, SpeculationConfig) else None
+        return TextStream(self, self.encode(prompt), cfg, chosen, speculation)
 
     def generate_ids(self, prompt_ids: list[int], config: GenerationConfig) -> tuple[list[int], GenerationMetrics]:
         """Token-level generation without text handling (no stop strings): (generated ids, metrics)."""
@@ -184,10 +220,13 @@ class SpecDecoder:
                            tokenizer=self.target.tokenizer, tracer=self.tracer)
 
     # ---- the loop -----------------------------------------------------------------------------
-    def start(self, prompt_ids: list[int], config: GenerationConfig) -> SequenceState:
-        """A request's state; its KV cache slot is held until decode() ends."""
-        return SequenceState(prompt_ids, config, self.target.backend, self.drafter, self.speculation, self.costs,
-                             learn=self.learn_outputs, tokenizer=self.target.tokenizer, tracer=self.tracer)
+    def start(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
+              speculation: SpeculationConfig | None = None) -> SequenceState:
+        """A request's state; its KV cache slot is held until decode() ends. drafter: "default" (the decoder's own),
+        None (plain decoding) or a Drafter; speculation: default the decoder's."""
+        return SequenceState(prompt_ids, config, self.target.backend, self.drafter if drafter == "default" else drafter,
+                             speculation or self.speculation, self.costs, learn=self.learn_outputs,
+                             tokenizer=self.target.tokenizer, tracer=self.tracer)
 
     def decode(self, state: SequenceState) -> Iterator[list[int]]:
         """Runs the step loop for one sequence, yielding each step's new tokens."""
@@ -214,13 +253,16 @@ class SpecDecoder:
 class TextStream:
     """Iterates over text deltas of one generation; stop strings end it early and are cut off."""
 
-    def __init__(self, decoder: SpecDecoder, prompt_ids: list[int], config: GenerationConfig):
+    def __init__(self, decoder: SpecDecoder, prompt_ids: list[int], config: GenerationConfig,
+                 drafter: Drafter | None | str = "default", speculation: SpeculationConfig | None = None):
         self.decoder = decoder
         self.prompt_ids, self.config = list(prompt_ids), config
+        self.drafter, self.speculation = drafter, speculation  # as SpecDecoder.start takes them
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        seq = self.decoder.start(self.prompt_ids, self.config)  # holds a cache slot until decode() ends
+        # holds a cache slot until decode() ends
+        seq = self.decoder.start(self.prompt_ids, self.config, self.drafter, self.speculation)
         text = TextAssembler(self.decoder.target.tokenizer, self.config.stop)
         steps = self.decoder.decode(seq)
         try:

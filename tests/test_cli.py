@@ -93,6 +93,7 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--draft-p-min", "1"], "argument --draft-p-min: draft_p_min must be in [0, 1), got 1.0"),
     (["generate", "hi", "--draft-p-min", "high"], "invalid draft_p_min value"),
     (["serve", "--draft-p-min", "-0.5"], "draft_p_min must be in [0, 1), got -0.5"),
+    (["bench", "--prompts", "p.jsonl", "--draft-p-min", "2"], "draft_p_min must be in [0, 1), got 2.0"),
     (["generate", "hi", "--logprobs", "21"], "logprobs"),
     (["generate", "hi", "--regex", "[a-"], "invalid regex"),
     (["generate", "hi", "--json-schema", "{oops"], "not valid JSON"),

@@ -82,6 +82,7 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/completions", {"speculation": {"num_speculative_tokens": 65}}, 400, BAD, "speculation.num_speculative_tokens"),
     ("/v1/completions", {"speculation": {"enabled": "no"}}, 400, BAD, "speculation.enabled"),
     ("/v1/completions", {"speculation": {"tree": True}}, 400, BAD, "speculation.tree"),
+    ("/v1/completions", {"speculation": {"sampling_verifier": "lenient"}}, 400, BAD, "speculation.sampling_verifier"),
     ("/v1/chat/completions", {"messages": None}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": []}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": "hello"}, 400, BAD, "messages"),

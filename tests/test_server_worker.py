@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from specdec.config import GenerationConfig  # noqa: E402
+from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.engine import SpecDecoder  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
@@ -133,7 +133,7 @@ def test_a_suffix_drafter_chosen_by_requests_keeps_the_servers_index_file(decode
         assert again.metrics.accepted_tokens >= 5 and again.metrics.accepted_tokens > first.metrics.accepted_tokens
     finally:
         worker.stop()
-    index = worker._other_drafters["suffix"].shared
+    index = decoder.drafter_named("suffix", suffix_index=str(path)).shared
     assert index.path == path and len(index.sequences) == 2
 
 
@@ -149,3 +149,29 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
 
     assert limits("smollm2-135m") == ("none", "ngram", "suffix", "eagle", "medusa", "select")
     assert limits("tiny") == ("none", "ngram", "suffix", "select")
+
+
+@pytest.mark.parametrize("verifier", ["coupled", "rejection"])
+def test_a_request_may_ask_for_seed_stable_coupled_verification(decoder, verifier):
+    """speculation.sampling_verifier "coupled": a sampled request gives the same text for the same seed whether it
+    drafts or not; the server's rejection sampling (the control) does not."""
+    spec = SpeculationConfig(4, adaptive=False)  # drafts every step
+    worker = EngineWorker(SpecDecoder(decoder.target, NgramDrafter(1, 3), spec), max_batch=2)
+    worker.start()
+    try:
+        same, drafted = [], 0
+        for seed in range(4):
+            config = GenerationConfig(max_new_tokens=24, ignore_eos=True,
+                                      sampling=SamplingConfig(temperature=0.8, seed=seed))
+            texts = []
+            for choice in (SpeculationChoice("none", None, verifier), SpeculationChoice("ngram", 4, verifier)):
+                req = GenerationRequest(**{**request("the dog ran to the dog ran to the").__dict__, "config": config,
+                                           "speculation": choice})
+                events = until_end(submit(worker, f"{seed}{choice.drafter}", req))
+                texts.append("".join(e.text for e in events if isinstance(e, Delta)))
+                drafted += events[-1].metrics.drafted_tokens
+            same.append(texts[0] == texts[1])
+    finally:
+        worker.stop()
+    assert drafted > 0
+    assert all(same) if verifier == "coupled" else not all(same)

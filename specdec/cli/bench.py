@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import DTYPES
+from .common import draft_p_min
 
 
 def register(sub) -> None:
@@ -25,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--select-from", default=None, help="comma-separated candidates of the select drafter (default: "
                                                        "eagle, medusa, ngram, suffix, those available)")
     p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
+    p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
+                   help="draft-model and layerskip stop drafting after a token they give a probability below P "
+                        "(default: 0, off)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
@@ -94,7 +98,8 @@ def run(args) -> int:
             kind = name.removesuffix("-chain")
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
-                                     layerskip_layers=args.layerskip_layers, select_from=args.select_from)
+                                     layerskip_layers=args.layerskip_layers, select_from=args.select_from,
+                                     draft_p_min=args.draft_p_min)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()

@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..config import MAX_TOP_LOGPROBS, Constraint, GenerationConfig, SamplingConfig
+from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS, Constraint, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from ..structured import check
 from .errors import APIError, bad_request, model_not_found, unsupported
@@ -58,6 +58,7 @@ class Limits:
 class SpeculationChoice:
     drafter: str  # one of Limits.drafters; "none" is plain decoding
     num_speculative_tokens: int | None = None  # None: the server's k
+    sampling_verifier: str | None = None  # None: the server's ("rejection" or "coupled")
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
     if not isinstance(value, dict):
         raise bad_request("'speculation' must be an object", "speculation", "invalid_type")
     for key in value:
-        if key not in ("enabled", "drafter", "num_speculative_tokens"):
+        if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier"):
             raise unsupported(f"speculation.{key}")
     enabled = _bool(value, "enabled", True, "speculation.enabled")
     drafter = value.get("drafter", limits.default_drafter)
@@ -353,7 +354,11 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
         raise bad_request(f"'speculation.drafter' must be one of {', '.join(limits.drafters)}, got {drafter!r}",
                           "speculation.drafter", "invalid_value")
     k = _int(value, "num_speculative_tokens", None, 0, 64, "speculation.num_speculative_tokens")
-    return SpeculationChoice(drafter if enabled else "none", k)
+    verifier = value.get("sampling_verifier")
+    if verifier is not None and verifier not in SAMPLING_VERIFIERS:
+        raise bad_request(f"'speculation.sampling_verifier' must be one of {', '.join(SAMPLING_VERIFIERS)}, got "
+                          f"{verifier!r}", "speculation.sampling_verifier", "invalid_value")
+    return SpeculationChoice(drafter if enabled else "none", k, verifier)
 
 
 # ---- typed fields -------------------------------------------------------------------------------

@@ -85,7 +85,6 @@ class EngineWorker:
         self.tokenizer = decoder.target.tokenizer
         self.engine = decoder.batch_engine(max_batch)
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
-        self._other_drafters: dict[str, object] = {}  # drafters requests chose by name, built once, forked per request
         self.drafter_options = dict(drafter_options or {})
         self.metrics = metrics
         self.max_prefill_tokens = max_prefill_tokens
@@ -224,6 +223,8 @@ class EngineWorker:
         speculation = self.engine.speculation
         if request.speculation.num_speculative_tokens is not None:
             speculation = speculation.with_k(request.speculation.num_speculative_tokens)
+        if request.speculation.sampling_verifier is not None:
+            speculation = replace(speculation, sampling_verifier=request.speculation.sampling_verifier)
         config = request.config
         if not request.max_tokens_given:  # a default length: clip it to the context left
             k = 0 if name == "none" else speculation.num_speculative_tokens
@@ -258,12 +259,8 @@ class EngineWorker:
             return None, "none"
         if choice.drafter == self.default_drafter:
             return "default", choice.drafter
-        if choice.drafter not in self._other_drafters:  # built on first use only (a drafter may load weights)
-            from ..drafters import create_drafter
-
-            self._other_drafters[choice.drafter] = create_drafter(choice.drafter, self.decoder.target,
-                                                                  **self.drafter_options)
-        return self._other_drafters[choice.drafter].fork(), choice.drafter
+        # built on first use only (a drafter may load weights), then forked per request
+        return self.decoder.drafter_named(choice.drafter, **self.drafter_options).fork(), choice.drafter
 
     def _step(self) -> None:
         if self.metrics is not None:
