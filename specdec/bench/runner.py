@@ -118,11 +118,10 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
         ms = [result.runs[q].metrics for q in ids if result.runs[q].metrics is not None]
         return reduce(GenerationMetrics.merge, ms) if ms else None
 
-    def mat(result: MethodResult, ids: list[str]) -> float | None:
-        return None if (total := merged(result, ids)) is None else total.mean_accepted_tokens
-
-    def acceptance_length(result: MethodResult, ids: list[str]) -> float | None:
-        return None if (total := merged(result, ids)) is None else total.mean_acceptance_length
+    def step_figures(total: GenerationMetrics | None) -> dict:
+        """MAT over every verify step, and the mean acceptance length over drafting steps only (vLLM's)."""
+        return {"mean_accepted_tokens": total and total.mean_accepted_tokens,
+                "mean_acceptance_length": total and total.mean_acceptance_length}
 
     all_ids = [p.question_id for p, _ in prompts]
     out = dict(meta)
@@ -141,13 +140,13 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             baseline = base.runs[q].tokens
             gap = top2_gap(hf_model, ids, baseline[:pos]) if pos < len(baseline) else None
             divergences.append({"question_id": q, "category": prompt.category, "position": pos, "logit_gap": gap})
-        totals = merged(result, all_ids) or GenerationMetrics()
+        measured = merged(result, all_ids)
+        totals = measured or GenerationMetrics()
         tps = throughput(result, all_ids)
         entry = {
             "tokens_per_s": tps,
             "speedup": tps / throughput(base, all_ids),
-            "mean_accepted_tokens": mat(result, all_ids),
-            "mean_acceptance_length": acceptance_length(result, all_ids),  # over drafting steps only (vLLM's)
+            **step_figures(measured),
             "acceptance_rate": totals.acceptance_rate,
             "per_position_acceptance": totals.per_position_acceptance or None,
             "identical": identical,
@@ -169,8 +168,7 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
         for c in categories:
             ids_c = [p.question_id for p, _ in prompts if p.category == c]
             entry["per_category"][c] = {"speedup": throughput(result, ids_c) / throughput(base, ids_c),
-                                        "mean_accepted_tokens": mat(result, ids_c),
-                                        "mean_acceptance_length": acceptance_length(result, ids_c),
+                                        **step_figures(merged(result, ids_c)),
                                         "tokens_per_s": throughput(result, ids_c)}
         out["methods"][name] = entry
     return out

@@ -54,14 +54,13 @@ def run(args) -> int:
     from ..errors import ConfigError
 
     minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0,
-                "prefix_cache": 0}
+                "prefix_cache": 0, "speculation_max_batch": 1}
     for name, low in minimums.items():
-        if getattr(args, name) < low:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if value is not None and value < low:  # None: an optional limit left unset
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
-    if args.speculation_max_batch is not None and args.speculation_max_batch < 1:
-        raise ConfigError(f"--speculation-max-batch must be >= 1, got {args.speculation_max_batch}")
     try:
         from ..server.app import create_app
         from ..server.launch import serve

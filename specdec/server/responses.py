@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from ..logprobs import TokenLogprob
+from ..metrics import GenerationMetrics
 from .worker import Finished
 
 DONE = "data: [DONE]\n\n"
@@ -42,19 +43,14 @@ class Meta:
 def speculation(fins: Finished | list[Finished]) -> dict:
     """One choice's speculation statistics, or the sums over a request's choices."""
     fins = fins if isinstance(fins, list) else [fins]
-    ms = [f.metrics for f in fins]
-    drafted, accepted = sum(m.drafted_tokens for m in ms), sum(m.accepted_tokens for m in ms)
-    steps, drafting_steps = sum(m.steps for m in ms), sum(m.drafting_steps for m in ms)
-    step_tokens = sum((m.mean_accepted_tokens or 0.0) * m.steps for m in ms)
+    total = reduce(GenerationMetrics.merge, [f.metrics for f in fins])
     return {"drafter": fins[0].drafter, "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
-            "drafted_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_tokens": step_tokens / steps if steps else None, "verify_steps": steps,
-            "drafting_steps": drafting_steps,
-            "mean_acceptance_length": 1.0 + accepted / drafting_steps if drafting_steps else None,
+            "drafted_tokens": total.drafted_tokens, "accepted_tokens": total.accepted_tokens,
+            "acceptance_rate": total.acceptance_rate, "mean_accepted_tokens": total.mean_accepted_tokens,
+            "verify_steps": total.steps, "drafting_steps": total.drafting_steps,
+            "mean_acceptance_length": total.mean_acceptance_length,
             # steps drafted by each drafter the select drafter chose
-            **({"drafter_steps": by_drafter} if (by_drafter := reduce(lambda a, b: a.merge(b), ms).drafter_steps)
-               else {})}
+            **({"drafter_steps": total.drafter_steps} if total.drafter_steps else {})}
 
 
 def usage(fins: list[Finished]) -> dict:
