@@ -83,6 +83,7 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/completions", {"speculation": {"enabled": "no"}}, 400, BAD, "speculation.enabled"),
     ("/v1/completions", {"speculation": {"tree": True}}, 400, BAD, "speculation.tree"),
     ("/v1/completions", {"speculation": {"sampling_verifier": "lenient"}}, 400, BAD, "speculation.sampling_verifier"),
+    ("/v1/completions", {"speculation": {"adaptive": "no"}}, 400, BAD, "speculation.adaptive"),
     ("/v1/chat/completions", {"messages": None}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": []}, 400, BAD, "messages"),
     ("/v1/chat/completions", {"messages": "hello"}, 400, BAD, "messages"),

@@ -59,6 +59,7 @@ class SpeculationChoice:
     drafter: str  # one of Limits.drafters; "none" is plain decoding
     num_speculative_tokens: int | None = None  # None: the server's k
     sampling_verifier: str | None = None  # None: the server's ("rejection" or "coupled")
+    adaptive: bool | None = None  # None: the server's; False drafts num_speculative_tokens every step
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
     if not isinstance(value, dict):
         raise bad_request("'speculation' must be an object", "speculation", "invalid_type")
     for key in value:
-        if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier"):
+        if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier", "adaptive"):
             raise unsupported(f"speculation.{key}")
     enabled = _bool(value, "enabled", True, "speculation.enabled")
     drafter = value.get("drafter", limits.default_drafter)
@@ -358,7 +359,8 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
     if verifier is not None and verifier not in SAMPLING_VERIFIERS:
         raise bad_request(f"'speculation.sampling_verifier' must be one of {', '.join(SAMPLING_VERIFIERS)}, got "
                           f"{verifier!r}", "speculation.sampling_verifier", "invalid_value")
-    return SpeculationChoice(drafter if enabled else "none", k, verifier)
+    adaptive = _bool(value, "adaptive", None, "speculation.adaptive")
+    return SpeculationChoice(drafter if enabled else "none", k, verifier, adaptive)
 
 
 # ---- typed fields -------------------------------------------------------------------------------

@@ -225,6 +225,8 @@ class EngineWorker:
             speculation = speculation.with_k(request.speculation.num_speculative_tokens)
         if request.speculation.sampling_verifier is not None:
             speculation = replace(speculation, sampling_verifier=request.speculation.sampling_verifier)
+        if request.speculation.adaptive is not None:
+            speculation = replace(speculation, adaptive=request.speculation.adaptive)
         config = request.config
         if not request.max_tokens_given:  # a default length: clip it to the context left
             k = 0 if name == "none" else speculation.num_speculative_tokens
