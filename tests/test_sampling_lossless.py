@@ -63,10 +63,10 @@ def exact_distribution(lm: TableLM, prompt: list[int], n: int, sampling: Samplin
     return out
 
 
-def draw(decoder: SpecDecoder, sampling: SamplingConfig, samples: int = SAMPLES) -> Counter:
+def draw(decoder: SpecDecoder, sampling: SamplingConfig, samples: int = SAMPLES, length: int = NEW_TOKENS) -> Counter:
     counts = Counter()
     for seed in range(samples):
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True,
+        config = GenerationConfig(max_new_tokens=length, ignore_eos=True,
                                   sampling=replace(sampling, seed=seed))
         tokens, _ = decoder.generate_ids(PROMPT, config)
         counts[tuple(tokens)] += 1
@@ -139,6 +139,16 @@ def test_rejection_sampling_matches_target_distribution(kind, sampling):
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
     counts = draw(decoder, sampling)
     assert fit_p_value(counts, exact) > P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram", "self"])
+def test_rejection_sampling_with_two_drafted_positions(kind):
+    """Four tokens: the first step drafts two (the other tests' three tokens leave room for one draft a step), so an
+    accepted first draft is followed by a second checked against it."""
+    sampling = SETTINGS[4]
+    decoder = decoder_for(kind)
+    exact = exact_distribution(decoder.target.backend, PROMPT, 4, sampling)
+    assert fit_p_value(draw(decoder, sampling, length=4), exact) > P_VALUE_FLOOR
 
 
 def test_confidence_stop_keeps_the_target_distribution():

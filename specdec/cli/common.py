@@ -14,10 +14,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
+def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_note: str = "auto = bfloat16 where native") -> None:
     p.add_argument("--model", default=None, help="built-in alias, local folder, .gguf file or hub id (default: smollm2-135m)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations dtype (default: auto = bfloat16 where native)")
+    p.add_argument("--dtype", default=dtype, choices=DTYPES, help=f"weights and activations dtype (default: {dtype_note})")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family; bfloat16 "
                         "products for prompts where the weights are bfloat16 and the CPU has AVX-512 BF16); "
@@ -28,13 +28,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
 
 
-def add_speculation_options(p: argparse.ArgumentParser) -> None:
+def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--drafter", default="auto",
                    help="auto, none, ngram, suffix, draft-model, eagle, medusa, layerskip, select (default: auto = the "
                         "best available: a given draft model, else a given EAGLE head or Medusa heads, else ngram); "
                         "select: each step, whichever of --select-from is predicted to be fastest")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=8, help="most tokens drafted per step (default: 8)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=k, help=f"most tokens drafted per step (default: {k})")
     p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
     p.add_argument("--sampling-verifier", default="rejection", choices=("rejection", "coupled"),
                    help="lossless check when sampling: rejection (min(1, p/q)) or coupled (seed-stable Gumbel coupling)")

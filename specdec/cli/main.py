@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import sys
 
-from . import generate, models, replay, suffix_index
+from . import check, generate, models, replay, suffix_index
 from .common import OneLineParser
 
-SUBCOMMANDS = [generate, models, replay, suffix_index]
+SUBCOMMANDS = [generate, models, replay, suffix_index, check]
 
 
 def _optional_subcommands():

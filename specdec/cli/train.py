@@ -130,12 +130,13 @@ def _head_to_train(args, target, name: str, sequences: list[dict]):
     if (out / (medusa_head.CONFIG_FILE if medusa else eagle_head.CONFIG_FILE)).is_file():
         return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
     ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
+    start = load(args.init_from, target).float() if args.init_from else None  # a trained head's weights
     if medusa:
         head = medusa_head.new_medusa_heads(target.hf_model, name, ids, args.medusa_num_heads, args.medusa_num_layers)
-    else:
-        head = eagle_head.new_head(target.hf_model, name, ids)
-    if args.init_from:  # a trained head's weights; the draft vocabulary (frozen LM head rows) is this data's
-        head.load_state_dict(load(args.init_from, target).float().state_dict())
+    else:  # the EAGLE authors' heads have no input norm: a head started from one keeps that layout
+        head = eagle_head.new_head(target.hf_model, name, ids, input_norm=start is None or start.config.input_norm)
+    if start is not None:  # the draft vocabulary (frozen LM head rows) is this data's
+        head.load_state_dict(start.state_dict())
     print(f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices",
           file=sys.stderr)
     return head, coverage, settings, objective

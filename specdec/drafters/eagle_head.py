@@ -5,19 +5,21 @@ frozen embedding of the next token), mixes them with fc (2H -> H), runs one Llam
 the sequence of such pairs, and outputs h_{t+1}, its guess of f_{t+1}. The target's frozen LM head,
 restricted to a draft vocabulary of frequent tokens (K rows), turns h_{t+1} into logits for x_{t+2}.
 Drafting feeds the head its own guesses: (h_{t+1}, x_{t+2}) -> h_{t+2}, and so on.
+
+load_head also reads the heads the EAGLE authors publish for EAGLE-1 and EAGLE-2 (eagle_published.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import IncompatibleDraftError, ModelLoadError
+from ..errors import IncompatibleDraftError
 
 HEAD_FILE, CONFIG_FILE = "eagle_head.safetensors", "eagle_config.json"
 
@@ -34,6 +36,7 @@ class EagleConfig:
     rms_norm_eps: float
     vocab_size: int  # the target's
     draft_vocab_size: int  # K, rows of the LM head the head scores
+    input_norm: bool = True  # RMS norm before attention; EAGLE-1/2's published heads have none
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -81,7 +84,7 @@ class EagleHead(nn.Module):
         self.config = c
         H, nh, nkv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         self.fc = nn.Linear(2 * H, H, bias=True)
-        self.input_norm = RMSNorm(H, c.rms_norm_eps)
+        self.input_norm = RMSNorm(H, c.rms_norm_eps) if c.input_norm else nn.Identity()
         self.q_proj = nn.Linear(H, nh * hd, bias=False)
         self.k_proj = nn.Linear(H, nkv * hd, bias=False)
         self.v_proj = nn.Linear(H, nkv * hd, bias=False)
@@ -181,10 +184,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def new_head(hf_model, name: str, draft_ids: torch.Tensor) -> EagleHead:
-    """A freshly initialised head for this target (fc starts near [identity on the feature half])."""
-    config = config_for_target(hf_model, name, len(draft_ids))
-    head = EagleHead(config, *_frozen_parts(hf_model, draft_ids))
+def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = True) -> EagleHead:
+    """A freshly initialised head for this target (fc starts near [identity on the feature half]); input_norm False:
+    without the norm before attention, as the EAGLE authors' heads (to start from one's weights)."""
+    config = replace(config_for_target(hf_model, name, len(draft_ids)), input_norm=input_norm)
+    head = EagleHead(config, *frozen_parts(hf_model, draft_ids))
     with torch.no_grad():
         H = config.hidden_size
         head.fc.weight.zero_()
@@ -197,12 +201,15 @@ def new_head(hf_model, name: str, draft_ids: torch.Tensor) -> EagleHead:
 
 
 def load_head(folder: str | Path, target) -> EagleHead:
-    """Loads a trained head onto its target (a LoadedModel); refuses any other target."""
+    """Loads a head onto its target (a LoadedModel): specdec's own (refused on any other target) or, from a folder
+    without specdec's files, an EAGLE-1/2 head in its authors' layout (checked against the target's sizes)."""
     from safetensors.torch import load_file
+
+    from .eagle_published import load_published
 
     folder = Path(folder)
     if not (folder / HEAD_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
-        raise ModelLoadError(f"{folder} holds no EAGLE head ({HEAD_FILE} and {CONFIG_FILE})")
+        return load_published(folder, target)
     data = json.loads((folder / CONFIG_FILE).read_text())
     data.pop("training", None)
     config = EagleConfig(**data)
@@ -213,12 +220,14 @@ def load_head(folder: str | Path, target) -> EagleHead:
                                      f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
     tensors = load_file(str(folder / HEAD_FILE))
     draft_ids = tensors.pop("draft_ids")
-    head = EagleHead(config, *_frozen_parts(hf_model, draft_ids))
+    head = EagleHead(config, *frozen_parts(hf_model, draft_ids))
     head.load_state_dict({k: v.float() for k, v in tensors.items()})
     return head.eval()
 
 
-def _frozen_parts(hf_model, draft_ids: torch.Tensor):
+def frozen_parts(hf_model, draft_ids: torch.Tensor):
+    """The target's embedding (V, H) and LM head (V, H) float32 on the CPU, draft_ids (K,) as given, and its RoPE
+    inverse frequencies (hd/2,)."""
     embed = hf_model.get_input_embeddings().weight.detach().float().cpu()
     lm_head = hf_model.get_output_embeddings().weight.detach().float().cpu()
     inv_freq = hf_model.model.rotary_emb.inv_freq.detach().float().cpu()

@@ -56,7 +56,8 @@ class KernelEagleHead:
         self.gate_up = pack(head.gate_proj.weight, head.up_proj.weight)
         self.down = pack(head.down_proj.weight)
         self.lm = pack(head.draft_lm_head)
-        self.norms = [(n.weight.detach().float(), n.eps) for n in (head.input_norm, head.post_norm)]
+        self.input_norm = _norm(head.input_norm) if self.config.input_norm else None
+        self.post_norm = _norm(head.post_norm)
 
     def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
@@ -64,11 +65,12 @@ class KernelEagleHead:
         B, T, H = features.shape
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
-        q, k, v = self.qkv(rms_norm(x, *self.norms[0])).split([q_width, kv_width, kv_width], dim=-1)
+        h = x if self.input_norm is None else rms_norm(x, *self.input_norm)
+        q, k, v = self.qkv(h).split([q_width, kv_width, kv_width], dim=-1)
         attn, new_kv = attention(q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), c, positions,
                                  self.inv_freq, past, mask)
         x = x + self.o(attn.reshape(B * T, q_width))
-        gate, up = self.gate_up(rms_norm(x, *self.norms[1])).chunk(2, dim=-1)
+        gate, up = self.gate_up(rms_norm(x, *self.post_norm)).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
         return x.view(B, T, H), new_kv
 
@@ -77,3 +79,7 @@ class KernelEagleHead:
         flat = hidden.reshape(-1, hidden.shape[-1]).float()
         return self.lm(flat).view(*hidden.shape[:-1], -1)
 
+
+def _norm(norm) -> tuple[torch.Tensor, float]:
+    """An RMSNorm as (weight (H,) float32, eps) for rms_norm."""
+    return norm.weight.detach().float(), norm.eps

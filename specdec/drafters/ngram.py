@@ -33,13 +33,10 @@ class NgramDrafter(Drafter):
         if not (1 <= min_n <= max_n <= 32):
             raise ConfigError(f"ngram sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
-        self._buffer = np.empty(0, dtype=np.int64)
 
     def fork(self) -> "NgramDrafter":
         return NgramDrafter(self.min_n, self.max_n)
 
     def propose(self, context: list[int], k: int) -> Draft:
-        if len(context) != self._buffer.shape[0]:
-            self._buffer = np.asarray(context, dtype=np.int64)
-        tokens = ngram_lookup(self._buffer, k, self.min_n, self.max_n)
+        tokens = ngram_lookup(np.asarray(context, dtype=np.int64), k, self.min_n, self.max_n)
         return Draft(tokens=torch.from_numpy(tokens.copy()))

@@ -1,0 +1,131 @@
+"""EAGLE-1 and EAGLE-2 draft heads as their authors publish them (SafeAILab/EAGLE, eagle/model/cnets1.py).
+
+A folder holds config.json (a LlamaConfig of the head, num_hidden_layers 1) and the weights: fc (2H -> H) over
+cat(embedding of x_{t+1}, f_t), one Llama decoder layer whose layer 0 has no input_layernorm, and sometimes a copy of
+the target's embedding (ignored: the target's own is used). f_t is the target's final hidden state after its final
+norm, and the head's output goes to the target's whole LM head: specdec's conventions, with the full vocabulary as
+draft vocabulary. RoPE follows the head's config.json. The files name no target, so sizes are checked instead.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import IncompatibleDraftError, ModelLoadError
+from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, frozen_parts, target_fingerprint
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.safetensors")
+PICKLE_FILE = "pytorch_model.bin"
+CONVERT = ("python -c \"import torch; from safetensors.torch import save_file; save_file({k: v.contiguous() for k, v "
+           "in torch.load('pytorch_model.bin', map_location='cpu', weights_only=True).items()}, 'model.safetensors')\"")
+
+# the authors' tensor names -> EagleHead's
+KEYS = {"fc.weight": "fc.weight", "fc.bias": "fc.bias",
+        **{f"layers.0.self_attn.{p}_proj.weight": f"{p}_proj.weight" for p in "qkvo"},
+        **{f"layers.0.mlp.{p}_proj.weight": f"{p}_proj.weight" for p in ("gate", "up", "down")},
+        "layers.0.post_attention_layernorm.weight": "post_norm.weight"}
+EMBED_KEY = "embed_tokens.weight"
+
+
+def load_published(folder: Path, target) -> EagleHead:
+    """An EAGLE-1/2 head from its authors' files, onto the target (a LoadedModel) whose sizes it must have."""
+    from safetensors.torch import load_file
+
+    weights = _weights_file(folder)
+    data = _read_config(folder)
+    config = _config(data, folder, target)
+    state = _state(load_file(str(weights)), weights, target, bias=data.get("bias", True))
+    embed, lm_head, draft_ids, _ = frozen_parts(target.hf_model, torch.arange(config.vocab_size))
+    head = EagleHead(config, embed, lm_head, draft_ids, rope_frequencies(data, config.head_dim, folder))
+    try:
+        head.load_state_dict(state)
+    except RuntimeError as e:
+        raise IncompatibleDraftError(f"the EAGLE head in {folder} does not fit its own config.json: "
+                                     f"{str(e).splitlines()[-1].strip()}") from None
+    return head.eval()
+
+
+def _weights_file(folder: Path) -> Path:
+    """The head's safetensors file; a pickle alone is refused with the command that converts it."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    if (folder / PICKLE_FILE).is_file():
+        raise ModelLoadError(f"{folder} holds the EAGLE head as a pickle ({PICKLE_FILE}), which specdec does not "
+                             f"load: convert it to safetensors once, in that folder, with: {CONVERT}")
+    raise ModelLoadError(f"{folder} holds no EAGLE head ({HEAD_FILE} + {CONFIG_FILE}, or the EAGLE authors' "
+                         f"config.json + {WEIGHT_FILES[0]})")
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} holds EAGLE head weights but no config.json beside them")
+    return json.loads(path.read_text())
+
+
+def _config(data: dict, folder: Path, target) -> EagleConfig:
+    """The head's config.json as an EagleConfig (full draft vocabulary, no input norm), checked against the target."""
+    missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if k not in data]
+    if missing:
+        raise ModelLoadError(f"{folder / 'config.json'} lacks {', '.join(missing)}")
+    layers, act = data.get("num_hidden_layers", 1), data.get("hidden_act", "silu")
+    if (layers, act) != (1, "silu"):
+        raise ModelLoadError(f"{folder / 'config.json'} describes a head of {layers} layers with activation {act!r}; "
+                             f"specdec reads EAGLE heads of one layer with 'silu'")
+    _check_sizes(data, folder, target)
+    H, heads, V = data["hidden_size"], data["num_attention_heads"], data["vocab_size"]
+    fingerprint = target_fingerprint(target.hf_model.get_input_embeddings().weight)  # the target the sizes fit
+    return EagleConfig(target=str(folder), target_fingerprint=fingerprint, hidden_size=H, num_heads=heads,
+                       num_kv_heads=data.get("num_key_value_heads") or heads, head_dim=H // heads,
+                       intermediate_size=data["intermediate_size"], rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+                       vocab_size=V, draft_vocab_size=V, input_norm=False)
+
+
+def _check_sizes(data: dict, folder: Path, target) -> None:
+    """Refuses a head whose hidden size, attention heads or vocabulary size differ from the target's."""
+    hf_model = target.hf_model
+    theirs = {"hidden size": data["hidden_size"], "attention heads": data["num_attention_heads"],
+              "vocabulary size": data["vocab_size"]}
+    mine = {"hidden size": hf_model.config.hidden_size, "attention heads": hf_model.config.num_attention_heads,
+            "vocabulary size": hf_model.get_output_embeddings().weight.shape[0]}
+    for what, size in theirs.items():
+        if size != mine[what]:
+            raise IncompatibleDraftError(f"the EAGLE head in {folder} has {what} {size}, but {target.name!r} has "
+                                         f"{mine[what]}")
+
+
+def _state(tensors: dict[str, torch.Tensor], path: Path, target, bias: bool) -> dict[str, torch.Tensor]:
+    """The authors' tensors under EagleHead's names (float32); their embedding copy is checked for shape, then
+    dropped. bias: config.json's "bias" (False: fc has none, a zero bias here)."""
+    embed = tensors.pop(EMBED_KEY, None)
+    want = tuple(target.hf_model.get_input_embeddings().weight.shape)
+    if embed is not None and tuple(embed.shape) != want:
+        raise IncompatibleDraftError(f"the EAGLE head in {path.parent} holds an embedding of shape "
+                                     f"{tuple(embed.shape)}, but {target.name!r} has {want}")
+    unknown = sorted(set(tensors) - set(KEYS))
+    missing = sorted(set(KEYS) - set(tensors) - (set() if bias else {"fc.bias"}))
+    if unknown or missing:
+        problems = [f"{what} {', '.join(keys[:4])}" for what, keys in
+                    (("unexpected tensors", unknown), ("missing tensors", missing)) if keys]
+        raise ModelLoadError(f"{path} is not an EAGLE-1/2 head in its authors' layout: {'; '.join(problems)}")
+    state = {KEYS[k]: v.float() for k, v in tensors.items()}
+    state.setdefault("fc.bias", torch.zeros(state["fc.weight"].shape[0]))
+    return state
+
+
+def rope_frequencies(data: dict, head_dim: int, folder: Path) -> torch.Tensor:
+    """RoPE inverse frequencies (head_dim/2,) float32 from the head's config.json: rope_theta (default 10000) and
+    rope_scaling, or transformers 5's rope_parameters; no scaling, or linear (positions divided by its factor)."""
+    rope = {"rope_theta": data.get("rope_theta", 10000.0), **(data.get("rope_scaling") or {}),
+            **(data.get("rope_parameters") or {})}
+    inv_freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / rope["factor"]
+    raise ModelLoadError(f"{folder / 'config.json'} asks for RoPE scaling {kind!r}; specdec reads EAGLE heads "
+                         f"without scaling or with linear scaling")
