@@ -5,8 +5,8 @@ Greedy: each prompt is decoded twice, with drafting forced on at every step and 
 token-identical. A divergence where the target's two likeliest tokens are within `tie_margin` in log-probability
 is a near-tie (kernels that score one token and several at once may round those apart), reported, not failed.
 
-Sampling: N continuations of T tokens are drawn with speculation (drafting forced on) and N plainly, with other
-seeds. Pearson's chi-square test of homogeneity compares the two samples: their T-token outcomes, and the tokens at
+Sampling: N continuations of T tokens are drawn with speculation (drafting forced on; alone, or side by side in
+the batched engine the server uses) and N plainly, one at a time, with other seeds. Pearson's chi-square test of homogeneity compares the two samples: their T-token outcomes, and the tokens at
 each position. Where speculation is lossless both samples come from one distribution, each p-value is uniform,
 and the check fails with probability at most alpha (Bonferroni over all tests); a wrong acceptance or resampling
 rule shifts the speculative sample, and its p-values go to 0 as N grows. The reference is plain decoding's own
@@ -41,9 +41,10 @@ class SamplingCheck:
     tests: list[HomogeneityTest]
     drafted: int  # tokens the speculative arm drafted in all (0: verification was never exercised)
     accepted: int
+    batch: int = 1  # speculative requests verified side by side (the batched engine where > 1)
 
     def to_dict(self) -> dict:
-        return {"setting": describe(self.sampling), "samples": self.samples, "tokens": self.tokens,
+        return {"setting": describe(self.sampling), "samples": self.samples, "tokens": self.tokens, "batch": self.batch,
                 "drafted": self.drafted, "accepted": self.accepted,
                 "tests": [vars(t) for t in self.tests]}
 
@@ -133,27 +134,31 @@ def check_greedy(decoder, prompt_ids: list[int], max_new_tokens: int, speculatio
 
 # ---- sampling ------------------------------------------------------------------------------------------
 def check_sampling(decoder, prompt_ids: list[int], sampling: SamplingConfig, samples: int, tokens: int,
-                   speculation: SpeculationConfig, progress: Callable[[int], None] | None = None) -> SamplingCheck:
-    """Draws `samples` continuations of `tokens` tokens with speculation (seeds 0..N-1) and as many plainly (seeds
-    N..2N-1), alternating, and tests the two samples for homogeneity. progress(n) is called per pair drawn."""
+                   speculation: SpeculationConfig, batch: int = 1,
+                   progress: Callable[[int], None] | None = None) -> SamplingCheck:
+    """Draws `samples` continuations of `tokens` tokens with speculation (seeds 0..N-1; `batch` > 1: that many at a
+    time through the batched engine, the server's path) and as many plainly, one at a time (seeds N..2N-1), and
+    tests the two samples for homogeneity. progress(n) is called as pairs are drawn."""
     spec_counts, plain_counts = Counter(), Counter()
     drafted = accepted = 0
-    spec = forced(speculation)
-    for seed in range(samples):
-        config = GenerationConfig(max_new_tokens=tokens, ignore_eos=True, sampling=replace(sampling, seed=seed))
-        state = _run(decoder, prompt_ids, config, "default", spec)
-        spec_counts[tuple(state.generated)] += 1
-        drafted += state.metrics.drafted_tokens
-        accepted += state.metrics.accepted_tokens
-        plain = replace(config, sampling=replace(sampling, seed=samples + seed))
-        plain_counts[tuple(_run(decoder, prompt_ids, plain, None, None).generated)] += 1
+    config = GenerationConfig(max_new_tokens=tokens, ignore_eos=True, sampling=sampling)
+    for first in range(0, samples, batch):
+        seeds = range(first, min(samples, first + batch))
+        configs = [replace(config, sampling=replace(sampling, seed=seed)) for seed in seeds]
+        for state in _draw(decoder, prompt_ids, configs, forced(speculation)):
+            spec_counts[tuple(state.generated)] += 1
+            drafted += state.metrics.drafted_tokens
+            accepted += state.metrics.accepted_tokens
+        for seed in seeds:
+            plain = replace(config, sampling=replace(sampling, seed=samples + seed))
+            plain_counts[tuple(_run(decoder, prompt_ids, plain, None, None).generated)] += 1
         if progress is not None:
-            progress(1)
+            progress(len(seeds))
     tests = [homogeneity("joint", spec_counts, plain_counts)]
     for position in range(tokens):
         tests.append(homogeneity(f"position {position + 1}", _marginal(spec_counts, position),
                                  _marginal(plain_counts, position)))
-    return SamplingCheck(sampling, samples, tokens, tests, drafted, accepted)
+    return SamplingCheck(sampling, samples, tokens, tests, drafted, accepted, batch)
 
 
 def homogeneity(name: str, a: Counter, b: Counter, min_expected: float = MIN_EXPECTED) -> HomogeneityTest:
@@ -202,3 +207,17 @@ def _run(decoder, prompt_ids: list[int], config: GenerationConfig, drafter, spec
     for _ in decoder.decode(state):
         pass
     return state
+
+
+def _draw(decoder, prompt_ids: list[int], configs: list[GenerationConfig], speculation: SpeculationConfig):
+    """Speculative requests with the decoder's drafter: one alone, or several side by side in one batch (each with
+    a fork of the drafter, verified together). Returns their finished SequenceStates."""
+    if len(configs) == 1:
+        return [_run(decoder, prompt_ids, configs[0], "default", speculation)]
+    engine = decoder.batch_engine(len(configs))
+    for i, config in enumerate(configs):
+        engine.add(i, prompt_ids, config, speculation=speculation)
+    done = []
+    while len(engine):
+        done += [event.state for event in engine.step() if event.finished]
+    return done

@@ -47,9 +47,12 @@ def test_homogeneity_pools_rare_outcomes_and_handles_no_variation():
     assert homogeneity("t", Counter({"x": 50}), Counter({"x": 50})).p_value == 1.0
 
 
-def test_correct_engine_passes_the_sampling_check():
+@pytest.mark.parametrize("batch", [1, 5])
+def test_correct_engine_passes_the_sampling_check(batch):
+    """Alone, and five requests at a time in the batched engine (drafts allocated jointly, verified per sequence)."""
     sampling = SamplingConfig(temperature=1.0, top_p=0.9, repetition_penalty=1.3)
-    check = check_sampling(table_decoder(), PROMPT, sampling, samples=2000, tokens=4, speculation=SPECULATION)
+    check = check_sampling(table_decoder(), PROMPT, sampling, samples=2000, tokens=4, speculation=SPECULATION,
+                           batch=batch)
     report = LosslessReport(sampling=[check])
     assert check.drafted > 2 * 2000 and 0 < check.accepted < check.drafted  # both draft positions, accepted
     # and rejected
@@ -61,12 +64,13 @@ def _accept_all(draft, draft_probs, target_probs, generator):
     return len(draft), int(torch.multinomial(target_probs[len(draft)], 1, generator=generator))
 
 
-def test_broken_acceptance_fails_the_sampling_check(monkeypatch):
+@pytest.mark.parametrize("batch", [1, 5])
+def test_broken_acceptance_fails_the_sampling_check(monkeypatch, batch):
     from specdec import sequence
 
     monkeypatch.setattr(sequence, "rejection_verify", _accept_all)
     check = check_sampling(table_decoder(), PROMPT, SamplingConfig(temperature=1.0), samples=3000, tokens=3,
-                           speculation=SPECULATION)
+                           speculation=SPECULATION, batch=batch)
     report = LosslessReport(sampling=[check])
     failed = report.failures()
     assert failed and all("position 1" not in line for line in failed)  # the first token never sees a draft
@@ -94,13 +98,15 @@ def test_cli_runs_end_to_end_and_writes_json(capsys, tmp_path, tiny_folder):
     out = tmp_path / "check.json"
     rc, stdout, _ = run_cli(capsys, "check-lossless", "--model", str(tiny_folder), "--no-chat", "--prompt",
                             "the cat sat on the mat the cat", "--drafter", "ngram", "--greedy-tokens", "12",
-                            "--samples", "60", "--setting", "temperature=1.0,top_k=8", "--out-json", str(out))
+                            "--samples", "60", "--batch", "4", "--setting", "temperature=1.0,top_k=8",
+                            "--out-json", str(out))
     assert rc == 0, stdout
     assert "passed" in stdout.splitlines()[-1]
     report = json.loads(out.read_text())
     assert report["passed"] and report["drafter"] == "ngram" and len(report["greedy"]) == 1
     names = [t["name"] for t in report["sampling"][0]["tests"]]
     assert names == ["joint"] + [f"position {i}" for i in range(1, 5)]  # k = 2 drafts, k + 2 tokens
+    assert report["sampling"][0]["batch"] == 4
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -109,6 +115,7 @@ def test_cli_runs_end_to_end_and_writes_json(capsys, tmp_path, tiny_folder):
     (["--setting", "top_k=many"], "must be a number"),
     (["--setting", "top_p=1.5"], "top_p"),
     (["--samples", "-1"], "--samples must be >= 0"),
+    (["--batch", "0"], "--batch must be >= 1"),
     (["--alpha", "1"], "--alpha must be in (0, 1)"),
     (["--drafter", "none"], "no speculation to check"),
 ])

@@ -142,7 +142,7 @@ class TableLM(CausalLM):
     def new_cache(self) -> SequenceCache:
         return SequenceCache(length=0, state=[])
 
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
         rows, hidden = [], []

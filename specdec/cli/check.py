@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="continuations drawn per setting, with and again without speculation (default: 500; 0 skips)")
     p.add_argument("--sample-tokens", type=int, default=None,
                    help="tokens per sampled continuation (default: k + 2, so that every draft position is verified)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="draw the speculative samples this many at a time, verified together in the batched engine "
+                        "(the server's path; default: 1, one at a time)")
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE,...",
                    help=f"a sampler setting to test, of {', '.join(SETTING_KEYS)} (repeatable; default: "
                         f"{' and '.join(repr(s) for s in SETTINGS)})")
@@ -70,7 +73,8 @@ def parse_setting(text: str) -> SamplingConfig:
 def _checked_counts(args) -> None:
     if args.sample_tokens is None:
         args.sample_tokens = args.num_speculative_tokens + 2
-    for name, low in (("greedy_tokens", 0), ("samples", 0), ("sample_tokens", 1), ("num_speculative_tokens", 1)):
+    for name, low in (("greedy_tokens", 0), ("samples", 0), ("sample_tokens", 1), ("num_speculative_tokens", 1),
+                      ("batch", 1)):
         if getattr(args, name) < low:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if not 0 < args.alpha < 1:
@@ -116,7 +120,7 @@ def run(args) -> int:
         for sampling in settings:
             bar.set_postfix_str(describe(sampling))
             report.sampling.append(check_sampling(decoder, encoded[0], sampling, args.samples, args.sample_tokens,
-                                                  decoder.speculation, progress=bar.update))
+                                                  decoder.speculation, args.batch, progress=bar.update))
         bar.close()
     print_report(report)
     if args.out_json:
@@ -141,7 +145,8 @@ def print_report(report) -> None:
     for c in report.sampling:
         tests = ", ".join(f"{t.name} p={t.p_value:.3g}" + (f" (chi2 {t.statistic:.1f}, dof {t.dof})" if t.dof else
                                                            " (no variation)") for t in c.tests)
-        print(f"sampling {describe(c.sampling)}: {c.samples} + {c.samples} continuations of {c.tokens} tokens, "
+        batched = f" (speculative ones {c.batch} at a time, batched)" if c.batch > 1 else ""
+        print(f"sampling {describe(c.sampling)}: {c.samples} + {c.samples} continuations of {c.tokens} tokens{batched}, "
               f"{c.accepted}/{c.drafted} drafts accepted; {tests}")
     for line in report.unexercised():
         print(f"warning: {line}", file=sys.stderr)
