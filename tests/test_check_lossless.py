@@ -118,6 +118,7 @@ def test_cli_runs_end_to_end_and_writes_json(capsys, tmp_path, tiny_folder):
     (["--batch", "0"], "--batch must be >= 1"),
     (["--alpha", "1"], "--alpha must be in (0, 1)"),
     (["--drafter", "none"], "no speculation to check"),
+    (["--out-json", "/nonexistent/folder/report.json"], "its folder does not exist"),
 ])
 def test_cli_bad_input_is_one_line(capsys, tiny_folder, argv, message):
     rc, _, err = run_cli(capsys, "check-lossless", "--model", str(tiny_folder), "--no-chat", *argv)

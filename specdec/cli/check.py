@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
@@ -81,6 +82,8 @@ def _checked_counts(args) -> None:
         raise ConfigError(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.tie_margin < 0:
         raise ConfigError(f"--tie-margin must be >= 0, got {args.tie_margin}")
+    if args.out_json and not Path(args.out_json).resolve().parent.is_dir():
+        raise ConfigError(f"--out-json {args.out_json}: its folder does not exist (checked before the run, not after)")
     if args.drafter == "none":
         raise ConfigError("--drafter none drafts nothing: there is no speculation to check")
 
