@@ -178,10 +178,16 @@ class SpecDecoder:
 
     def generate_ids(self, prompt_ids: list[int], config: GenerationConfig) -> tuple[list[int], GenerationMetrics]:
         """Token-level generation without text handling (no stop strings): (generated ids, metrics)."""
-        state = self.start(prompt_ids, config)
+        state = self.complete(prompt_ids, config)
+        return state.generated, state.metrics
+
+    def complete(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
+                 speculation: SpeculationConfig | None = None) -> SequenceState:
+        """Runs one request to its end (drafter and speculation as start() takes them); returns its finished state."""
+        state = self.start(prompt_ids, config, drafter, speculation)
         for _ in self.decode(state):
             pass
-        return state.generated, state.metrics
+        return state
 
     def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
                       **kwargs) -> list[GenerationResult]:

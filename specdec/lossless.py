@@ -118,8 +118,8 @@ def check_greedy(decoder, prompt_ids: list[int], max_new_tokens: int, speculatio
     """Greedy output with drafting forced on against plain greedy output (with its top-2 logprobs)."""
     spec_config = GenerationConfig(max_new_tokens=max_new_tokens)
     plain_config = replace(spec_config, logprobs=2)
-    spec_state = _run(decoder, prompt_ids, spec_config, "default", forced(speculation))
-    plain_state = _run(decoder, prompt_ids, plain_config, None, None)
+    spec_state = decoder.complete(prompt_ids, spec_config, "default", forced(speculation))
+    plain_state = decoder.complete(prompt_ids, plain_config, None, None)
     spec, plain = spec_state.generated, plain_state.generated
     check = GreedyCheck(label, len(plain), spec == plain, drafted=spec_state.metrics.drafted_tokens,
                         accepted=spec_state.metrics.accepted_tokens)
@@ -151,7 +151,7 @@ def check_sampling(decoder, prompt_ids: list[int], sampling: SamplingConfig, sam
             accepted += state.metrics.accepted_tokens
         for seed in seeds:
             plain = replace(config, sampling=replace(sampling, seed=samples + seed))
-            plain_counts[tuple(_run(decoder, prompt_ids, plain, None, None).generated)] += 1
+            plain_counts[tuple(decoder.complete(prompt_ids, plain, None, None).generated)] += 1
         if progress is not None:
             progress(len(seeds))
     tests = [homogeneity("joint", spec_counts, plain_counts)]
@@ -201,19 +201,11 @@ def _marginal(counts: Counter, position: int) -> Counter:
     return out
 
 
-def _run(decoder, prompt_ids: list[int], config: GenerationConfig, drafter, speculation):
-    """One request through the decoder's step loop; returns its finished SequenceState."""
-    state = decoder.start(prompt_ids, config, drafter, speculation)
-    for _ in decoder.decode(state):
-        pass
-    return state
-
-
 def _draw(decoder, prompt_ids: list[int], configs: list[GenerationConfig], speculation: SpeculationConfig):
     """Speculative requests with the decoder's drafter: one alone, or several side by side in one batch (each with
     a fork of the drafter, verified together). Returns their finished SequenceStates."""
     if len(configs) == 1:
-        return [_run(decoder, prompt_ids, configs[0], "default", speculation)]
+        return [decoder.complete(prompt_ids, configs[0], "default", speculation)]
     engine = decoder.batch_engine(len(configs))
     for i, config in enumerate(configs):
         engine.add(i, prompt_ids, config, speculation=speculation)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
-from .common import add_model_options, add_speculation_options, drafter_options
+from .common import add_model_options, add_speculation_options, check_minimums, drafter_options
 
 PROMPTS = (  # the sampling tests continue the first
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -74,10 +74,8 @@ def parse_setting(text: str) -> SamplingConfig:
 def _checked_counts(args) -> None:
     if args.sample_tokens is None:
         args.sample_tokens = args.num_speculative_tokens + 2
-    for name, low in (("greedy_tokens", 0), ("samples", 0), ("sample_tokens", 1), ("num_speculative_tokens", 1),
-                      ("batch", 1)):
-        if getattr(args, name) < low:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    check_minimums(args, {"greedy_tokens": 0, "samples": 0, "sample_tokens": 1, "num_speculative_tokens": 1,
+                          "batch": 1})
     if not 0 < args.alpha < 1:
         raise ConfigError(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.tie_margin < 0:

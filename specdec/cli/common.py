@@ -58,6 +58,14 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
                                                         "and at exit")
 
 
+def check_minimums(args, minimums: dict[str, float]) -> None:
+    """Refuses an option below its minimum (options left unset, None, pass) in one line naming it."""
+    for name, low in minimums.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
 def draft_p_min(text: str) -> float:
     """--draft-p-min's value, refused while parsing (before any model loads) unless 0 <= P < 1."""
     from ..drafters.draft_model import check_p_min

@@ -5,7 +5,7 @@ import os
 import sys
 
 from ..config import LOGPROBS_MODES
-from .common import add_model_options, add_speculation_options
+from .common import add_model_options, add_speculation_options, check_minimums
 
 
 def register(sub) -> None:
@@ -55,10 +55,7 @@ def run(args) -> int:
 
     minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0,
                 "prefix_cache": 0, "speculation_max_batch": 1}
-    for name, low in minimums.items():
-        value = getattr(args, name)
-        if value is not None and value < low:  # None: an optional limit left unset
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    check_minimums(args, minimums)
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
     try:

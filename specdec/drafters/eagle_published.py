@@ -9,12 +9,13 @@ draft vocabulary. RoPE follows the head's config.json. The files name no target,
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..errors import IncompatibleDraftError, ModelLoadError
-from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, frozen_parts, target_fingerprint
+from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, config_for_target, frozen_parts
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.safetensors")
 PICKLE_FILE = "pytorch_model.bin"
@@ -67,7 +68,9 @@ def _read_config(folder: Path) -> dict:
 
 
 def _config(data: dict, folder: Path, target) -> EagleConfig:
-    """The head's config.json as an EagleConfig (full draft vocabulary, no input norm), checked against the target."""
+    """The head's config.json as an EagleConfig (full draft vocabulary, no input norm): the target's own
+    (config_for_target), whose hidden size, attention heads and vocabulary size the head must have, with the head's
+    attention, MLP and norm sizes."""
     missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if k not in data]
     if missing:
         raise ModelLoadError(f"{folder / 'config.json'} lacks {', '.join(missing)}")
@@ -75,26 +78,17 @@ def _config(data: dict, folder: Path, target) -> EagleConfig:
     if (layers, act) != (1, "silu"):
         raise ModelLoadError(f"{folder / 'config.json'} describes a head of {layers} layers with activation {act!r}; "
                              f"specdec reads EAGLE heads of one layer with 'silu'")
-    _check_sizes(data, folder, target)
-    H, heads, V = data["hidden_size"], data["num_attention_heads"], data["vocab_size"]
-    fingerprint = target_fingerprint(target.hf_model.get_input_embeddings().weight)  # the target the sizes fit
-    return EagleConfig(target=str(folder), target_fingerprint=fingerprint, hidden_size=H, num_heads=heads,
-                       num_kv_heads=data.get("num_key_value_heads") or heads, head_dim=H // heads,
-                       intermediate_size=data["intermediate_size"], rms_norm_eps=data.get("rms_norm_eps", 1e-6),
-                       vocab_size=V, draft_vocab_size=V, input_norm=False)
-
-
-def _check_sizes(data: dict, folder: Path, target) -> None:
-    """Refuses a head whose hidden size, attention heads or vocabulary size differ from the target's."""
-    hf_model = target.hf_model
-    theirs = {"hidden size": data["hidden_size"], "attention heads": data["num_attention_heads"],
-              "vocabulary size": data["vocab_size"]}
-    mine = {"hidden size": hf_model.config.hidden_size, "attention heads": hf_model.config.num_attention_heads,
-            "vocabulary size": hf_model.get_output_embeddings().weight.shape[0]}
-    for what, size in theirs.items():
-        if size != mine[what]:
-            raise IncompatibleDraftError(f"the EAGLE head in {folder} has {what} {size}, but {target.name!r} has "
-                                         f"{mine[what]}")
+    mine = config_for_target(target.hf_model, str(folder), data["vocab_size"])
+    for what, theirs, own in (("hidden size", data["hidden_size"], mine.hidden_size),
+                              ("attention heads", data["num_attention_heads"], mine.num_heads),
+                              ("vocabulary size", data["vocab_size"], mine.vocab_size)):
+        if theirs != own:
+            raise IncompatibleDraftError(f"the EAGLE head in {folder} has {what} {theirs}, but {target.name!r} has "
+                                         f"{own}")
+    heads = mine.num_heads
+    return replace(mine, num_kv_heads=data.get("num_key_value_heads") or heads, head_dim=mine.hidden_size // heads,
+                   intermediate_size=data["intermediate_size"], rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+                   input_norm=False)
 
 
 def _state(tensors: dict[str, torch.Tensor], path: Path, target, bias: bool) -> dict[str, torch.Tensor]:
