@@ -37,6 +37,7 @@ class SpecDecoder:
     """Lossless speculative decoding over one target model and one drafter."""
 
     learn_outputs = True  # finished outputs go to the drafter (Drafter.learn); warm-up runs turn it off
+    warmed_up = False  # after warm_up(): drafters built later by name are warmed up too
     tracer = None  # a TraceWriter (specdec/trace.py) recording every request, after trace_to()
 
     def __init__(self, target, drafter: Drafter | None = None, speculation: SpeculationConfig | None = None,
@@ -76,21 +77,24 @@ class SpecDecoder:
             decoder.warm_up()
         return decoder
 
-    def warm_up(self, max_new_tokens: int = 16) -> None:
+    def warm_up(self, max_new_tokens: int = 16, drafter: Drafter | None = None) -> None:
         """Runs a short generation twice with drafting forced on: the first run pays the drafter's first-call
         costs (allocations, kernel selection), the second measures its cost per drafted position, so the
-        draft-length policy starts from a warm figure. Nothing to do without a drafter, or without the room for it
+        draft-length policy starts from a warm figure. drafter: default this decoder's own; drafters built later
+        by name (drafter_named) are warmed up in turn. Nothing to do without a drafter, or without the room for it
         in a (very) short context."""
-        if self.drafter is None:
+        self.warmed_up = True
+        drafter = drafter or self.drafter
+        if drafter is None:
             return
-        forced = SpecDecoder(self.target, self.drafter, replace(self.speculation, adaptive=False), chat=self.chat,
+        forced = SpecDecoder(self.target, drafter, replace(self.speculation, adaptive=False), chat=self.chat,
                              costs=self.costs)
         forced.learn_outputs = False  # its outputs are no request's: a drafter that learns (suffix) skips them
         ids = forced.encode(WARM_UP_PROMPT)
         if len(ids) + max_new_tokens + self.speculation.num_speculative_tokens + 1 > self.target.info.max_context:
             return
         for _ in range(2):
-            self.costs.for_drafter(self.drafter.name).reset_draft()
+            self.costs.for_drafter(drafter.name).reset_draft()
             forced.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens))
 
     def enable_prefix_cache(self, max_entries: int = 16) -> bool:
@@ -144,7 +148,9 @@ class SpecDecoder:
         if key not in self._named_drafters:  # built once (a drafter may load weights)
             from .drafters import create_drafter
 
-            self._named_drafters[key] = create_drafter(name, self.target, **options)
+            made = self._named_drafters[key] = create_drafter(name, self.target, **options)
+            if self.warmed_up:  # as this decoder's own drafter was: its drafting cost starts warm, not cold
+                self.warm_up(drafter=made)
         return self._named_drafters[key]
 
     # ---- public generation API ---------------------------------------------------------------

@@ -125,6 +125,24 @@ def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
     assert 0 < costs.for_drafter("ngram").draft_per_token_s < 0.1
 
 
+def test_a_drafter_built_by_name_after_warm_up_is_warmed_up_too(tiny_folder):
+    """A request naming another drafter than the decoder's (a server's `speculation.drafter`) gets one whose
+    drafting cost was measured warm, not taken from its cold first call; a decoder never warmed up leaves it."""
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.engine import SpecDecoder
+    from specdec.models.loading import load_model
+
+    target = load_model(str(tiny_folder), dtype="float32")
+    for warm in (True, False):
+        costs = flat_costs()
+        decoder = SpecDecoder(target, SuffixDrafter(), costs=costs)
+        if warm:
+            decoder.warm_up()
+        costs.for_drafter("ngram").observe_draft(1, 20.0)  # as a cold first call would
+        assert decoder.drafter_named("ngram", min_n=1, max_n=3).name == "ngram"
+        assert (0 < costs.for_drafter("ngram").draft_per_token_s < 0.1) == warm
+
+
 def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve():
     costs = flat_costs()
     eagle, ngram = costs.for_drafter("eagle"), costs.for_drafter("ngram")
