@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .bench.runner import first_difference
 from .config import GenerationConfig, SamplingConfig, SpeculationConfig
 
 MIN_EXPECTED = 5.0  # outcomes expected fewer times than this (in either sample) are pooled into one bin
@@ -124,8 +125,7 @@ def check_greedy(decoder, prompt_ids: list[int], max_new_tokens: int, speculatio
     check = GreedyCheck(label, len(plain), spec == plain, drafted=spec_state.metrics.drafted_tokens,
                         accepted=spec_state.metrics.accepted_tokens)
     if not check.identical:
-        i = next((j for j, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
-        check.divergence = i
+        i = check.divergence = first_difference(spec, plain)
         if i < len(plain_state.logprobs or ()) and len(plain_state.logprobs[i].top) >= 2:
             (_, first), (_, second) = plain_state.logprobs[i].top[:2]
             check.margin = first - second

@@ -4,7 +4,6 @@ import json
 from collections import Counter
 
 import pytest
-import torch
 from scipy import stats
 
 from specdec.config import SamplingConfig, SpeculationConfig
@@ -12,6 +11,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.lossless import LosslessReport, check_greedy, check_sampling, chi2_survival, homogeneity
 from test_cli import run_cli
+from test_sampling_lossless import _accept_all
 from tiny import TableLM, loaded, table_target, tiny_llama
 
 VOCAB, PROMPT = 5, [1, 3, 1, 3, 2]
@@ -57,11 +57,6 @@ def test_correct_engine_passes_the_sampling_check(batch):
     assert check.drafted > 2 * 2000 and 0 < check.accepted < check.drafted  # both draft positions, accepted
     # and rejected
     assert not report.failures() and not report.unexercised()
-
-
-def _accept_all(draft, draft_probs, target_probs, generator):
-    """Broken: keeps every draft token (the target never checks)."""
-    return len(draft), int(torch.multinomial(target_probs[len(draft)], 1, generator=generator))
 
 
 @pytest.mark.parametrize("batch", [1, 5])
