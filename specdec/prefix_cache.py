@@ -47,9 +47,10 @@ class PrefixCache:
         and no slot is free, it is handed over itself."""
         limit = len(prompt_ids) - 1
         best, length = None, 0
+        width = self.backend.info.hidden_size * (1 + len(self.backend.feature_layers))
         for entry in self.entries:
-            if features and entry.features is None:
-                continue
+            if features and (entry.features is None or entry.features.shape[-1] != width):
+                continue  # kept without features, or before a drafter asked the target for more layers
             n = common_prefix(entry.tokens, prompt_ids, limit)
             if n > length:
                 best, length = entry, n

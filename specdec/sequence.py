@@ -223,9 +223,12 @@ class SequenceState:
         prefix = getattr(self.backend, "prefix_cache", None)
         if prefix is not None:
             rows = min(len(self.tokens), self.backend.exact_prefix_rows(self.cache, self.prompt_len))
-            features = torch.cat(self.features) if self.features else None
+            # none where the sequence ended before its prefill, or where a drafter built meanwhile asked the target
+            # for more feature layers (CausalLM.add_feature_layers): its rows have two widths
+            same_width = self.features and len({f.shape[-1] for f in self.features}) == 1
+            features = torch.cat(self.features) if same_width else None
             if features is not None and features.shape[0] < rows:
-                features = None  # a sequence that ended before its prefill kept none
+                features = None
             if prefix.park(self.tokens[:rows], self.cache, features):
                 return
         self.backend.release(self.cache)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdec.cli.main import main
 
@@ -107,6 +108,12 @@ def test_models_lists_the_default(capsys):
     (["train-drafter", "--out", "/tmp/specdec-never", "--kind", "medusa", "--medusa-num-heads", "0"], "must be >= 1"),
     (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--max-prompts", "0"],
      "--max-prompts 0 needs --synthesize N"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--feature-layers",
+      "0,1"], "--feature-layers is for --kind eagle3"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--kind", "eagle3",
+      "--feature-layers", "0,2"], "distinct layers from 0 to 1"),
+    (["train-drafter", "--out", "/tmp/specdec-never", "--model", "{tiny}", "--dtype", "float32", "--kind", "eagle3",
+      "--feature-layers", "low"], "layer numbers separated by commas"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(capsys, tiny_folder, other_vocab_folder, argv, message):
     argv = [a.replace("{tiny}", str(tiny_folder)).replace("{other}", str(other_vocab_folder)) for a in argv]
@@ -172,6 +179,32 @@ def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_pat
     common = ["generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens", "12"]
     rc, plain, _ = run_cli(capsys, *common, "--drafter", "none")
     rc2, drafted, err = run_cli(capsys, *common, "--drafter", "medusa", "--medusa-head", str(tmp_path / "m"))
+    assert rc == rc2 == 0 and drafted == plain, err
+
+
+def test_train_an_eagle3_head_then_warm_start_one_and_generate_with_it(capsys, tiny_folder, tmp_path):
+    from specdec.drafters.eagle3_head import load_eagle3_head
+    from specdec.models.loading import load_model
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"source": "a", "prompt": p})
+                                 for p in ("the cat sat on the mat", "a big red dog ran", "she was in the tree")))
+    common = ["train-drafter", "--kind", "eagle3", "--model", str(tiny_folder), "--dtype", "float32", "--prompts",
+              str(prompts), "--max-new-tokens", "8", "--time-budget", "0.01", "--draft-vocab", "16"]
+    rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h1"), "--data-dir", str(tmp_path / "d1"))
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h2"), "--data-dir", str(tmp_path / "d2"),
+                         "--max-prompts", "2", "--init-from", str(tmp_path / "h1"))
+    assert rc == 0, err
+    record = json.loads((tmp_path / "h2" / "training_record.json").read_text())
+    assert record["kind"] == "eagle3" and set(record["heldout"]) == {"acc1", "acc2", "acc3", "chain_mat"}
+    assert json.loads((tmp_path / "d2" / "index.json").read_text())["feature_layers"] == [0, 1]
+    target = load_model(str(tiny_folder), dtype="float32")
+    first, second = (load_eagle3_head(tmp_path / h, target) for h in ("h1", "h2"))
+    assert second.feature_layers == (0, 1) and torch.equal(first.draft_ids, second.draft_ids)  # kept its vocabulary
+    common = ["generate", "the cat sat", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens", "12"]
+    rc, plain, _ = run_cli(capsys, *common, "--drafter", "none")
+    rc2, drafted, err = run_cli(capsys, *common, "--drafter", "eagle", "--eagle-head", str(tmp_path / "h2"))
     assert rc == rc2 == 0 and drafted == plain, err
 
 

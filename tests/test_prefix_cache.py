@@ -201,3 +201,22 @@ def test_an_eagle_request_restores_the_prefix_with_its_hidden_states(backend):
     assert len(features) == 2
     for a, b in zip(features, plain_features):  # bit for bit on the batch-invariant kernels; torch's may round apart
         assert torch.equal(a, b) if backend == "kernels" else torch.allclose(a, b, atol=1e-5)
+
+
+def test_entries_kept_before_a_drafter_asked_for_more_layers_are_not_restored_with_features():
+    """An EAGLE-3 drafter built after an entry was parked reads wider features than the entry kept: the entry still
+    serves requests without features, not those with."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+
+    target = _target("kernels", torch.float32, slots=2)
+    torch.manual_seed(1)
+    decoder = SpecDecoder(target, EagleDrafter(new_head(target.hf_model, "tiny", torch.arange(64))),
+                          SpeculationConfig(num_speculative_tokens=4))
+    decoder.enable_prefix_cache(4)
+    prompt = _prompt(30)
+    out, _ = decoder.generate_ids(prompt, GenerationConfig(max_new_tokens=8, ignore_eos=True))
+    target.backend.add_feature_layers((0, 1))
+    follow_up = prompt + out + [5, 6]
+    assert target.backend.prefix_cache.claim(follow_up, features=True) is None
+    assert target.backend.prefix_cache.claim(follow_up, features=False) is not None

@@ -4,12 +4,14 @@ import json
 import pytest
 import torch
 
+from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
 from specdec.drafters.eagle_head import load_head, new_head
-from specdec.errors import IncompatibleDraftError
+from specdec.errors import ConfigError, IncompatibleDraftError
 from specdec.models.loading import load_model
 from specdec.training.eagle_trainer import (TrainSettings, Trainer, choose_draft_vocab, collate, unrolled_losses,
                                             unrolled_mask)
-from specdec.training.selfdistill import generate_training_data, read_shards
+from specdec.training.selfdistill import generate_training_data, read_data, read_shards
+from tiny import loss_after_training
 
 PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
            "they ran up and down the hill", "we see the blue sky", "I was on the mat again", "he ran from the dog"]
@@ -51,37 +53,58 @@ def test_unrolled_mask_reproduces_drafting_context():
     assert m[2, 3, 2].tolist() == [False, False, False, True]
 
 
-def test_training_lowers_the_loss_and_the_head_reloads(data, tmp_path, other_vocab_folder):
-    target, folder, _, _ = data
-    seqs = read_shards(folder)
+@pytest.fixture(scope="module")
+def eagle3_data(tmp_path_factory, tiny_folder):
+    """Data holding the inputs of an EAGLE-3 head's layers (the tiny target's 0 and 1)."""
+    target = load_model(str(tiny_folder), dtype="float32")
+    layers = default_feature_layers(target.info.num_layers)
+    folder = tmp_path_factory.mktemp("data3")
+    generate_training_data(target, PROMPTS, folder, max_new_tokens=24, batch_size=3, progress=False,
+                           feature_layers=layers)
+    return target, folder, layers
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_training_lowers_the_loss_and_the_head_reloads(request, kind, tmp_path, other_vocab_folder):
+    if kind == "eagle":
+        (target, folder, _, _), layers = request.getfixturevalue("data"), ()
+    else:
+        target, folder, layers = request.getfixturevalue("eagle3_data")
+    seqs = read_data([folder], target, layers)
     ids, coverage = choose_draft_vocab(seqs, 32, target.info.vocab_size)
     assert 0 < coverage <= 1
     torch.manual_seed(0)
-    head = new_head(target.hf_model, "tiny", ids)
+    head = new_eagle3_head(target.hf_model, "tiny", ids, layers) if layers else new_head(target.hf_model, "tiny", ids)
+    load = load_eagle3_head if layers else load_head
     settings = TrainSettings(steps=2, lr=3e-3, warmup=1, batch_tokens=512, holdout=0.2, feature_noise=0.0)
     trainer = Trainer(head, seqs, tmp_path / "head", settings, time_budget_s=1e9)
-    vocab_index = trainer.vocab_index
     batch = collate(trainer.train, 512)
 
-    def loss():
-        with torch.no_grad():
-            return float(sum(unrolled_losses(head, *batch, settings, vocab_index, train=False)[0]))
-
-    before = loss()
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    for _ in range(30):
-        total = sum(unrolled_losses(head, *batch, settings, vocab_index)[0])
-        opt.zero_grad()
-        total.backward()
-        opt.step()
-    assert loss() < 0.7 * before
+    before, after = loss_after_training(head, unrolled_losses, batch, settings, trainer.vocab_index)
+    assert after < 0.7 * before
     trainer.checkpoint(trainer.evaluate())
-    loaded = load_head(tmp_path / "head", target)
+    loaded = load(tmp_path / "head", target)
     for name, tensor in head.trainable_state().items():
         torch.testing.assert_close(loaded.trainable_state()[name], tensor.to(torch.bfloat16).float())
     other = load_model(str(other_vocab_folder), dtype="float32")
     with pytest.raises(IncompatibleDraftError):
-        load_head(tmp_path / "head", other)
+        load(tmp_path / "head", other)
+
+
+def test_eagle3_data_holds_the_inputs_of_its_layers(data, eagle3_data):
+    """EAGLE-3 data stores the inputs of the head's layers; data of the final state is refused for it, and the
+    reverse."""
+    target, folder, layers = eagle3_data
+    seqs = read_data([folder], target, layers)
+    with pytest.raises(ConfigError, match="holds the features of layers"):
+        read_data([folder], target)
+    with pytest.raises(ConfigError, match="holds the features of layers final"):
+        read_data([data[1]], target, layers)
+    assert seqs[0]["features"].shape[-1] == len(layers) * target.info.hidden_size
+    cache = target.backend.new_cache()
+    hidden = target.backend.forward(cache, seqs[0]["tokens"][:-1], output_hidden=True).hidden
+    torch.testing.assert_close(seqs[0]["features"].float(), hidden[:, target.backend.feature_columns(layers)],
+                               atol=0.05, rtol=0.02)  # stored in bfloat16
 
 
 def test_sampled_answers_still_record_the_targets_greedy_choices(tiny_folder, tmp_path):
@@ -174,18 +197,8 @@ def test_medusa_training_lowers_the_loss_and_the_heads_reload(data, tmp_path):
     trainer = Trainer(heads, seqs, tmp_path / "medusa", settings, time_budget_s=1e9, objective=medusa_losses)
     batch = collate(trainer.train, 512)
 
-    def loss():
-        with torch.no_grad():
-            return float(sum(medusa_losses(heads, *batch, settings, trainer.vocab_index, train=False)[0]))
-
-    before = loss()
-    opt = torch.optim.AdamW(heads.parameters(), lr=1e-2)
-    for _ in range(30):
-        total = sum(medusa_losses(heads, *batch, settings, trainer.vocab_index)[0])
-        opt.zero_grad()
-        total.backward()
-        opt.step()
-    assert loss() < 0.7 * before
+    before, after = loss_after_training(heads, medusa_losses, batch, settings, trainer.vocab_index, lr=1e-2)
+    assert after < 0.7 * before
     stats = trainer.evaluate()
     assert set(stats) == {"acc1", "acc2", "acc3", "chain_mat"} and 1.0 <= stats["chain_mat"] <= 4.0
     trainer.checkpoint(stats)

@@ -217,3 +217,20 @@ class ModelLogits:
     @torch.no_grad()
     def logits_after(self, tokens: list[int]) -> torch.Tensor:
         return self.hf_model(torch.tensor([tokens])).logits[0, -1]
+
+
+def loss_after_training(head, objective, batch, settings, vocab_index, lr: float = 3e-3, steps: int = 30):
+    """(loss before, loss after) `steps` AdamW steps of `objective` (eagle_trainer.unrolled_losses or alike) on
+    one collated batch."""
+    def loss():
+        with torch.no_grad():
+            return float(sum(objective(head, *batch, settings, vocab_index, train=False)[0]))
+
+    before = loss()
+    opt = torch.optim.AdamW(head.parameters(), lr=lr)
+    for _ in range(steps):
+        total = sum(objective(head, *batch, settings, vocab_index)[0])
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    return before, loss()

@@ -68,6 +68,7 @@ def run(args) -> int:
     prompts = load_prompts(args.prompts, args.limit)
     model_name = args.model or DEFAULT_MODEL
     default = ["ngram", "suffix"] + (["eagle"] if args.eagle_head or bundled_head(model_name) else []) + \
+        (["eagle3"] if bundled_head(model_name, "eagle3") else []) + \
         (["medusa"] if args.medusa_head or bundled_head(model_name, "medusa") else []) + \
         (["draft-model"] if args.draft_model else [])
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]

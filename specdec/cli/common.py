@@ -30,7 +30,8 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, suffix, draft-model, eagle, medusa, layerskip, select (default: auto = the "
+                   help="auto, none, ngram, suffix, draft-model, eagle, eagle3, medusa, layerskip, select (default: "
+                        "auto = the "
                         "best available: a given draft model, else a given EAGLE head or Medusa heads, else ngram); "
                         "select: each step, whichever of --select-from is predicted to be fastest")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
@@ -40,8 +41,9 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
                    help="lossless check when sampling: rejection (min(1, p/q)) or coupled (seed-stable Gumbel coupling)")
     p.add_argument("--ngram-min", type=int, default=2, help="smallest n-gram the ngram drafter matches (default: 2)")
     p.add_argument("--ngram-max", type=int, default=4, help="largest n-gram the ngram drafter matches (default: 4)")
-    p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head (default: the one shipped for "
-                                                      "the model, if any)")
+    p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head: specdec's, or an EAGLE-1/2/3 "
+                                                      "head in its authors' layout (default: the one shipped for the "
+                                                      "model, if any)")
     p.add_argument("--medusa-head", default=None,
                    help="folder of Medusa heads: specdec's (train-drafter --kind medusa) or Medusa's own "
                         "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")

@@ -15,9 +15,13 @@ DEFAULT_PROMPTS = "../shared/data/train_prompts.jsonl"
 def register(sub) -> None:
     p = sub.add_parser("train-drafter", help="train an EAGLE-style draft head (or Medusa heads) for a target model "
                                              "(CPU)")
-    p.add_argument("--kind", default="eagle", choices=("eagle", "medusa"),
+    p.add_argument("--kind", default="eagle", choices=("eagle", "eagle3", "medusa"),
                    help="eagle: one decoder layer on the target's features and the next token, drafting step by "
-                        "step; medusa: one small residual head per drafted position, all drafting in one pass")
+                        "step; eagle3: the same on the target's states at three depths, trained on tokens only, "
+                        "saved in the EAGLE-3 authors' layout; medusa: one small residual head per drafted "
+                        "position, all drafting in one pass")
+    p.add_argument("--feature-layers", default=None, metavar="I,J,K",
+                   help="eagle3: the target layers whose inputs the head reads (default: 2, L/2 and L-3 of L)")
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="training prompts, JSONL with a 'prompt' field")
@@ -70,9 +74,11 @@ def run(args) -> int:
         raise ConfigError("--synthesize, --document-tasks, --temperature and --max-prompts must be >= 0")
     name = args.model or DEFAULT_MODEL
     target = load_model(name, dtype=args.dtype)
+    layers = _feature_layers(args, target)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
     setting = (f"-synth{args.synthesize}" if args.synthesize else "") + \
-        (f"-t{args.temperature:g}" if args.temperature > 0 else "")
+        (f"-t{args.temperature:g}" if args.temperature > 0 else "") + \
+        (f"-layers{'_'.join(map(str, layers))}" if layers else "")
     data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / (safe + setting)
     prompts = interleave_sources(args.prompts, args.max_prompts)
     if args.synthesize:
@@ -80,27 +86,28 @@ def run(args) -> int:
     if not prompts:
         raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
     data = generate_training_data(target, prompts, data_dir, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.batch_size, temperature=args.temperature)
+                                  batch_size=args.batch_size, temperature=args.temperature, feature_layers=layers)
     print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens", file=sys.stderr)
     folders = [data_dir, *map(Path, args.extra_data)]
     if args.data_only and not args.document_tasks:
         return 0
-    sequences = read_data(folders, target)  # document tasks are built from the answers in it
+    sequences = read_data(folders, target, layers)  # document tasks are built from the answers in it
     if args.document_tasks:
         tasks = document_prompts(sequences, target.tokenizer, args.document_tasks,
                                  min_tokens=min(64, args.max_new_tokens // 2))
         doc_dir = data_dir.with_name(f"{data_dir.name}-doc{args.document_tasks}")
         done = generate_training_data(target, tasks, doc_dir, max_new_tokens=args.max_new_tokens,
                                       batch_size=args.batch_size, temperature=args.temperature,
-                                      extra_meta={"documents_from": [str(f) for f in folders]})
+                                      extra_meta={"documents_from": [str(f) for f in folders]},
+                                      feature_layers=layers)
         print(f"specdec: document tasks in {doc_dir}: {done['sequences']} sequences, {done['tokens']} tokens",
               file=sys.stderr)
-        sequences += read_data([doc_dir], target)
+        sequences += read_data([doc_dir], target, layers)
     if args.data_only:
         return 0
     out = Path(args.out)
     torch.manual_seed(0)
-    head, coverage, settings, objective = _head_to_train(args, target, name, sequences)
+    head, coverage, settings, objective = _head_to_train(args, target, name, sequences, layers)
     trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective)
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
@@ -116,23 +123,55 @@ def run(args) -> int:
     return 0
 
 
-def _head_to_train(args, target, name: str, sequences: list[dict]):
+def _feature_layers(args, target) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads (--feature-layers, or the default); () for other kinds."""
+    from ..drafters.eagle3_head import default_feature_layers
+    from ..errors import ConfigError
+
+    if args.kind != "eagle3":
+        if args.feature_layers:
+            raise ConfigError("--feature-layers is for --kind eagle3")
+        return ()
+    if not args.feature_layers:
+        return default_feature_layers(target.info.num_layers)
+    try:
+        layers = tuple(int(x) for x in args.feature_layers.split(","))
+    except ValueError:
+        raise ConfigError(f"--feature-layers takes layer numbers separated by commas, got {args.feature_layers!r}")
+    total = target.info.num_layers
+    if not layers or len(set(layers)) != len(layers) or not all(0 <= i < total for i in layers):
+        raise ConfigError(f"--feature-layers takes distinct layers from 0 to {total - 1}, got {args.feature_layers!r}")
+    return layers
+
+
+def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
-    from ..drafters import eagle_head, medusa_head
+    from ..drafters import eagle3_head, eagle_head, medusa_head
     from ..training.eagle_trainer import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 
     out = Path(args.out)
-    medusa = args.kind == "medusa"
+    medusa, eagle3 = args.kind == "medusa", args.kind == "eagle3"
     settings = TrainSettings(steps=args.medusa_num_heads if medusa else args.steps, lr=args.lr)
     objective = medusa_losses if medusa else None
-    load = medusa_head.load_medusa_heads if medusa else eagle_head.load_head
-    if (out / (medusa_head.CONFIG_FILE if medusa else eagle_head.CONFIG_FILE)).is_file():
+    load, config_file = ((medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE) if medusa else
+                         (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE) if eagle3 else
+                         (eagle_head.load_head, eagle_head.CONFIG_FILE))
+    if (out / config_file).is_file():
         return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
     ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
     start = load(args.init_from, target).float() if args.init_from else None  # a trained head's weights
     if medusa:
         head = medusa_head.new_medusa_heads(target.hf_model, name, ids, args.medusa_num_heads, args.medusa_num_layers)
+    elif eagle3:
+        if start is not None:  # it trains its own draft LM head: it keeps its draft vocabulary
+            if start.feature_layers != layers:
+                from ..errors import ConfigError
+
+                raise ConfigError(f"--init-from {args.init_from} reads target layers {list(start.feature_layers)}, "
+                                  f"not {list(layers)}")
+            ids, coverage = start.draft_ids, choose_draft_vocab(sequences, 0, target.info.vocab_size, start.draft_ids)[1]
+        head = eagle3_head.new_eagle3_head(target.hf_model, name, ids, layers)
     else:  # the EAGLE authors' heads have no input norm: a head started from one keeps that layout
         head = eagle_head.new_head(target.hf_model, name, ids, input_norm=start is None or start.config.input_norm)
     if start is not None:  # the draft vocabulary (frozen LM head rows) is this data's

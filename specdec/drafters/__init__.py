@@ -51,13 +51,15 @@ def auto_drafter_name(target, options: dict) -> str:
 
 
 def bundled_head(model_name: str, kind: str = "eagle"):
-    """The folder of the EAGLE head (kind "eagle") or Medusa heads ("medusa") shipped with specdec for a built-in
-    model, or None."""
+    """The folder of the EAGLE head (kind "eagle"), EAGLE-3 head ("eagle3") or Medusa heads ("medusa") shipped with
+    specdec for a built-in model, or None."""
     from pathlib import Path
 
     folder = Path(__file__).resolve().parent.parent / "assets" / "heads" / model_name
     if kind == "medusa":
         folder, weights = folder / "medusa", "medusa_heads.safetensors"
+    elif kind == "eagle3":
+        folder, weights = folder / "eagle3", "model.safetensors"
     else:
         weights = "eagle_head.safetensors"
     return folder if (folder / weights).is_file() else None
@@ -121,25 +123,50 @@ def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float =
 
 @register("eagle")
 def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
+    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "")
+
+
+@register("eagle3")
+def _eagle3(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
+    """`eagle` with an EAGLE-3 head: the one given (which must be one), else the one shipped for the model."""
+    return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3")
+
+
+def _eagle_drafter(target, folder, tree: bool, version: str) -> Drafter:
+    """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
+    be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
+    bfloat16 target, else float32. An EAGLE-3 head makes the target return the inputs of the layers it reads."""
+    from pathlib import Path
+
     import torch
 
     from ..kernels import KernelUnavailable
     from .eagle import EagleDrafter
+    from .eagle3_head import is_eagle3_folder, load_eagle3_head
     from .eagle_head import load_head
-    from .eagle_kernels import KernelEagleHead, kernel_head_problem
+    from .eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 
-    folder = eagle_head or bundled_head(target.name)
+    kind = f"--kind eagle{version} " if version else ""
     if folder is None:
-        raise ConfigError(f"no EAGLE head is known for {target.name!r}: train one with `specdec train-drafter "
-                          f"--model {target.name} --out DIR` and pass --eagle-head DIR")
-    head = load_head(folder, target)
-    bfloat16 = target.info.dtype == torch.bfloat16  # the head runs on the CPU, where bfloat16 products are fast
+        raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
+                          f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
+                          f"--eagle-head DIR")
+    eagle3 = is_eagle3_folder(Path(folder))
+    if version and not eagle3:
+        raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
+                          f"'eagle' for EAGLE-1/2 heads")
+    head, columns = (load_eagle3_head if eagle3 else load_head)(folder, target), None
+    if eagle3:
+        target.backend.add_feature_layers(head.feature_layers)
+        columns = target.backend.feature_columns(head.feature_layers)
+    bfloat16 = target.info.dtype == torch.bfloat16
     if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
-            return EagleDrafter(KernelEagleHead(head, bfloat16=bfloat16), tree=tree)
+            view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
+            return EagleDrafter(view, tree=tree, columns=columns)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
-    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree)
+    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns)
 
 
 @register("medusa")

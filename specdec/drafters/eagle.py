@@ -20,6 +20,7 @@ from ..adaptive import CostModel
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter, DraftRequest, common_prefix
+from .eagle3_head import Eagle3Head
 from .eagle_head import EagleHead
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
 
@@ -28,13 +29,16 @@ class EagleDrafter(Drafter):
     name = "eagle"
     needs_features = True
 
-    def __init__(self, head: EagleHead, tree: bool = True, width: int | None = None, max_depth: int = 8,
-                 max_nodes: int = 48, lookup: bool = True):
+    def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
+                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). lookup: trees also hold
-        the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies."""
+        the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
+        columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
+        final hidden state, the first H)."""
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
-        self.head = head  # an EagleHead, or its KernelEagleHead view
+        self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
+        self.columns = columns
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.dtype = head.feature_dtype
         self.lookup = lookup
@@ -43,7 +47,8 @@ class EagleDrafter(Drafter):
         self._reset()
 
     def fork(self) -> "EagleDrafter":
-        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup)
+        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
+                            self.columns)
 
     @property
     def sizes_itself(self) -> bool:
@@ -66,7 +71,10 @@ class EagleDrafter(Drafter):
         self._reset()
 
     def observe(self, features: torch.Tensor) -> None:
-        self.feat = torch.cat([self.feat, features.detach().to("cpu", self.dtype)])
+        """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
+        features = features.detach().to("cpu")
+        mine = features[:, : self.head.config.hidden_size] if self.columns is None else features[:, self.columns]
+        self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
         if self.kv is None and getattr(self, "request", None) is not None:
             self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
 

@@ -74,25 +74,56 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
 
-class EagleHead(nn.Module):
-    """Trainable parts: fc, one decoder layer, norms. Frozen buffers: embedding, draft LM head, RoPE."""
+class HeadLayer(nn.Module):
+    """The decoder layer EAGLE heads share: attention whose projections read `attention_input` features, o_proj
+    back to H, a norm and a SwiGLU MLP. Subclasses add what comes before and after it."""
 
-    def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                 inv_freq: torch.Tensor):
+    def __init__(self, config, attention_input: int):
         super().__init__()
-        c = config
-        self.config = c
+        c = self.config = config
         H, nh, nkv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        self.fc = nn.Linear(2 * H, H, bias=True)
-        self.input_norm = RMSNorm(H, c.rms_norm_eps) if c.input_norm else nn.Identity()
-        self.q_proj = nn.Linear(H, nh * hd, bias=False)
-        self.k_proj = nn.Linear(H, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(H, nkv * hd, bias=False)
+        self.q_proj = nn.Linear(attention_input, nh * hd, bias=False)
+        self.k_proj = nn.Linear(attention_input, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(attention_input, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
         self.post_norm = RMSNorm(H, c.rms_norm_eps)
         self.gate_proj = nn.Linear(H, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
+
+    def layer(self, x: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """The residual stream x (B, T, H) after attention over h (B, T, attention_input) and the MLP:
+        (x (B, T, H), (keys, values) of these T pairs); past and mask as in EagleHead.forward."""
+        attn, new_kv = attention(self.q_proj(h), self.k_proj(h), self.v_proj(h), self.config, positions, self.inv_freq,
+                                 past, mask)
+        x = x + self.o_proj(attn)
+        h = self.post_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), new_kv
+
+    def _apply(self, fn, recurse=True):
+        """Casts and moves as nn.Module does, except that the RoPE frequencies stay float32: rounded to
+        bfloat16 they would shift the angles of far positions by radians."""
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+
+
+class EagleHead(HeadLayer):
+    """Trainable parts: fc, one decoder layer, norms. Frozen buffers: embedding, draft LM head, RoPE."""
+
+    feature_layers: tuple[int, ...] = ()  # reads the target's final hidden state only
+    predicts_features = True  # its output is trained towards the target's next feature
+
+    def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
+                 inv_freq: torch.Tensor):
+        H = config.hidden_size
+        super().__init__(config, attention_input=H)
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.input_norm = RMSNorm(H, config.rms_norm_eps) if config.input_norm else nn.Identity()
         self.register_buffer("embed", embed.detach(), persistent=False)  # (V, H)
         self.register_buffer("draft_lm_head", lm_head.detach()[draft_ids], persistent=False)  # (K, H)
         self.register_buffer("draft_ids", draft_ids.long(), persistent=False)  # (K,) draft index -> token id
@@ -106,37 +137,23 @@ class EagleHead(nn.Module):
         past: cached keys and values (B, nkv, S, hd) of earlier pairs; mask (B, 1, T, S + T) bool, or None
         for causal order over past + new. Returns (hidden (B, T, H), (keys, values) of these T pairs).
         """
-        c = self.config
         x = self.fc(torch.cat([self.embed[tokens].to(features.dtype), features], dim=-1))
-        h = self.input_norm(x)
-        attn, new_kv = attention(self.q_proj(h), self.k_proj(h), self.v_proj(h), c, positions, self.inv_freq,
-                                 past, mask)
-        x = x + self.o_proj(attn)
-        h = self.post_norm(x)
-        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return x, new_kv
+        return self.layer(x, self.input_norm(x), positions, past, mask)
 
     @property
     def feature_dtype(self) -> torch.dtype:
         """The dtype features are cast to before they enter the head."""
         return self.fc.weight.dtype
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's final hidden states (..., H) as the head reads them (EAGLE-3 heads fuse several layers)."""
+        return features.to(self.feature_dtype)
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) logits over the draft vocabulary."""
         return hidden @ self.draft_lm_head.to(hidden.dtype).T
 
-    def _apply(self, fn, recurse=True):
-        """Casts and moves as nn.Module does, except that the RoPE frequencies stay float32: rounded to
-        bfloat16 they would shift the angles of far positions by radians."""
-        inv_freq = self.inv_freq
-        super()._apply(fn, recurse)
-        self.inv_freq = inv_freq.to(self.inv_freq.device)
-        return self
-
     # ---- files ------------------------------------------------------------------------------------
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-
     def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
 

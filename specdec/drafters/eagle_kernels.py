@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .eagle3_head import Eagle3Config, Eagle3Head
 from .eagle_head import EagleConfig, EagleHead, attention, rms_norm
 
 
-def kernel_head_problem(config: EagleConfig) -> str | None:
+def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
     """Why the kernels cannot run this head, or None (they need the products' inner sizes in multiples of 16)."""
     from ..kernels import unavailable_reason
 
@@ -39,44 +40,86 @@ def packer(bfloat16: bool):
     return pack
 
 
-class KernelEagleHead:
-    """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
+class KernelHeadLayer:
+    """The kernels' view of a HeadLayer: its products packed once; `layer` as HeadLayer.layer on rows (B*T, ...)."""
 
     feature_dtype = torch.float32
 
-    def __init__(self, head: EagleHead, bfloat16: bool = False):
+    def __init__(self, head, bfloat16: bool):
         """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
         AVX-512 BF16); otherwise float32 weights and products."""
         self.config, self.draft_ids, self.inv_freq = head.config, head.draft_ids, head.inv_freq.float()
+        self.feature_layers = head.feature_layers
         self.embed = head.embed
-        pack = packer(bfloat16)
-        self.fc = pack(head.fc.weight, bias=head.fc.bias)
+        self.pack = pack = packer(bfloat16)
         self.qkv = pack(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
         self.o = pack(head.o_proj.weight)
         self.gate_up = pack(head.gate_proj.weight, head.up_proj.weight)
         self.down = pack(head.down_proj.weight)
-        self.lm = pack(head.draft_lm_head)
-        self.input_norm = _norm(head.input_norm) if self.config.input_norm else None
         self.post_norm = _norm(head.post_norm)
 
-    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
-        """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
+    def layer(self, x: torch.Tensor, h: torch.Tensor, shape: tuple[int, int], positions, past, mask):
+        """x (B*T, H) float32, h (B*T, attention input) -> (x (B, T, H), (keys, values)); shape: (B, T)."""
         c = self.config
-        B, T, H = features.shape
-        q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
-        h = x if self.input_norm is None else rms_norm(x, *self.input_norm)
+        (B, T), q_width, kv_width = shape, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q, k, v = self.qkv(h).split([q_width, kv_width, kv_width], dim=-1)
         attn, new_kv = attention(q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), c, positions,
                                  self.inv_freq, past, mask)
         x = x + self.o(attn.reshape(B * T, q_width))
         gate, up = self.gate_up(rms_norm(x, *self.post_norm)).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
-        return x.view(B, T, H), new_kv
+        return x.view(B, T, -1), new_kv
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return features.float()
+
+
+class KernelEagleHead(KernelHeadLayer):
+    """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
+
+    def __init__(self, head: EagleHead, bfloat16: bool = False):
+        super().__init__(head, bfloat16)
+        self.fc = self.pack(head.fc.weight, bias=head.fc.bias)
+        self.lm = self.pack(head.draft_lm_head)
+        self.input_norm = _norm(head.input_norm) if self.config.input_norm else None
+
+    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
+        B, T, H = features.shape
+        x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
+        h = x if self.input_norm is None else rms_norm(x, *self.input_norm)
+        return self.layer(x, h, (B, T), positions, past, mask)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
         flat = hidden.reshape(-1, hidden.shape[-1]).float()
+        return self.lm(flat).view(*hidden.shape[:-1], -1)
+
+
+class KernelEagle3Head(KernelHeadLayer):
+    """An inference-only view of an Eagle3Head on the kernels, as KernelEagleHead is of an EagleHead."""
+
+    def __init__(self, head: Eagle3Head, bfloat16: bool = False):
+        super().__init__(head, bfloat16)
+        self.fc = self.pack(head.fc.weight, bias=head.fc.bias)
+        self.lm = self.pack(head.lm_head.weight)
+        self.norms = {name: _norm(getattr(head, name)) for name in ("hidden_norm", "input_norm", "norm")}
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """(m, A*H) layer inputs -> (m, H) float32."""
+        return self.fc(features.float().contiguous())
+
+    def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """As Eagle3Head.forward: hidden (B, T, H) -> (outputs (B, T, H) float32, (keys, values))."""
+        B, T, H = hidden.shape
+        x = hidden.float().reshape(B * T, H).contiguous()
+        both = torch.cat([rms_norm(self.embed[tokens].float().reshape(B * T, H), *self.norms["input_norm"]),
+                          rms_norm(x, *self.norms["hidden_norm"])], dim=-1)
+        return self.layer(x, both, (B, T), positions, past, mask)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
+        flat = rms_norm(hidden.reshape(-1, hidden.shape[-1]).float(), *self.norms["norm"])
         return self.lm(flat).view(*hidden.shape[:-1], -1)
 
 

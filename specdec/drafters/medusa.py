@@ -60,7 +60,7 @@ class MedusaDrafter(Drafter):
     def observe(self, features: torch.Tensor) -> None:
         if features.shape[0]:
             self.seen += features.shape[0]
-            self.last = features[-1].detach()
+            self.last = features[-1, : self.heads.config.hidden_size].detach()  # the final state (feature_layers)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> Draft:

@@ -397,11 +397,13 @@ class CpuLlama {
   // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
   // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
   // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only).
-  // Returns (logits (R, V), hidden (N, H) after the final norm).
+  // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
+  // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.
+  // Returns (logits (R, V), hidden (N, H) after the final norm, aux (N, A * H)).
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
                                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
-                                     int64_t num_layers, bool bf16_products) {
+                                     int64_t num_layers, bool bf16_products, torch::Tensor aux_layers) {
     const auto& c = cfg_;
     const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
     const int64_t I = c.intermediate, S = offsets.size(0) - 1;
@@ -446,8 +448,17 @@ class CpuLlama {
     const int64_t layer_stride = slot_count * nkv * P * hd;
     const int64_t half = hd / 2;
     const int64_t depth = num_layers > 0 ? std::min(num_layers, c.layers) : c.layers;
+    const int64_t A = aux_layers.numel();
+    const int64_t* aux_at = A ? aux_layers.data_ptr<int64_t>() : nullptr;
+    for (int64_t j = 0; j < A; ++j)
+      TORCH_CHECK(aux_at[j] >= 0 && aux_at[j] < depth, "aux layer out of range");
+    torch::Tensor aux_t = torch::empty({N, A * H}, f32);
+    float* aux = aux_t.data_ptr<float>();
     for (int64_t l = 0; l < depth; ++l) {
       const Layer& L = layers_[l];
+      for (int64_t j = 0; j < A; ++j)
+        if (aux_at[j] == l)
+          for (int64_t i = 0; i < N; ++i) std::copy(x + i * H, x + (i + 1) * H, aux + (i * A + j) * H);
       float* kc = k_cache.data_ptr<float>() + l * layer_stride;
       float* vc = v_cache.data_ptr<float>() + l * layer_stride;
       rms_norm(x, N, H, L.input_norm.data_ptr<float>(), c.eps, h);
@@ -501,7 +512,7 @@ class CpuLlama {
     for (int64_t r = 0; r < R; ++r) std::copy(h + rows[r] * H, h + (rows[r] + 1) * H, picked.data_ptr<float>() + r * H);
     torch::Tensor logits = torch::empty({R, lm_head_.N}, f32);
     linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
-    return {logits, h_t};
+    return {logits, h_t, aux_t};
   }
 
   // Attention of every new token, per sequence s and KV head g: the rows are (token t, head h of group g).

@@ -14,7 +14,9 @@ import torch
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # (T, V) for the scored positions, in the model's dtype
-    hidden: torch.Tensor | None = None  # (T, H) final hidden state, after the final norm (the LM head's input)
+    # (T, H) final hidden state, after the final norm (the LM head's input); with feature layers (A of them),
+    # (T, H + A*H): that state, then the input of each feature layer in turn (see CausalLM.feature_layers)
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -46,6 +48,26 @@ class CausalLM(ABC):
     info: ModelInfo
     #: True when one forward over several sequences (forward_batch) is a real batched pass.
     batched: bool = False
+    #: Layers whose input (the residual stream before layer i: transformers' hidden_states[i]) follows the final
+    #: hidden state in ForwardOutput.hidden, for heads that read several depths (EAGLE-3). Set with
+    #: add_feature_layers; empty: the final hidden state alone.
+    feature_layers: tuple[int, ...] = ()
+
+    def add_feature_layers(self, layers: tuple[int, ...]) -> None:
+        """Makes `layers` part of every output_hidden from now on (kept with those asked for before, in order
+        of request); a drafter finds its columns with feature_columns."""
+        from ..errors import ConfigError
+
+        bad = [i for i in layers if not 0 <= i < self.info.num_layers]
+        if bad:
+            raise ConfigError(f"feature layer {bad[0]} is outside the target's {self.info.num_layers} layers")
+        self.feature_layers = self.feature_layers + tuple(i for i in layers if i not in self.feature_layers)
+
+    def feature_columns(self, layers: tuple[int, ...]) -> torch.Tensor:
+        """Column indices (len(layers) * H,) of those layers' inputs, in that order, in an output_hidden tensor."""
+        H = self.info.hidden_size
+        return torch.cat([torch.arange(H * (1 + self.feature_layers.index(i)), H * (2 + self.feature_layers.index(i)))
+                          for i in layers])
 
     @abstractmethod
     def new_cache(self) -> SequenceCache: ...
@@ -122,7 +144,10 @@ class HFBackend(CausalLM):
         out = self.model(input_ids=ids, past_key_values=cache.state, use_cache=True, cache_position=cache_position,
                          output_hidden_states=output_hidden, logits_to_keep=1 if last_only else 0, **kwargs)
         cache.length = start + T
-        hidden = out.hidden_states[-1][0] if output_hidden else None
+        hidden = None
+        if output_hidden:
+            states = out.hidden_states
+            hidden = torch.cat([states[-1][0]] + [states[i][0] for i in self.feature_layers], dim=-1)
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
 
     def truncate(self, cache, length):

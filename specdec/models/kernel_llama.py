@@ -134,9 +134,13 @@ class KernelLlama(PooledCaches, CausalLM):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
         bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
-        logits, hidden = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
-                                            torch.tensor([c.length for c in caches]), positions.to(torch.long),
-                                            masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16)
+        aux_layers = torch.tensor(self.feature_layers if not layers else (), dtype=torch.long)
+        logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
+                                                 torch.tensor([c.length for c in caches]), positions.to(torch.long),
+                                                 masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,
+                                                 aux_layers)
+        if aux.numel():
+            hidden = torch.cat([hidden, aux], dim=-1)
         for c, n in zip(caches, lengths):
             c.length += n
             c.restored = False

@@ -133,7 +133,10 @@ class FastLlama(PooledCaches, CausalLM):
         write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
         x = F.embedding(ids, self.embed)  # (B, T, H)
         nh, nkv, hd = self.nh, self.nkv, self.hd
+        feature_inputs = {}  # layer -> its input x (B, T, H), for feature_layers
         for li, layer in enumerate(self.layers[:layers]):
+            if output_hidden and not layers and li in self.feature_layers:
+                feature_inputs[li] = x
             h = _rms_norm(x, layer.input_norm, self.eps)
             q, k, v = layer.qkv(h)
             q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -161,7 +164,9 @@ class FastLlama(PooledCaches, CausalLM):
         for c, n in zip(caches, lengths):
             c.length += n
         x = _rms_norm(x, self.final_norm, self.eps)
-        hidden = x if output_hidden else None
+        hidden = None
+        if output_hidden:
+            hidden = torch.cat([x] + [feature_inputs[i] for i in self.feature_layers if i in feature_inputs], dim=-1)
         if last_only:  # the LM head runs on each row's last token only
             x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
         logits = self.lm_head(x)

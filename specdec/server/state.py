@@ -33,7 +33,7 @@ class ServerState:
 
         decoder = worker.decoder
         drafter = worker.default_drafter
-        shipped = tuple(kind for kind in ("eagle", "medusa")  # heads specdec ships for this model
+        shipped = tuple(kind for kind in ("eagle", "eagle3", "medusa")  # heads specdec ships for this model
                         if bundled_head(decoder.target.name, kind))
         self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
                              drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, "select", drafter))),

@@ -2,7 +2,8 @@
 
 Each sequence gives pairs (f_t, x_{t+1}) at positions t; the head's output at t is trained towards the
 target's next feature f_{t+1} (smooth L1) and the target's choice label_{t+1} (cross-entropy over the
-draft vocabulary). Training unrolls `steps` drafting steps as in EAGLE-3's training-time test: at
+draft vocabulary). An EAGLE-3 head reads the inputs of several target layers instead of f_t (fused by its fc)
+and learns the target's choices only. Training unrolls `steps` drafting steps as in EAGLE-3's training-time test: at
 step s the head reads its own step s-1 outputs as features, and its attention sees the true pairs
 up to s-1 positions back plus its own chain since then, exactly what it sees when drafting.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from ..drafters.eagle3_head import Eagle3Head
 from ..drafters.eagle_head import EagleHead
 
 
@@ -38,12 +40,14 @@ class TrainSettings:
     seed: int = 0
 
 
-def choose_draft_vocab(sequences: list[dict], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent target choices in the data: (token ids ascending, share of labels covered)."""
+def choose_draft_vocab(sequences: list[dict], size: int, vocab_size: int,
+                       given: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent target choices in the data (or the `given` ids): (token ids ascending, share of
+    labels covered)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for seq in sequences:
         counts += torch.bincount(seq["labels"], minlength=vocab_size)
-    top = torch.topk(counts, min(size, vocab_size)).indices.sort().values
+    top = torch.topk(counts, min(size, vocab_size)).indices.sort().values if given is None else given.long()
     return top, float(counts[top].sum() / counts.sum())
 
 
@@ -96,7 +100,7 @@ def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
     return mask.view(steps * n, steps * n)
 
 
-def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: TrainSettings, vocab_index: torch.Tensor,
+def unrolled_losses(head: EagleHead | Eagle3Head, tokens, features, labels, lengths, cfg: TrainSettings, vocab_index: torch.Tensor,
                     train: bool = True):
     """Per-step losses and top-1 accuracies for one padded batch.
 
@@ -107,11 +111,11 @@ def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: Tra
     n = L - 2
     pos = torch.arange(n)
     positions = pos[None].expand(B, n)
-    true_f = features[:, :n]  # f_p
+    true_f = features[:, :n]  # f_p (EAGLE-3: the inputs of its feature layers at p, fused below)
     if train and cfg.feature_noise > 0:
         rms = true_f.pow(2).mean().sqrt()
         true_f = true_f + (torch.rand_like(true_f) * 2 - 1) * cfg.feature_noise * rms
-    feat_in = true_f
+    feat_in = head.fuse(true_f)
     pair_tokens = tokens[:, 1: n + 1]  # x_{p+1} at pair position p, the same at every step
     past, outs = None, []
     mask = unrolled_mask(n, cfg.steps)
@@ -128,16 +132,16 @@ def unrolled_losses(head: EagleHead, tokens, features, labels, lengths, cfg: Tra
     for s, out in enumerate(outs, start=1):
         shift = s - 1
         valid = (pos[None] >= shift) & (pos[None] + 1 < (lengths[:, None] - 1))
-        target_f = features[:, 1: n + 1]
         lab = labels[:, 1: n + 1]
         lab = torch.where(lab >= 0, vocab_index[lab.clamp(min=0)], torch.full_like(lab, -1))
-        reg = F.smooth_l1_loss(out, target_f, reduction="none").mean(-1)
         logits = head.draft_logits(out)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), lab.reshape(-1).clamp(min=0),
                              reduction="none").view(B, n)
         has_label = valid & (lab >= 0)
-        loss = cfg.w_feature * (reg * valid).sum() / valid.sum().clamp(min=1) + \
-            cfg.w_token * (ce * has_label).sum() / has_label.sum().clamp(min=1)
+        loss = (ce * has_label).sum() / has_label.sum().clamp(min=1)
+        if head.predicts_features:  # EAGLE-1/2: the output also learns the target's next feature f_{p+1}
+            reg = F.smooth_l1_loss(out, features[:, 1: n + 1], reduction="none").mean(-1)
+            loss = cfg.w_feature * (reg * valid).sum() / valid.sum().clamp(min=1) + cfg.w_token * loss
         losses.append(loss)
         if not train:
             hit = (logits.argmax(-1) == lab) & has_label

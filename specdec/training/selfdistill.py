@@ -2,7 +2,8 @@
 
 For each sequence x_0..x_{L-1} (chat-templated prompt, then the target's greedy answer) a shard stores
   tokens   (L,)      int32
-  features (L-1, H)  bfloat16  f_t: the target's final hidden state at position t (its LM head's input)
+  features (L-1, H)  bfloat16  f_t: the target's final hidden state at position t (its LM head's input); for
+                               EAGLE-3 heads (feature_layers) (L-1, A*H): the inputs of those A layers at t
   labels   (L-1,)    int32     argmax of the target's logits at position t: its choice for x_{t+1}
 Shards are safetensors files (no pickle) in one folder with an index.json, so a run can stop and resume.
 """
@@ -188,8 +189,9 @@ def _around_user_turn(tokenizer, option: str, generation_prompt: bool) -> tuple[
     return rendered[:at], rendered[at + len(marker):]
 
 
-def read_data(folders: list[Path], target) -> list[dict]:
-    """The sequences of several data folders, each checked to come from this target."""
+def read_data(folders: list[Path], target, feature_layers: tuple[int, ...] = ()) -> list[dict]:
+    """The sequences of several data folders, each checked to come from this target and to hold the features of
+    `feature_layers` (empty: the final hidden state)."""
     out = []
     for folder in folders:
         index_path = folder / "index.json"
@@ -198,15 +200,21 @@ def read_data(folders: list[Path], target) -> list[dict]:
         index = json.loads(index_path.read_text())
         if (index.get("target"), index.get("hidden_size")) != (target.name, target.info.hidden_size):
             raise ConfigError(f"{folder} holds data from target {index.get('target')!r}, not {target.name!r}")
+        held = tuple(index.get("feature_layers", ()))
+        if held != tuple(feature_layers):
+            raise ConfigError(f"{folder} holds the features of layers {list(held) or 'final'}, not of "
+                              f"{list(feature_layers) or 'final'} (EAGLE-3 heads and others need their own data)")
         out += read_shards(folder)
     return out
 
 
 @torch.inference_mode()
 def generate_training_data(target, prompts: list[str], folder: Path, max_new_tokens: int = 256, batch_size: int = 16,
-                           temperature: float = 0.0, progress: bool = True, extra_meta: dict | None = None) -> dict:
+                           temperature: float = 0.0, progress: bool = True, extra_meta: dict | None = None,
+                           feature_layers: tuple[int, ...] = ()) -> dict:
     """The target's answers to `prompts` (greedy, or sampled at `temperature`), with its features and greedy
-    choices at every position; resumes where it stopped. extra_meta: more settings the cached data must match."""
+    choices at every position; resumes where it stopped. extra_meta: more settings the cached data must match.
+    feature_layers: store the inputs of these layers (EAGLE-3) instead of the final hidden state."""
     from tqdm.auto import tqdm
 
     from ..engine import SpecDecoder
@@ -216,6 +224,11 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
             "max_new_tokens": max_new_tokens}
     if temperature > 0:
         meta["temperature"] = temperature
+    columns = None
+    if feature_layers:
+        meta["feature_layers"] = list(feature_layers)
+        backend.add_feature_layers(tuple(feature_layers))
+        columns = backend.feature_columns(tuple(feature_layers))
     meta.update(extra_meta or {})
     writer = ShardWriter(folder, meta)
     encoder = SpecDecoder(target, None)
@@ -227,7 +240,7 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
         chunk = [encoder.encode(p) for p in prompts[first:first + batch_size]]
         for tokens, features, labels in _decode_batch(backend, chunk, max_new_tokens, info.eos_token_ids,
                                                       temperature, seeds=range(first, first + len(chunk))):
-            writer.add(tokens, features, labels)
+            writer.add(tokens, features[:, : info.hidden_size] if columns is None else features[:, columns], labels)
         writer.flush(min(first + batch_size, len(prompts)))
         bar.update(len(chunk))
     bar.close()
