@@ -232,3 +232,15 @@ def test_specdec_heads_save_in_the_authors_layout_and_reload(model, tmp_path):
     for name, tensor in head.trainable_state().items():
         torch.testing.assert_close(back.trainable_state()[name], tensor)
 
+
+
+def test_drafter_eagle3_needs_an_eagle3_head(model, tmp_path):
+    from specdec.drafters.eagle_head import new_head
+
+    target = loaded(model, "torch")
+    with pytest.raises(ConfigError, match="no EAGLE-3 head is known for 'tiny'.*--kind eagle3"):
+        create_drafter("eagle3", target)
+    new_head(model, "tiny", torch.arange(64)).save(tmp_path / "eagle1")
+    with pytest.raises(ConfigError, match="holds no EAGLE-3 head"):
+        create_drafter("eagle3", target, eagle_head=tmp_path / "eagle1")
+    assert create_drafter("eagle", target, eagle_head=tmp_path / "eagle1").columns is None  # the final state
