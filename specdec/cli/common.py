@@ -31,8 +31,8 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--drafter", default="auto",
                    help="auto, none, ngram, suffix, draft-model, eagle, eagle3, medusa, layerskip, select (default: "
-                        "auto = the "
-                        "best available: a given draft model, else a given EAGLE head or Medusa heads, else ngram); "
+                        "auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
+                        "else ngram); "
                         "select: each step, whichever of --select-from is predicted to be fastest")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=k, help=f"most tokens drafted per step (default: {k})")
