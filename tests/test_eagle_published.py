@@ -172,6 +172,19 @@ def test_rope_follows_the_heads_config(tmp_path):
     assert torch.equal(rope_frequencies(linear, 16, tmp_path), base / 4)
     with pytest.raises(ModelLoadError, match="RoPE scaling 'yarn'"):
         rope_frequencies({"rope_scaling": {"type": "yarn", "factor": 4.0}}, 16, tmp_path)
+    # Llama 3.1's (the published EAGLE-3 heads' config): short wavelengths kept, long ones divided by the factor
+    llama3 = {"rope_theta": 500000.0, "num_attention_heads": 4, "max_position_embeddings": 131072,
+              "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    base = 1.0 / 500000.0 ** (torch.arange(0, 128, 2).float() / 128)
+    scaled = rope_frequencies(llama3, 128, tmp_path)
+    wavelength = 2 * math.pi / base
+    short, long = wavelength < 8192 / 4, wavelength > 8192 / 1
+    assert short.any() and long.any() and not (short & long).any()
+    torch.testing.assert_close(scaled[short], base[short])
+    torch.testing.assert_close(scaled[long], base[long] / 8)
+    middle = ~short & ~long
+    assert ((scaled[middle] < base[middle]) & (scaled[middle] > base[middle] / 8)).all()
 
 
 def test_specdec_heads_without_the_input_norm_field_still_load(model, target, tmp_path):

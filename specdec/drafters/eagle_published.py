@@ -112,7 +112,8 @@ def _state(tensors: dict[str, torch.Tensor], path: Path, target, bias: bool) -> 
 
 def rope_frequencies(data: dict, head_dim: int, folder: Path) -> torch.Tensor:
     """RoPE inverse frequencies (head_dim/2,) float32 from the head's config.json: rope_theta (default 10000) and
-    rope_scaling, or transformers 5's rope_parameters; no scaling, or linear (positions divided by its factor)."""
+    rope_scaling, or transformers 5's rope_parameters; no scaling, linear (positions divided by its factor) or
+    Llama 3's (the published EAGLE-3 heads for Llama 3.1; transformers' own formula)."""
     rope = {"rope_theta": data.get("rope_theta", 10000.0), **(data.get("rope_scaling") or {}),
             **(data.get("rope_parameters") or {})}
     inv_freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, head_dim, 2).float() / head_dim)
@@ -121,5 +122,14 @@ def rope_frequencies(data: dict, head_dim: int, folder: Path) -> torch.Tensor:
         return inv_freq
     if kind == "linear":
         return inv_freq / rope["factor"]
+    if kind == "llama3":  # a fixed rescaling of the frequencies by wavelength, no change of attention scale
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        heads = data.get("num_attention_heads", 1)
+        config = LlamaConfig(hidden_size=head_dim * heads, num_attention_heads=heads, head_dim=head_dim,
+                             rope_theta=rope["rope_theta"], rope_scaling={**rope, "rope_type": "llama3"},
+                             max_position_embeddings=data.get("max_position_embeddings", 2048))
+        return ROPE_INIT_FUNCTIONS["llama3"](config, None)[0].float()
     raise ModelLoadError(f"{folder / 'config.json'} asks for RoPE scaling {kind!r}; specdec reads EAGLE heads "
-                         f"without scaling or with linear scaling")
+                         f"without scaling or with linear or Llama 3 scaling")
