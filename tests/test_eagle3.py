@@ -243,4 +243,5 @@ def test_drafter_eagle3_needs_an_eagle3_head(model, tmp_path):
     new_head(model, "tiny", torch.arange(64)).save(tmp_path / "eagle1")
     with pytest.raises(ConfigError, match="holds no EAGLE-3 head"):
         create_drafter("eagle3", target, eagle_head=tmp_path / "eagle1")
-    assert create_drafter("eagle", target, eagle_head=tmp_path / "eagle1").columns is None  # the final state
+    drafter = create_drafter("eagle", target, eagle_head=tmp_path / "eagle1")
+    assert torch.equal(drafter.columns, torch.arange(64))  # the final state

@@ -170,7 +170,8 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
 
                 raise ConfigError(f"--init-from {args.init_from} reads target layers {list(start.feature_layers)}, "
                                   f"not {list(layers)}")
-            ids, coverage = start.draft_ids, choose_draft_vocab(sequences, 0, target.info.vocab_size, start.draft_ids)[1]
+            ids = start.draft_ids
+            coverage = choose_draft_vocab(sequences, len(ids), target.info.vocab_size, given=ids)[1]
         head = eagle3_head.new_eagle3_head(target.hf_model, name, ids, layers)
     else:  # the EAGLE authors' heads have no input norm: a head started from one keeps that layout
         head = eagle_head.new_head(target.hf_model, name, ids, input_norm=start is None or start.config.input_norm)

@@ -155,10 +155,8 @@ def _eagle_drafter(target, folder, tree: bool, version: str) -> Drafter:
     if version and not eagle3:
         raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
                           f"'eagle' for EAGLE-1/2 heads")
-    head, columns = (load_eagle3_head if eagle3 else load_head)(folder, target), None
-    if eagle3:
-        target.backend.add_feature_layers(head.feature_layers)
-        columns = target.backend.feature_columns(head.feature_layers)
+    head = (load_eagle3_head if eagle3 else load_head)(folder, target)
+    columns = target.backend.add_feature_layers(head.feature_layers)  # EAGLE-1/2: the final state
     bfloat16 = target.info.dtype == torch.bfloat16
     if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:

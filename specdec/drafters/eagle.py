@@ -38,7 +38,7 @@ class EagleDrafter(Drafter):
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
-        self.columns = columns
+        self.columns = torch.arange(head.config.hidden_size) if columns is None else columns
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.dtype = head.feature_dtype
         self.lookup = lookup
@@ -72,8 +72,7 @@ class EagleDrafter(Drafter):
 
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
-        features = features.detach().to("cpu")
-        mine = features[:, : self.head.config.hidden_size] if self.columns is None else features[:, self.columns]
+        mine = features.detach().to("cpu")[:, self.columns]
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
         if self.kv is None and getattr(self, "request", None) is not None:
             self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill

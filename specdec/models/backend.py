@@ -53,21 +53,23 @@ class CausalLM(ABC):
     #: add_feature_layers; empty: the final hidden state alone.
     feature_layers: tuple[int, ...] = ()
 
-    def add_feature_layers(self, layers: tuple[int, ...]) -> None:
+    def add_feature_layers(self, layers: tuple[int, ...]) -> torch.Tensor:
         """Makes `layers` part of every output_hidden from now on (kept with those asked for before, in order
-        of request); a drafter finds its columns with feature_columns."""
+        of request) and returns their columns there (feature_columns)."""
         from ..errors import ConfigError
 
         bad = [i for i in layers if not 0 <= i < self.info.num_layers]
         if bad:
             raise ConfigError(f"feature layer {bad[0]} is outside the target's {self.info.num_layers} layers")
         self.feature_layers = self.feature_layers + tuple(i for i in layers if i not in self.feature_layers)
+        return self.feature_columns(layers)
 
     def feature_columns(self, layers: tuple[int, ...]) -> torch.Tensor:
-        """Column indices (len(layers) * H,) of those layers' inputs, in that order, in an output_hidden tensor."""
+        """Column indices (len(layers) * H,) of those layers' inputs, in that order, in an output_hidden tensor;
+        for no layers, the final hidden state's (H,)."""
         H = self.info.hidden_size
-        return torch.cat([torch.arange(H * (1 + self.feature_layers.index(i)), H * (2 + self.feature_layers.index(i)))
-                          for i in layers])
+        blocks = [1 + self.feature_layers.index(i) for i in layers] or [0]
+        return torch.cat([torch.arange(H) + H * block for block in blocks])
 
     @abstractmethod
     def new_cache(self) -> SequenceCache: ...

@@ -102,7 +102,7 @@ class KernelLlama(PooledCaches, CausalLM):
             positions = torch.arange(cache.length, cache.length + T)
             masks = torch.empty(0, dtype=torch.uint8)
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
-        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers)
+        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden)
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
@@ -121,20 +121,23 @@ class KernelLlama(PooledCaches, CausalLM):
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
         ends = torch.tensor(lengths).cumsum(0)
         rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
-        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers)
+        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers,
+                                   output_hidden)
         out = []
         for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
             scored = logits[s:s + 1] if last_only else logits[end - n:end]
             out.append(ForwardOutput(logits=scored, hidden=hidden[end - n:end] if output_hidden else None))
         return out
 
-    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None):
+    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None,
+             output_hidden: bool = False):
+        """One kernel pass; hidden holds the feature layers' inputs too when output_hidden (and no early exit)."""
         offsets = torch.tensor([0] + lengths).cumsum(0)
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
         bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
-        aux_layers = torch.tensor(self.feature_layers if not layers else (), dtype=torch.long)
+        aux_layers = torch.tensor(self.feature_layers if output_hidden and not layers else (), dtype=torch.long)
         logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                                  torch.tensor([c.length for c in caches]), positions.to(torch.long),
                                                  masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,

@@ -44,7 +44,8 @@ class Limits:
     """What the server accepts: the names it answers to, the drafters a request may pick, defaults."""
 
     model_names: tuple[str, ...]
-    drafters: tuple[str, ...]  # "none", "ngram", "suffix", shipped heads ("eagle", "eagle3", "medusa"), "select", the server's own
+    # "none", "ngram", "suffix", shipped heads ("eagle", "eagle3", "medusa"), "select", the server's own
+    drafters: tuple[str, ...]
     default_drafter: str
     vocab_size: int
     default_max_tokens: int = 256

@@ -100,8 +100,8 @@ def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
     return mask.view(steps * n, steps * n)
 
 
-def unrolled_losses(head: EagleHead | Eagle3Head, tokens, features, labels, lengths, cfg: TrainSettings, vocab_index: torch.Tensor,
-                    train: bool = True):
+def unrolled_losses(head: EagleHead | Eagle3Head, tokens, features, labels, lengths, cfg: TrainSettings,
+                    vocab_index: torch.Tensor, train: bool = True):
     """Per-step losses and top-1 accuracies for one padded batch.
 
     Pair positions p = 0..n-1 with n = L - 2: step s feeds (its input feature at p, x_{p+1}) and is

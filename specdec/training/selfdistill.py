@@ -224,11 +224,9 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
             "max_new_tokens": max_new_tokens}
     if temperature > 0:
         meta["temperature"] = temperature
-    columns = None
     if feature_layers:
         meta["feature_layers"] = list(feature_layers)
-        backend.add_feature_layers(tuple(feature_layers))
-        columns = backend.feature_columns(tuple(feature_layers))
+    columns = backend.add_feature_layers(tuple(feature_layers))
     meta.update(extra_meta or {})
     writer = ShardWriter(folder, meta)
     encoder = SpecDecoder(target, None)
@@ -240,7 +238,7 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
         chunk = [encoder.encode(p) for p in prompts[first:first + batch_size]]
         for tokens, features, labels in _decode_batch(backend, chunk, max_new_tokens, info.eos_token_ids,
                                                       temperature, seeds=range(first, first + len(chunk))):
-            writer.add(tokens, features[:, : info.hidden_size] if columns is None else features[:, columns], labels)
+            writer.add(tokens, features[:, columns], labels)
         writer.flush(min(first + batch_size, len(prompts)))
         bar.update(len(chunk))
     bar.close()
