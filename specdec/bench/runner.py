@@ -175,5 +175,8 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
 
 
 def machine_info() -> dict:
+    from ..kernels import cpu_flags
+
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(), "platform": platform.platform()}
+            "processor": platform.processor() or platform.machine(), "platform": platform.platform(),
+            "cpu_features": sorted(cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16"})}
