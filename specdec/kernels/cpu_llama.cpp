@@ -184,6 +184,14 @@ std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
 // differently from vdpbf16ps's (last bits), so the choice depends only on the machine and K (a multiple of 32), never
 // on how many rows are multiplied: passes stay batch-invariant.
 
+#if !defined(SPECDEC_NO_AMX) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                                  (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define SPECDEC_AMX 1  // the compiler has the AMX intrinsics
+#endif
+
+#ifndef SPECDEC_AMX
+bool amx_permitted() { return false; }
+#else
 bool amx_permitted() {
   static const bool ok = [] {
     unsigned a, b, c, d;
@@ -194,15 +202,17 @@ bool amx_permitted() {
   }();
   return ok;
 }
+#endif
 
 bool amx_enabled = true;  // set_amx turns it off, for comparisons with the AVX-512 products
 
 bool use_amx(int64_t K) { return amx_enabled && K % 32 == 0 && amx_permitted(); }
 
 // how far ahead of the tiles the weights are fetched into cache (tile loads are not prefetched by the hardware as
-// vector loads are); measured best at 8 KB on a 2-core Sapphire Rapids share
+// vector loads are); 8 KB measured best on the build machine's two shared cores (4 to 32 KB tried)
 constexpr int64_t kPrefetchAhead = 8192;
 
+#ifdef SPECDEC_AMX
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -290,6 +300,7 @@ void linear_amx(const float* x, int64_t M, const char* packed, int64_t N, int64_
     amx_end();
   });
 }
+#endif  // SPECDEC_AMX
 
 // (N, K) row-major -> packed blocks of 64 rows (see kBlockCols), as a flat tensor of the same dtype
 torch::Tensor pack_blocks(const torch::Tensor& w, bool pairs) {
@@ -334,9 +345,13 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
             bool bf16_products = false) {
   TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
   if (w.pairs) {
+#ifdef SPECDEC_AMX
     if (bf16_products && use_amx(w.K)) {
       linear_amx(x, M, w.data, w.N, w.K, bias, y, ldy);
-    } else if (bf16_products) {
+      return;
+    }
+#endif
+    if (bf16_products) {
       const std::vector<uint16_t> xb = to_bf16(x, M * w.K);  // activations rounded once per product
       linear_blocks<BF16DOT>(xb.data(), M, w.data, w.N, w.K, bias, y, ldy);
     } else {
