@@ -168,9 +168,9 @@ void linear_blocks(const void* x, int64_t M, const char* packed, int64_t N, int6
   });
 }
 
-// x (M, K) float32 -> bfloat16, rounded to nearest even; M * K is a multiple of 16
-std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
-  std::vector<uint16_t> out(count);
+// x (M, K) float32 -> bfloat16, rounded to nearest even, then `pad` zeros; M * K is a multiple of 16
+std::vector<uint16_t> to_bf16(const float* x, int64_t count, int64_t pad = 0) {
+  std::vector<uint16_t> out(count + pad, 0);
   for (int64_t e = 0; e < count; e += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + e), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + e)));
   return out;
@@ -280,10 +280,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(const uint16_t* x, i
 // W bfloat16 packed in pairs, K a multiple of 32
 void linear_amx(const float* x, int64_t M, const char* packed, int64_t N, int64_t K, const float* bias, float* y,
                 int64_t ldy) {
-  const int64_t padded = ((M + 15) / 16) * 16;
-  std::vector<uint16_t> xb(padded * K, 0);  // rows past M stay zero
-  for (int64_t e = 0; e < M * K; e += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.data() + e), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + e)));
+  const std::vector<uint16_t> xb = to_bf16(x, M * K, (-M & 15) * K);  // zero rows up to a multiple of 16
   const int64_t block_bytes = kBlockCols * K * 2;
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
