@@ -63,6 +63,21 @@ def test_draft_p_min_reaches_the_draft_model(capsys, tiny_folder, tiny_draft_fol
     assert out == run_cli(capsys, *common, "--drafter", "none")[1]
 
 
+def test_serve_hands_every_drafter_option_to_its_drafters():
+    """Heads, tree shape and the rest reach the server's drafters (the draft model is loaded apart)."""
+    from specdec.cli.main import build_parser
+    from specdec.cli.serve import served_drafter_options
+
+    args = build_parser().parse_args(["serve", "--eagle-head", "h", "--medusa-head", "m", "--chain", "--tree-width",
+                                      "4", "--tree-nodes", "20", "--layerskip-layers", "3", "--select-from", "ngram"])
+    options = served_drafter_options(args)
+    assert {k: options[k] for k in ("eagle_head", "medusa_head", "tree", "tree_width", "tree_nodes",
+                                    "layerskip_layers", "select_from")} == {
+        "eagle_head": "h", "medusa_head": "m", "tree": False, "tree_width": 4, "tree_nodes": 20,
+        "layerskip_layers": 3, "select_from": "ngram"}
+    assert "draft_model" not in options
+
+
 def test_models_lists_the_default(capsys):
     rc, out, _ = run_cli(capsys, "models", "--json")
     assert rc == 0 and any(row["name"] == "smollm2-135m" for row in json.loads(out))
@@ -95,6 +110,8 @@ def test_models_lists_the_default(capsys):
     (["generate", "hi", "--draft-p-min", "high"], "invalid draft_p_min value"),
     (["serve", "--draft-p-min", "-0.5"], "draft_p_min must be in [0, 1), got -0.5"),
     (["bench", "--prompts", "p.jsonl", "--draft-p-min", "2"], "draft_p_min must be in [0, 1), got 2.0"),
+    (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes must be >= 1, got 0"),
+    (["bench", "--prompts", "p.jsonl", "--tree-width", "0"], "--tree-width must be >= 1, got 0"),
     (["generate", "hi", "--logprobs", "21"], "logprobs"),
     (["generate", "hi", "--regex", "[a-"], "invalid regex"),
     (["generate", "hi", "--json-schema", "{oops"], "not valid JSON"),

@@ -53,6 +53,27 @@ def test_node_choice_follows_the_cost_curve():
     assert all(parents[i] < 0 or parents[i] in chosen for i in chosen)  # closed under ancestors
 
 
+def test_fixed_size_node_choice_ignores_the_costs():
+    from specdec.adaptive import CostModel
+
+    scores = [-0.1, -0.2, -0.3, -2.0, -0.4, -5.0]
+    parents = [-1, 0, 1, -1, 2, 3]
+    steep = CostModel({1: 0.010, 2: 0.020, 8: 0.080})
+    assert choose_nodes(scores, parents, steep, 4, fixed_size=True) == [0, 1, 2, 4]  # the 4 most probable
+    assert choose_nodes(scores, parents, steep, 48, fixed_size=True) == list(range(6))
+
+
+def test_tree_shape_options_are_checked():
+    from specdec.drafters import tree_shape
+    from specdec.errors import ConfigError
+
+    assert tree_shape() == {}
+    assert tree_shape(tree_width=3, tree_nodes=10) == {"width": 3, "max_nodes": 10, "fixed_size": True}
+    for bad in ({"tree_width": 0}, {"tree_nodes": -1}, {"tree_nodes": 2.5}, {"tree_width": True}):
+        with pytest.raises(ConfigError, match="must be an integer >= 1"):
+            tree_shape(**bad)
+
+
 @pytest.fixture(scope="module")
 def models():
     target = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
@@ -78,6 +99,31 @@ def test_eagle_drafting_keeps_greedy_output(models, backend, tree, head_products
     head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
     drafter = EagleDrafter(head if head_products == "torch" else kernel_head(head), tree=tree, width=3)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
+    assert drafted_keeping_greedy_output(decoder, target) > 0
+
+
+@pytest.mark.parametrize("nodes", [1, 5, 12])
+def test_fixed_size_trees_hold_their_nodes_and_keep_greedy_output(models, nodes):
+    """A fixed-size tree holds exactly its nodes (within width x depth candidates) even where the measured costs
+    would draft none, and the output is still exactly the target's."""
+    from specdec.adaptive import CostModel
+    from specdec.drafters.base import DraftRequest
+    from specdec.verify import tree_depths
+
+    target = loaded(models, "kernels")
+    torch.manual_seed(3)
+    head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
+    drafter = EagleDrafter(head, tree=True, width=3, max_nodes=nodes, fixed_size=True, lookup=False)
+    prompt = list(range(5, 17))
+    out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
+    steep = CostModel({1: 0.010, 2: 0.020, 8: 0.080})  # under which a cost-sized tree is empty
+    drafter.begin(DraftRequest(prompt_ids=prompt, costs=steep))
+    drafter.observe(out.hidden[:-1])
+    draft = drafter.propose(prompt, 4)
+    depths = tree_depths(draft.parents)
+    assert len(draft.tokens) == nodes and max(depths) <= 4
+    assert all(depths.count(d) <= 3 for d in set(depths))  # at most `width` nodes per level
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False), costs=steep)
     assert drafted_keeping_greedy_output(decoder, target) > 0
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import draft_p_min
+from .common import add_tree_options, check_minimums, draft_p_min
 
 
 def register(sub) -> None:
@@ -30,6 +30,7 @@ def register(sub) -> None:
                    help="draft-model and layerskip stop drafting after a token they give a probability below P "
                         "(default: 0, off)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
+    add_tree_options(p)
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
@@ -61,6 +62,7 @@ def run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
+    check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
     GenerationConfig.create(repetition_penalty=args.repetition_penalty)  # refuses a bad value before loading
     penalty = args.repetition_penalty
@@ -100,7 +102,8 @@ def run(args) -> int:
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
                                      layerskip_layers=args.layerskip_layers, select_from=args.select_from,
-                                     draft_p_min=args.draft_p_min)
+                                     draft_p_min=args.draft_p_min, tree_width=args.tree_width,
+                                     tree_nodes=args.tree_nodes)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()
@@ -117,6 +120,7 @@ def run(args) -> int:
     meta = {"model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
+            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes,
             "specdec_backend": first_backend, "verify_costs_s": first_costs.table, "machine": machine_info(),
             "reference_dtype": args.reference_dtype, "repetition_penalty": penalty}
     summary = summarize(results, encoded, target.hf_model, meta, reference)

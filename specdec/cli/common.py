@@ -48,6 +48,7 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
                    help="folder of Medusa heads: specdec's (train-drafter --kind medusa) or Medusa's own "
                         "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")
     p.add_argument("--chain", action="store_true", help="EAGLE and Medusa draft a chain instead of a tree")
+    add_tree_options(p)
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
     p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
                    help="draft-model and layerskip stop drafting after a token they give a probability below P, in "
@@ -58,6 +59,15 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
                                                         "read at start when it exists, written back as outputs arrive "
                                                         "and at exit")
+
+
+def add_tree_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tree-width", type=int, default=None, metavar="W",
+                   help="EAGLE and Medusa trees keep W candidates per level (default: chosen from the measured "
+                        "verify costs)")
+    p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
+                   help="EAGLE and Medusa trees hold the N most probable nodes, drafted to depth -k, whatever they "
+                        "cost (default: as many as pay under the measured verify costs, up to 48)")
 
 
 def check_minimums(args, minimums: dict[str, float]) -> None:
@@ -118,6 +128,8 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
 
 
 def drafter_options(args) -> dict:
+    check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
-            "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min}
+            "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
+            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes}

@@ -5,7 +5,7 @@ import os
 import sys
 
 from ..config import LOGPROBS_MODES
-from .common import add_model_options, add_speculation_options, check_minimums
+from .common import add_model_options, add_speculation_options, check_minimums, drafter_options
 
 
 def register(sub) -> None:
@@ -50,6 +50,12 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def served_drafter_options(args) -> dict:
+    """The drafter options given (heads, tree shape, n-gram sizes...), for the default drafter and those requests
+    pick by name; the draft model is loaded apart."""
+    return {k: v for k, v in drafter_options(args).items() if k != "draft_model"}
+
+
 def run(args) -> int:
     from ..errors import ConfigError
 
@@ -72,13 +78,12 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model or DEFAULT_MODEL
-    drafter_options = dict(min_n=args.ngram_min, max_n=args.ngram_max, suffix_index=args.suffix_index,
-                           draft_p_min=args.draft_p_min)
+    options = served_drafter_options(args)
     decoder = load_decoder(model, slots=args.max_batch, drafter=args.drafter, draft_model=args.draft_model,
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           max_batch_for_drafting=args.speculation_max_batch, **drafter_options)
+                           max_batch_for_drafting=args.speculation_max_batch, **options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)
@@ -86,7 +91,7 @@ def run(args) -> int:
     settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
                               default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
-                              drafter_options=drafter_options, tool_parser=args.tool_call_parser,
+                              drafter_options=options, tool_parser=args.tool_call_parser,
                               logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "

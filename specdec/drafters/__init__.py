@@ -121,18 +121,29 @@ def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float =
                              p_min=draft_p_min)
 
 
+def tree_shape(tree_width: int | None = None, tree_nodes: int | None = None) -> dict:
+    """The tree options of the EAGLE and Medusa drafters: a fixed number of candidates per level (None: chosen
+    from the measured verify costs) and a fixed number of nodes per tree (None: as many as pay, up to 48)."""
+    for name, value in (("tree width", tree_width), ("tree nodes", tree_nodes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    shape = {"width": tree_width} if tree_width else {}
+    return shape | ({"max_nodes": tree_nodes, "fixed_size": True} if tree_nodes else {})
+
+
 @register("eagle")
-def _eagle(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
-    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "")
+def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
+    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "", tree_shape(tree_width, tree_nodes))
 
 
 @register("eagle3")
-def _eagle3(target, eagle_head=None, tree: bool = True, **ignored) -> Drafter:
+def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
     """`eagle` with an EAGLE-3 head: the one given (which must be one), else the one shipped for the model."""
-    return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3")
+    return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3",
+                          tree_shape(tree_width, tree_nodes))
 
 
-def _eagle_drafter(target, folder, tree: bool, version: str) -> Drafter:
+def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict) -> Drafter:
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
     be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
     bfloat16 target, else float32. An EAGLE-3 head makes the target return the inputs of the layers it reads."""
@@ -161,14 +172,14 @@ def _eagle_drafter(target, folder, tree: bool, version: str) -> Drafter:
     if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
             view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
-            return EagleDrafter(view, tree=tree, columns=columns)
+            return EagleDrafter(view, tree=tree, columns=columns, **shape)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
-    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns)
+    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns, **shape)
 
 
 @register("medusa")
-def _medusa(target, medusa_head=None, tree: bool = True, **ignored) -> Drafter:
+def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
     import torch
 
     from ..kernels import KernelUnavailable
@@ -180,16 +191,17 @@ def _medusa(target, medusa_head=None, tree: bool = True, **ignored) -> Drafter:
     if folder is None:
         raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
                           f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
+    shape = tree_shape(tree_width, tree_nodes)
     heads = load_medusa_heads(folder, target)
     info = target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
         try:
-            return MedusaDrafter(KernelMedusaHeads(heads, bfloat16=info.dtype == torch.bfloat16), tree=tree)
+            return MedusaDrafter(KernelMedusaHeads(heads, bfloat16=info.dtype == torch.bfloat16), tree=tree, **shape)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
     # elsewhere the heads run where the target's features are, in its dtype (float32 for float16 on CPUs)
     dtype = torch.float32 if info.device.type == "cpu" and info.dtype == torch.float16 else info.dtype
-    return MedusaDrafter(heads.to(info.device, dtype), tree=tree)
+    return MedusaDrafter(heads.to(info.device, dtype), tree=tree, **shape)
 
 
 SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select", those available for the target

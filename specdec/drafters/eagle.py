@@ -30,8 +30,11 @@ class EagleDrafter(Drafter):
     needs_features = True
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
-                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None):
-        """width None: chosen each step from the measured verify-cost curve (tree_width). lookup: trees also hold
+                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
+                 fixed_size: bool = False):
+        """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
+        is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
+        say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
         columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
         final hidden state, the first H)."""
@@ -40,6 +43,7 @@ class EagleDrafter(Drafter):
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
         self.columns = torch.arange(head.config.hidden_size) if columns is None else columns
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
+        self.fixed_size = fixed_size
         self.dtype = head.feature_dtype
         self.lookup = lookup
         self.vocab = head.config.vocab_size
@@ -48,7 +52,7 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns)
+                            self.columns, self.fixed_size)
 
     @property
     def sizes_itself(self) -> bool:
@@ -159,7 +163,7 @@ class EagleDrafter(Drafter):
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
         kv = self.kv
-        floor = expand_floor(costs)
+        floor = 0.0 if self.fixed_size else expand_floor(costs)
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
             paths = [path_tokens(n, tokens, parents) for n in frontier]
@@ -194,4 +198,4 @@ class EagleDrafter(Drafter):
             for r, node in enumerate(frontier):
                 hidden_of[node] = out[r]
             fed += frontier
-        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch)
+        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)

@@ -27,18 +27,20 @@ class MedusaDrafter(Drafter):
     needs_features = True
 
     def __init__(self, heads: MedusaHeads | KernelMedusaHeads, tree: bool = True, width: int | None = None,
-                 max_nodes: int = 48, lookup: bool = True):
+                 max_nodes: int = 48, lookup: bool = True, fixed_size: bool = False):
         """width None: candidates per head chosen each step from the verify-cost curve (trees.tree_width).
+        fixed_size: every tree holds `max_nodes` nodes (the most probable), whatever the measured costs say.
         lookup: trees also hold the prompt-lookup continuation as one more branch."""
         if isinstance(heads, torch.nn.Module):
             heads.eval().requires_grad_(False)
         self.heads = heads  # MedusaHeads, or its KernelMedusaHeads view
         self.tree, self.width, self.max_nodes, self.lookup = tree, width, max_nodes, lookup
+        self.fixed_size = fixed_size
         self.vocab = heads.config.vocab_size
         self._reset()
 
     def fork(self) -> "MedusaDrafter":
-        return MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup)
+        return MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup, self.fixed_size)
 
     @property
     def sizes_itself(self) -> bool:
@@ -113,4 +115,4 @@ class MedusaDrafter(Drafter):
                 node = len(tokens) - 1
                 for r2 in range(width):
                     heapq.heappush(frontier, (negative - logp[d][r2], node, d + 1, r2))
-        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch)
+        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)

@@ -41,10 +41,11 @@ class LookupBranch:
 
 
 def finish_tree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], costs,
-                max_nodes: int, branch: LookupBranch | None = None) -> Draft:
+                max_nodes: int, branch: LookupBranch | None = None, fixed_size: bool = False) -> Draft:
     """The draft of a scored candidate tree (parents[i] < i, -1 under the root; scores: cumulative log-probs):
-    the nodes that pay under `costs`, plus the lookup branch's continuation, ordered by depth."""
-    chosen = choose_nodes(scores, parents, costs, max_nodes)
+    the nodes that pay under `costs` (fixed_size: the `max_nodes` most probable), plus the lookup branch's
+    continuation, ordered by depth."""
+    chosen = choose_nodes(scores, parents, costs, max_nodes, fixed_size)
     if branch is not None:
         branch.head_drafted(sum(math.exp(scores[i]) for i in chosen))
         if branch.chain:
@@ -142,15 +143,11 @@ def expand_floor(costs) -> float:
     return max(0.02, min(0.5, (costs.verify_s(9) - costs.verify_s(8)) / costs.verify_s(1)))
 
 
-def choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int) -> list[int]:
-    """The most probable nodes, closed under ancestors, as many as maximise E[accepted + 1] / verify cost."""
+def choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int, fixed_size: bool = False) -> list[int]:
+    """The most probable nodes, closed under ancestors, as many as maximise E[accepted + 1] / verify cost
+    (fixed_size: `max_nodes` of them, whatever they cost)."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:max_nodes]
-    best, best_rate, expected = 0, 1.0 / costs.verify_s(1), 1.0
-    for n, i in enumerate(order, start=1):
-        expected += math.exp(scores[i])
-        cost = costs.verify_s(n + 1)
-        if expected / cost > best_rate:
-            best, best_rate = n, expected / cost
+    best = len(order) if fixed_size else paying_count([scores[i] for i in order], costs)
     chosen = set(order[:best])
     for i in list(chosen):
         a = parents[i]
@@ -158,3 +155,14 @@ def choose_nodes(scores: list[float], parents: list[int], costs, max_nodes: int)
             chosen.add(a)
             a = parents[a]
     return sorted(chosen)
+
+
+def paying_count(scores: list[float], costs) -> int:
+    """How many of the nodes (cumulative log-probs, most probable first) maximise E[accepted + 1] / verify cost."""
+    best, best_rate, expected = 0, 1.0 / costs.verify_s(1), 1.0
+    for n, score in enumerate(scores, start=1):
+        expected += math.exp(score)
+        rate = expected / costs.verify_s(n + 1)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
