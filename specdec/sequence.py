@@ -128,7 +128,8 @@ class SequenceState:
         if self.constraint is not None and (forced := self.constraint.forced(k)):
             return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
         t0 = time.perf_counter()
-        draft = self.drafter.propose(self.tokens, k)
+        # the verify pass caches every draft for a moment: a tree larger than the context's room is cut to fit
+        draft = self.drafter.propose(self.tokens, k).head(self.backend.info.max_context - len(self.tokens))
         seconds = time.perf_counter() - t0
         self.metrics.draft_time_s += seconds
         self.costs.observe_draft(draft.positions, seconds)

@@ -127,6 +127,24 @@ def test_fixed_size_trees_hold_their_nodes_and_keep_greedy_output(models, nodes)
     assert drafted_keeping_greedy_output(decoder, target) > 0
 
 
+def test_trees_larger_than_the_room_left_are_cut_to_fit_the_context():
+    """Near the end of the context a fixed 40-node tree is cut to the cache's room; the output is still greedy's."""
+    from specdec.config import GenerationConfig
+
+    model = tiny_llama(seed=4, hidden=64, heads=4, kv_heads=2, max_positions=64)
+    target = loaded(model, "kernels")
+    torch.manual_seed(5)
+    head = new_head(model, "tiny", torch.arange(model.config.vocab_size))
+    drafter = EagleDrafter(head, tree=True, width=5, max_nodes=40, fixed_size=True, lookup=False)
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=8, adaptive=False))
+    prompt = list(range(3, 40))
+    config = GenerationConfig(max_new_tokens=18, ignore_eos=True)
+    plain, _ = SpecDecoder(target, None).generate_ids(prompt, config)
+    out, metrics = decoder.generate_ids(prompt, config)
+    assert out == plain and len(out) == 18
+    assert metrics.drafted_tokens > 0
+
+
 def test_eagle_self_consistent_head_is_fully_accepted(models):
     """A 'head' that copies the target (its layer output replaced by the true next feature is impossible
     to train here), so instead: the tree's best branch equals the chain's draft for the same state."""

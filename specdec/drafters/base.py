@@ -34,6 +34,13 @@ class Draft:
             return len(self)
         return max(tree_depths(self.parents))
 
+    def head(self, n: int) -> "Draft":
+        """The first n drafts: a chain's prefix, or a tree's first n nodes (which hold their ancestors, parents[i] < i)."""
+        if n >= len(self):
+            return self
+        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
+                     parents=None if self.parents is None else self.parents[:n], source=self.source)
+
     @staticmethod
     def empty() -> "Draft":
         return Draft(tokens=torch.empty(0, dtype=torch.long))
