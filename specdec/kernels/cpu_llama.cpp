@@ -65,6 +65,17 @@ constexpr int kBlockCols = 64;
 constexpr int kVecs = kBlockCols / 16;
 constexpr int kMaxRows = 6;  // rows of x per tile: 6 x 4 accumulators + 4 weight vectors + 1 broadcast
 
+// The lanes of a block's 16-column vector v that hold outputs (columns < valid; 0 past them), and the bias there
+// (zeros without one): what a block's products store.
+inline __attribute__((always_inline)) __mmask16 live_lanes(int valid, int v) {
+  const int cols = valid - v * 16;
+  return (__mmask16)(cols <= 0 ? 0 : cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+}
+
+inline __attribute__((always_inline)) __m512 bias_lanes(const float* bias, int v, __mmask16 live) {
+  return bias ? _mm512_maskz_loadu_ps(live, bias + v * 16) : _mm512_setzero_ps();
+}
+
 // y[j, n + i] = sum_k x[j, k] W[n + i, k] (+ bias[i]) for the 64 outputs of one packed block and MR rows of x.
 // Each output accumulates in one lane, over k in increasing order (pairs of k for BF16DOT): the order depends on
 // nothing but K. x is float32, or bfloat16 for BF16DOT. Outputs i >= valid are computed but not stored.
@@ -129,10 +140,9 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
   }
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
-    const int cols = valid - v * 16;
-    if (cols <= 0) break;
-    const __mmask16 live = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + v * 16) : _mm512_setzero_ps();
+    const __mmask16 live = live_lanes(valid, v);
+    if (!live) break;
+    const __m512 b = bias_lanes(bias, v, live);
 #pragma GCC unroll 6
     for (int j = 0; j < MR; ++j) _mm512_mask_storeu_ps(y + j * ldy + v * 16, live, _mm512_add_ps(acc[j][v], b));
   }
@@ -266,10 +276,9 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(const uint16_t* x, i
     _tile_stored(3, out + 48, kBlockCols * 4);
     const int64_t rows = std::min<int64_t>(16, M - m);
     for (int v = 0; v < kVecs; ++v) {
-      const int cols = valid - v * 16;
-      if (cols <= 0) break;
-      const __mmask16 live = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-      const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + v * 16) : _mm512_setzero_ps();
+      const __mmask16 live = live_lanes(valid, v);
+      if (!live) break;
+      const __m512 b = bias_lanes(bias, v, live);
       for (int64_t r = 0; r < rows; ++r)
         _mm512_mask_storeu_ps(y + (m + r) * ldy + v * 16, live, _mm512_add_ps(_mm512_load_ps(out + r * kBlockCols + v * 16), b));
     }
