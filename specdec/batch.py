@@ -135,9 +135,9 @@ class BatchEngine:
                                                  last_only=not every_row)
             seconds = time.perf_counter() - t0
             for members, lead, out in zip(groups.values(), leads, outputs):
+                for _, state in members[1:]:  # before any starts: a lead that ends at once frees its cache
+                    copy(lead.cache, state.cache)
                 for rid, state in members:
-                    if state is not lead:
-                        copy(lead.cache, state.cache)
                     new = state.start(out.logits, seconds, out.hidden)
                     self.running[rid] = state
                     events.append(self._event(rid, state, new))

@@ -72,6 +72,32 @@ def test_requests_with_the_same_prompt_share_one_prefill(backend):
         assert state.generated == SpecDecoder(target, None, coupled).generate_ids(p, c)[0]
 
 
+@pytest.mark.parametrize("first_length", [1, 5])
+def test_a_shared_prefill_survives_its_lead_ending_at_once(first_length):
+    """Identical prompts prefilled together: the lead (the first admitted) may end in its first token (one token
+    asked, or the stop token) and free its cache before the others copy it; they still get the prompt's cache and
+    their own output. A later admission reuses the freed slot without touching theirs."""
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    target = loaded(model, "torch")
+    decoder = SpecDecoder(target, NgramDrafter(1, 3), SpeculationConfig(num_speculative_tokens=3))
+    alone = SpecDecoder(target, None)
+    prompt = _prompts()[7]
+    configs = [GenerationConfig(max_new_tokens=first_length, ignore_eos=True)] + \
+        [GenerationConfig(max_new_tokens=12, ignore_eos=True)] * 2
+    engine = decoder.batch_engine(max_batch=4)
+    for i, config in enumerate(configs):
+        engine.add(i, prompt, config)
+    got = {}
+    while len(engine):
+        for event in engine.step():
+            got.setdefault(event.request_id, []).extend(event.new_tokens)
+        if 3 not in got and len(engine) < 3:
+            engine.add(3, _prompts()[8], configs[1])
+            got[3] = []
+    assert [got[i] for i in range(3)] == [alone.generate_ids(prompt, c)[0] for c in configs]
+    assert got[3] == alone.generate_ids(_prompts()[8], configs[1])[0]
+
+
 def test_cancel_frees_the_slot_at_once():
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     decoder = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3))
