@@ -163,7 +163,7 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
                          "--max-prompts", "2", "--synthesize", "6", "--temperature", "0.8")
     assert rc == 0, err
     first = json.loads((tmp_path / "h1" / "training_record.json").read_text())
-    synthetic = (tmp_path / "d1" / "synthetic_prompts.jsonl").read_text().splitlines()
+    synthetic = (tmp_path / "d1-synth6" / "synthetic_prompts.jsonl").read_text().splitlines()
     assert len(synthetic) == 6 and first["answer_temperature"] == 0.8
     assert 2 < first["data_sequences"] <= 8
     rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h2"), "--data-dir", str(tmp_path / "d2"),
@@ -171,7 +171,8 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
                          "--init-from", str(tmp_path / "h1"), "--document-tasks", "4")
     assert rc == 0, err
     second = json.loads((tmp_path / "h2" / "training_record.json").read_text())
-    assert second["data_sequences"] == 3 + first["data_sequences"] + 4 and second["init_from"] == str(tmp_path / "h1")
+    # its own 3 prompts, d1's 2 (not d1's synthetic ones, kept in their own folder) and 4 document tasks
+    assert second["data_sequences"] == 3 + 2 + 4 and second["init_from"] == str(tmp_path / "h1")
     documents = json.loads((tmp_path / "d2-doc4" / "index.json").read_text())
     assert documents["done"] == 4 and documents["documents_from"] == [str(tmp_path / "d2"), str(tmp_path / "d1")]
     assert load_head(tmp_path / "h2", load_model(str(tiny_folder), dtype="float32")).config.draft_vocab_size == 16
@@ -249,3 +250,16 @@ def test_suffix_index_build_refuses_bad_input_in_one_line(capsys, tmp_path, tiny
     rc, _, err = run_cli(capsys, "suffix-index", "build", "--model", str(tiny_folder), "--out",
                          str(tmp_path / "text.txt"), str(tmp_path / "text.txt"))
     assert rc == 2 and "could not read suffix index" in err and err.count("\n") == 1
+
+
+def test_a_missing_optional_extra_is_named_before_any_work(capsys, monkeypatch, tmp_path):
+    """`bench --report` without matplotlib (a base install): one line naming the extra, before the run starts."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["hi"]}) + "\n")
+    rc, out, err = run_cli(capsys, "bench", "--prompts", str(prompts), "--model", "/nonexistent-model",
+                           "--report", str(tmp_path / "r"))
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert rc == 2 and len(lines) == 1 and "pip install 'specdec[bench]'" in lines[0], err

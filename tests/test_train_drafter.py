@@ -8,9 +8,11 @@ from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_hea
 from specdec.drafters.eagle_head import load_head, new_head
 from specdec.errors import ConfigError, IncompatibleDraftError
 from specdec.models.loading import load_model
-from specdec.training.eagle_trainer import (TrainSettings, Trainer, choose_draft_vocab, collate, unrolled_losses,
-                                            unrolled_mask)
-from specdec.training.selfdistill import generate_training_data, read_data, read_shards
+from specdec.training.batching import TrainSettings, choose_draft_vocab, collate
+from specdec.training.eagle_trainer import unrolled_losses, unrolled_mask
+from specdec.training.extract import generate_training_data
+from specdec.training.shards import read_data, read_shards
+from specdec.training.trainer import Trainer
 from tiny import loss_after_training
 
 PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
@@ -92,15 +94,16 @@ def test_training_lowers_the_loss_and_the_head_reloads(request, kind, tmp_path, 
 
 
 def test_eagle3_data_holds_the_inputs_of_its_layers(data, eagle3_data):
-    """EAGLE-3 data stores the inputs of the head's layers; data of the final state is refused for it, and the
-    reverse."""
+    """EAGLE-3 data stores the inputs of the head's layers beside the final state (one extraction trains either
+    kind); data without those layers is refused for an EAGLE-3 head."""
     target, folder, layers = eagle3_data
     seqs = read_data([folder], target, layers)
-    with pytest.raises(ConfigError, match="holds the features of layers"):
-        read_data([folder], target)
-    with pytest.raises(ConfigError, match="holds the features of layers final"):
+    final = read_data([folder], target)
+    with pytest.raises(ConfigError, match="holds the inputs of layers none"):
         read_data([data[1]], target, layers)
     assert seqs[0]["features"].shape[-1] == len(layers) * target.info.hidden_size
+    assert final[0]["features"].shape[-1] == target.info.hidden_size
+    assert torch.equal(final[0]["labels"], seqs[0]["labels"])
     cache = target.backend.new_cache()
     hidden = target.backend.forward(cache, seqs[0]["tokens"][:-1], output_hidden=True).hidden
     torch.testing.assert_close(seqs[0]["features"].float(), hidden[:, target.backend.feature_columns(layers)],
@@ -122,7 +125,7 @@ def test_sampled_answers_still_record_the_targets_greedy_choices(tiny_folder, tm
 
 
 def test_synthetic_prompts_open_with_training_words_and_are_cached(tiny_folder, tmp_path, monkeypatch):
-    from specdec.training import selfdistill
+    from specdec.training import extract, selfdistill
 
     target = load_model(str(tiny_folder), dtype="float32")
     openings = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
@@ -136,7 +139,7 @@ def test_synthetic_prompts_open_with_training_words_and_are_cached(tiny_folder, 
     def no_generation(*args, **kwargs):
         raise AssertionError("the cached prompts should have been reused")
 
-    monkeypatch.setattr(selfdistill, "_decode_batch", no_generation)
+    monkeypatch.setattr(extract, "decode_batch", no_generation)
     assert selfdistill.synthesize_prompts(target, openings, tmp_path, progress=False) == made
 
 
@@ -151,8 +154,7 @@ def test_synthetic_openings_cycle_over_sources(tmp_path):
 
 def test_training_data_of_another_target_is_refused(data, other_vocab_folder):
     from specdec.errors import ConfigError
-    from specdec.training.selfdistill import read_data
-
+    
     target, folder, _, _ = data
     assert len(read_data([folder, folder], target)) == 2 * len(PROMPTS)
     with pytest.raises(ConfigError, match="holds data from target"):
@@ -221,7 +223,11 @@ def test_medusa_heads_learn_only_where_the_tokens_between_are_the_targets():
     labels[0, 0] = 4  # after token 0 the target would say 4, not the prompt's 1
     features = torch.randn(1, 5, 4)
     settings = TrainSettings(steps=2, feature_noise=0.0)
-    _, accs = medusa_losses(heads, tokens, features, labels, torch.tensor([6]), settings, torch.arange(6), train=False)
+    from specdec.training.batching import Batch
+
+    batch = Batch(tokens, features, labels, torch.tensor([6]), torch.ones(1, 5, dtype=torch.bool), labels[..., None],
+                  torch.zeros(1, 5, 1))
+    _, accs = medusa_losses(heads, batch, settings, torch.arange(6), train=False)
     # follows: t=0 no (1 != 4), t=1 yes (2), t=2 yes (3), t=3 no (4 != 0), t=4 yes (5)
     # head 1 at t needs follows[t] and a label at t+1: t in {1, 2}; head 2 needs follows[t, t+1]: t = 1
     assert accs[0][1] == 2

@@ -25,7 +25,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
     if not path.is_file():
         raise ConfigError(f"prompt file not found: {path}")
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         try:

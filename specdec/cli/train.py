@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 from ..config import DTYPES
+from ..files import write_text_atomic
 
-DEFAULT_PROMPTS = "../shared/data/train_prompts.jsonl"
+MAX_SEQUENCE = 2048  # longest training sequence (prompt and answers): longer prompts are skipped
+
 
 
 def register(sub) -> None:
@@ -24,9 +26,17 @@ def register(sub) -> None:
                    help="eagle3: the target layers whose inputs the head reads (default: 2, L/2 and L-3 of L)")
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="training prompts, JSONL with a 'prompt' field")
+    p.add_argument("--data", action="append", default=[], metavar="FILE[:WEIGHT]",
+                   help="training records, JSONL with a 'prompt' and optionally a 'response' (read by teacher "
+                        "forcing; without one the target answers); repeatable, mixed by WEIGHT (share of records, "
+                        "default 1). Default: the mix in docs/training.md, from ../shared/data")
+    p.add_argument("--prompts", default=None, metavar="FILE", help="the same as --data FILE")
     p.add_argument("--max-prompts", type=int, default=None,
-                   help="use this many prompts (round-robin over sources; 0: synthetic ones only)")
+                   help="use this many records of the mix, in its order (0: synthetic prompts only)")
+    p.add_argument("--follow-up-every", type=int, default=4, metavar="N",
+                   help="every Nth record the target answers gets a second user turn, answered too (0: none)")
+    p.add_argument("--labels", default="top1", choices=("top1", "soft"),
+                   help="learn the target's top choice, or its top-8 distribution (soft labels)")
     p.add_argument("--synthesize", type=int, default=0, metavar="N",
                    help="also answer N prompts the target writes itself, each opening with a few words of a "
                         "training prompt (Self-Instruct style, sampled; more varied than the prompt file)")
@@ -62,33 +72,49 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
-    from ..training.eagle_trainer import Trainer
-    from ..training.selfdistill import (cycle_sources, document_prompts, generate_training_data, interleave_sources,
-                                        read_data, synthesize_prompts)
+    from ..training.datamix import default_mix, describe, mix_fingerprint, mix_order, parse_data_spec
+    from ..training.extract import Extractor, data_meta, generate_training_data
+    from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
+    from ..training.shards import ShardWriter, read_data
+    from ..training.trainer import Trainer
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
     if args.medusa_num_heads < 1 or args.medusa_num_layers < 1:
         raise ConfigError("--medusa-num-heads and --medusa-num-layers must be >= 1")
-    if min(args.synthesize, args.document_tasks, args.temperature) < 0 or (args.max_prompts or 0) < 0:
-        raise ConfigError("--synthesize, --document-tasks, --temperature and --max-prompts must be >= 0")
+    if min(args.synthesize, args.document_tasks, args.temperature, args.follow_up_every) < 0 or \
+            (args.max_prompts or 0) < 0:
+        raise ConfigError("--synthesize, --document-tasks, --temperature, --follow-up-every and --max-prompts "
+                          "must be >= 0")
+    files = [parse_data_spec(spec) for spec in args.data + ([args.prompts] if args.prompts else [])]
+    files = files or default_mix()
     name = args.model or DEFAULT_MODEL
-    target = load_model(name, dtype=args.dtype)
-    layers = _feature_layers(args, target)
+    target = load_model(name, dtype=args.dtype, max_context=MAX_SEQUENCE)
+    layers = _feature_layers(args, target)  # what the head reads (EAGLE-3), or () for the final state
+    stored = _stored_layers(args, target, layers)
+    target.backend.add_feature_layers(stored)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-    setting = (f"-synth{args.synthesize}" if args.synthesize else "") + \
+    setting = f"-{mix_fingerprint(files, args.follow_up_every)}" + \
         (f"-t{args.temperature:g}" if args.temperature > 0 else "") + \
-        (f"-layers{'_'.join(map(str, layers))}" if layers else "")
+        (f"-layers{'_'.join(map(str, stored))}" if stored else "")
     data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / (safe + setting)
-    prompts = interleave_sources(args.prompts, args.max_prompts)
-    if args.synthesize:
-        prompts += synthesize_prompts(target, cycle_sources(args.prompts, args.synthesize), data_dir)
-    if not prompts:
+    items = mix_order(files, args.follow_up_every, limit=args.max_prompts)
+    if not items and not args.synthesize:
         raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
-    data = generate_training_data(target, prompts, data_dir, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.batch_size, temperature=args.temperature, feature_layers=layers)
-    print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens", file=sys.stderr)
+    meta = data_meta(target, args.max_new_tokens, args.temperature, {"mix": describe(files),
+                                                                    "follow_up_every": args.follow_up_every})
+    extractor = Extractor(target, args.max_new_tokens, args.batch_size, temperature=args.temperature,
+                          max_len=MAX_SEQUENCE)
+    data = extractor.run(items, ShardWriter(data_dir, meta), block=max(64, 4 * args.batch_size))
+    print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens "
+          f"({data['trained_tokens']} in answers)", file=sys.stderr)
     folders = [data_dir, *map(Path, args.extra_data)]
+    if args.synthesize:
+        synth_dir = data_dir.with_name(f"{data_dir.name}-synth{args.synthesize}")
+        synthetic = synthesize_prompts(target, cycle_sources(files[0].path, args.synthesize), synth_dir)
+        generate_training_data(target, synthetic, synth_dir, max_new_tokens=args.max_new_tokens,
+                               batch_size=args.batch_size, temperature=args.temperature, feature_layers=stored)
+        folders.append(synth_dir)
     if args.data_only and not args.document_tasks:
         return 0
     sequences = read_data(folders, target, layers)  # document tasks are built from the answers in it
@@ -99,10 +125,11 @@ def run(args) -> int:
         done = generate_training_data(target, tasks, doc_dir, max_new_tokens=args.max_new_tokens,
                                       batch_size=args.batch_size, temperature=args.temperature,
                                       extra_meta={"documents_from": [str(f) for f in folders]},
-                                      feature_layers=layers)
+                                      feature_layers=stored)
         print(f"specdec: document tasks in {doc_dir}: {done['sequences']} sequences, {done['tokens']} tokens",
               file=sys.stderr)
         sequences += read_data([doc_dir], target, layers)
+        folders.append(doc_dir)
     if args.data_only:
         return 0
     out = Path(args.out)
@@ -111,16 +138,39 @@ def run(args) -> int:
     trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective)
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
-              "target": name,
-              "prompts": args.prompts, "prompts_used": len(prompts), "synthetic_prompts": args.synthesize,
-              "document_tasks": args.document_tasks,
+              "target": name, "mix": describe(files), "follow_up_every": args.follow_up_every,
+              "records_used": len(items), "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
-              "data_sequences": len(sequences), "data_tokens": sum(len(s["tokens"]) for s in sequences),
-              "draft_vocab_coverage": coverage, "train_seconds": round(trainer.elapsed),
-              "optimizer_steps": trainer.step, "heldout": stats}
-    (out / "training_record.json").write_text(json.dumps(record, indent=1))
+              "labels": args.labels, "data_sequences": len(sequences),
+              "data_tokens": sum(len(s["tokens"]) for s in sequences),
+              "answer_tokens": sum(int(s["trainable"].sum()) for s in sequences),
+              "tokens_by_source": _tokens_by_source(sequences), "draft_vocab_coverage": coverage,
+              "train_seconds": round(trainer.elapsed), "optimizer_steps": trainer.step,
+              "answer_tokens_seen": trainer.tokens_seen, "heldout": stats, "learning_curve": trainer.history}
+    write_text_atomic(out / "training_record.json", json.dumps(record, indent=1))
     print(json.dumps(record["heldout"]))
     return 0
+
+
+def _tokens_by_source(sequences: list[dict]) -> dict[str, dict[str, int]]:
+    """Tokens, and answer tokens the head learns from, per source family (the source up to its first ':')."""
+    out: dict[str, dict[str, int]] = {}
+    for s in sequences:
+        entry = out.setdefault(s["source"].split(":")[0], {"sequences": 0, "tokens": 0, "answer_tokens": 0})
+        entry["sequences"] += 1
+        entry["tokens"] += len(s["tokens"])
+        entry["answer_tokens"] += int(s["trainable"].sum())
+    return out
+
+
+def _stored_layers(args, target, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The layers whose inputs the data keeps: an EAGLE head's data also keeps an EAGLE-3 head's default layers,
+    so that one extraction trains either kind."""
+    from ..drafters.eagle3_head import default_feature_layers
+
+    if layers or args.kind == "medusa":
+        return layers
+    return default_feature_layers(target.info.num_layers)
 
 
 def _feature_layers(args, target) -> tuple[int, ...]:
@@ -147,12 +197,12 @@ def _feature_layers(args, target) -> tuple[int, ...]:
 def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
     from ..drafters import eagle3_head, eagle_head, medusa_head
-    from ..training.eagle_trainer import TrainSettings, choose_draft_vocab
+    from ..training.batching import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 
     out = Path(args.out)
     medusa, eagle3 = args.kind == "medusa", args.kind == "eagle3"
-    settings = TrainSettings(steps=args.medusa_num_heads if medusa else args.steps, lr=args.lr)
+    settings = TrainSettings(steps=args.medusa_num_heads if medusa else args.steps, lr=args.lr, labels=args.labels)
     objective = medusa_losses if medusa else None
     load, config_file = ((medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE) if medusa else
                          (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE) if eagle3 else

@@ -103,6 +103,8 @@ class Eagle3Head(HeadLayer):
         """config.json + model.safetensors in the EAGLE-3 authors' layout (KEYS), with a "specdec" entry."""
         from safetensors.torch import save_file
 
+        from ..files import write_atomic, write_text_atomic
+
         folder.mkdir(parents=True, exist_ok=True)
         inverse = {mine: theirs for theirs, mine in KEYS.items()}
         tensors = {inverse[k]: v.to(dtype) for k, v in self.trainable_state().items()}
@@ -111,7 +113,7 @@ class Eagle3Head(HeadLayer):
         t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
         t2d[self.draft_ids.cpu()] = True
         tensors["t2d"] = t2d
-        save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+        write_atomic(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
         c = self.config
         data = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": c.hidden_size,
                 "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
@@ -121,7 +123,7 @@ class Eagle3Head(HeadLayer):
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers)},
                 "specdec": {"target": c.target, "target_fingerprint": c.target_fingerprint, **(
                     {"training": extra} if extra else {})}}
-        (folder / CONFIG_FILE).write_text(json.dumps(data, indent=1))
+        write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
 # the authors' tensor names -> Eagle3Head's

@@ -157,14 +157,16 @@ class EagleHead(HeadLayer):
     def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
 
+        from ..files import write_atomic, write_text_atomic
+
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
         tensors["draft_ids"] = self.draft_ids.to(torch.int64).contiguous()
-        save_file(tensors, str(folder / HEAD_FILE), metadata={"format": "specdec-eagle-head"})
+        write_atomic(folder / HEAD_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-eagle-head"}))
         data = json.loads(self.config.to_json())
         if extra:
             data["training"] = extra
-        (folder / CONFIG_FILE).write_text(json.dumps(data, indent=1))
+        write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig, positions: torch.Tensor,

@@ -103,15 +103,17 @@ class MedusaHeads(nn.Module):
     def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
 
+        from ..files import write_atomic, write_text_atomic
+
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
         if self.config.shares_lm_head:
             tensors["draft_ids"] = self.draft_ids.to(torch.int64).contiguous()
-        save_file(tensors, str(folder / HEADS_FILE), metadata={"format": "specdec-medusa-heads"})
+        write_atomic(folder / HEADS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-medusa-heads"}))
         data = asdict(self.config)
         if extra:
             data["training"] = extra
-        (folder / CONFIG_FILE).write_text(json.dumps(data, indent=1))
+        write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
 def new_medusa_heads(hf_model, name: str, draft_ids: torch.Tensor, num_heads: int = 4,

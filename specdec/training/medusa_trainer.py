@@ -1,4 +1,4 @@
-"""The training objective of Medusa heads, on the same self-distilled data as EAGLE heads (eagle_trainer.Trainer).
+"""The training objective of Medusa heads, on the same data as EAGLE heads (trainer.Trainer).
 
 Head d at position t reads f_t and learns the target's choice at position t + d (the token x_{t+1+d}). A
 position counts for head d only where the d tokens in between are the target's own choices there (the answer,
@@ -10,15 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.medusa_head import MedusaHeads
+from .batching import Batch
 
 
-def medusa_losses(heads: MedusaHeads, tokens, features, labels, lengths, cfg, vocab_index: torch.Tensor,
-                  train: bool = True):
-    """Cross-entropy per head (over the draft vocabulary) for one padded batch; with train=False also, per head,
-    (hits, trials): top-1 hits among positions where every earlier head was right.
-
-    tokens (B, L), features (B, L-1, H), labels (B, L-1) as eagle_trainer.collate pads them.
-    """
+def medusa_losses(heads: MedusaHeads, batch: Batch, cfg, vocab_index: torch.Tensor, train: bool = True):
+    """Cross-entropy per head (over the draft vocabulary) for one padded batch (batching.collate); with
+    train=False also, per head, (hits, trials): top-1 hits among positions where every earlier head was right.
+    Only positions whose target token is trainable (an answer, not prompt text) are scored."""
+    tokens, features, labels, lengths = batch.tokens, batch.features, batch.labels, batch.lengths
     B, n, _ = features.shape
     f = features
     if train and cfg.feature_noise > 0:
@@ -37,7 +36,9 @@ def medusa_losses(heads: MedusaHeads, tokens, features, labels, lengths, cfg, vo
         lab = torch.full_like(labels, -1)
         lab[:, : n - d] = labels[:, d:]
         lab = torch.where(lab >= 0, vocab_index[lab.clamp(min=0)], torch.full_like(lab, -1))
-        valid = chain & (lab >= 0)
+        trainable = torch.zeros_like(known)
+        trainable[:, : n - d] = batch.trainable[:, d:]
+        valid = chain & (lab >= 0) & trainable
         head_logits = logits[:, :, d - 1]
         ce = F.cross_entropy(head_logits.reshape(-1, head_logits.shape[-1]).float(), lab.reshape(-1).clamp(min=0),
                              reduction="none").view(B, n)

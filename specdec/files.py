@@ -1,0 +1,23 @@
+"""Writing files so that a reader never sees half of one: write under a temporary name, then rename."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """Calls write(temporary_path) in path's folder, then renames the result to `path` (atomic on POSIX). An
+    interrupted write leaves `path` as it was; the temporary file is removed when the write fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -1,0 +1,227 @@
+"""Trains a draft head within a time budget on 2 CPU cores, for hours, across interruptions.
+
+Resuming is exact: the checkpoint (one safetensors file, written atomically) holds the weights, AdamW's moments,
+the torch RNG state (feature noise), the position in the epoch (batch order is a function of the seed and the
+epoch) and the planned number of steps. The learning rate is a function of the step: warmup, flat, then a linear
+decay over the last (1 - decay_from) of the planned steps, which are planned from the time budget once the first
+steps are timed. Stopping and resuming gives the same weights as an uninterrupted run with the same plan.
+
+Held-out agreement with the target at each draft depth is measured at every evaluation, against the answer tokens
+seen so far: the learning curve (history in the checkpoint and the head's config, and learning_curve.png).
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import ConfigError
+from ..files import write_atomic
+from .batching import TrainSettings, batches, collate, is_heldout, windows
+from .eagle_trainer import unrolled_losses
+
+CHECKPOINT = "checkpoint.safetensors"
+MAX_HELDOUT = 200  # sequences, so an evaluation stays short
+
+
+class Trainer:
+    """AdamW with warmup, a flat phase and a final decay; checkpoints and resumes exactly (safetensors)."""
+
+    def __init__(self, head, sequences: list[dict], out: Path, settings: TrainSettings, time_budget_s: float,
+                 objective=None, max_steps: int | None = None):
+        """objective: (head, Batch, settings, vocab_index, train) -> (losses per drafted position, [(hits,
+        trials)] per position when not train); default: the EAGLE head's unrolled losses. Any head with
+        draft_ids, trainable_state() and save() trains here (Medusa heads too). max_steps: plan and stop at this
+        many steps instead of planning from the time budget."""
+        self.head, self.out, self.cfg, self.budget = head, Path(out), settings, time_budget_s
+        self.objective = objective or unrolled_losses
+        self.max_steps = max_steps
+        seqs = [s for s in sequences if len(s["tokens"]) >= 4]
+        held = [s for s in seqs if is_heldout(s, settings.holdout)]
+        if not held and seqs:  # tiny data: still hold one sequence out
+            held = seqs[-1:]
+        held_ids = {id(s) for s in held}
+        self.heldout = [w for s in held[:MAX_HELDOUT] for w in windows(s, settings.max_len)]
+        self.train = [w for s in seqs if id(s) not in held_ids for w in windows(s, settings.max_len)]
+        if not self.train:
+            raise ConfigError("no training sequences left after holding some out; give more data")
+        vocab = head.config.vocab_size
+        self.vocab_index = torch.full((vocab,), -1, dtype=torch.long)
+        self.vocab_index[head.draft_ids] = torch.arange(len(head.draft_ids))
+        # the frozen tables are read in bfloat16 under autocast anyway: cast them once, not at every product
+        for table in ("embed", "draft_lm_head"):
+            if getattr(head, table, None) is not None:
+                setattr(head, table, getattr(head, table).to(torch.bfloat16))
+        self.params = [p for p in head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step, self.elapsed, self.tokens_seen, self.history = 0, 0.0, 0, []
+        self.epoch, self.batch_in_epoch = 0, 0
+        self.planned_steps = max_steps
+
+    def lr_at(self) -> float:
+        warm = min(1.0, (self.step + 1) / self.cfg.warmup)
+        if not self.planned_steps:
+            return self.cfg.lr * warm
+        start = self.cfg.decay_from * self.planned_steps
+        left = max(0.0, (self.planned_steps - self.step) / max(1.0, self.planned_steps - start))
+        return self.cfg.lr * warm * (0.05 + 0.95 * min(1.0, left))
+
+    def epoch_batches(self) -> list[list[dict]]:
+        return batches(self.train, self.cfg.batch_tokens, self.cfg.max_len,
+                       random.Random(self.cfg.seed * 1_000_003 + self.epoch))
+
+    def run(self, checkpoint_every_s: float = 300.0, evaluate_every_s: float = 900.0, progress: bool = True,
+            stop_after: int | None = None) -> dict:
+        """Trains until the budget (or max_steps) is spent; stop_after: stop after this many steps in this call
+        (as an interruption would)."""
+        from tqdm.auto import tqdm
+
+        self.resume()
+        bar = tqdm(total=int(self.budget), initial=int(min(self.elapsed, self.budget)), unit="s",
+                   desc="train-drafter", disable=not progress, file=sys.stderr)
+        last_ckpt = last_eval = time.time()
+        run_steps, stats = 0, {}
+        while not self._done():
+            order = self.epoch_batches()
+            while self.batch_in_epoch < len(order) and not self._done():
+                if stop_after is not None and run_steps >= stop_after:
+                    bar.close()
+                    return stats
+                loss = self._train_step(order[self.batch_in_epoch])
+                self.batch_in_epoch += 1
+                run_steps += 1
+                if self.planned_steps is None and run_steps == 20:
+                    self.planned_steps = int(self.step + (self.budget - self.elapsed) * self.step / self.elapsed)
+                bar.update(int(min(self.elapsed, self.budget)) - bar.n)
+                if self.step % 20 == 0:
+                    bar.set_postfix(loss=f"{loss:.3f}", **stats)
+                if time.time() - last_eval > evaluate_every_s:
+                    stats, last_eval = self.evaluate(), time.time()
+                if time.time() - last_ckpt > checkpoint_every_s:
+                    self.checkpoint(stats)
+                    last_ckpt = time.time()
+            if self.batch_in_epoch >= len(order):
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        bar.close()
+        stats = self.evaluate()
+        self.checkpoint(stats)
+        return stats
+
+    def _done(self) -> bool:
+        return self.step >= self.max_steps if self.max_steps is not None else self.elapsed >= self.budget
+
+    def _train_step(self, group: list[dict]) -> float:
+        t0 = time.time()
+        self.head.train()
+        batch = collate(group, self.cfg.max_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            losses, _ = self.objective(self.head, batch, self.cfg, self.vocab_index, True)
+        loss = sum(l * self.cfg.step_decay ** i for i, l in enumerate(losses))
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr_at()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.step += 1
+        self.tokens_seen += int(batch.trainable.sum())
+        self.elapsed += time.time() - t0
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out top-1 agreement with the target at each drafted position, and the chain MAT it implies."""
+        self.head.eval()
+        hits = [0.0] * self.cfg.steps
+        total = [0.0] * self.cfg.steps
+        for group in batches(self.heldout, self.cfg.batch_tokens, self.cfg.max_len, random.Random(0)):
+            _, accs = self.objective(self.head, collate(group, self.cfg.max_len), self.cfg, self.vocab_index, False)
+            for i, (h, t) in enumerate(accs):
+                hits[i] += h
+                total[i] += t
+        acc = [h / max(t, 1) for h, t in zip(hits, total)]
+        mat, reach = 1.0, 1.0
+        for a in acc:
+            reach *= a
+            mat += reach
+        stats = {f"acc{i + 1}": round(a, 3) for i, a in enumerate(acc)}
+        stats["chain_mat"] = round(mat, 3)
+        self.history.append({"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.elapsed, 1),
+                             **stats})
+        return stats
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, stats: dict) -> None:
+        """The resumable state (one file, written atomically), the head itself, and the learning curve."""
+        state = {f"param.{i}": p.detach().float().contiguous() for i, p in enumerate(self.params)}
+        for i, p in enumerate(self.params):
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in self.opt.state.get(p, {}):
+                    state[f"opt.{i}.{key}"] = self.opt.state[p][key].contiguous()
+        state["rng"] = torch.get_rng_state()
+        meta = {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch, "planned_steps": self.planned_steps, "budget": self.budget,
+                "history": self.history, "settings": asdict(self.cfg),
+                "opt_steps": [int(self.opt.state.get(p, {}).get("step", 0)) for p in self.params]}
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.out / CHECKPOINT, lambda tmp: save_file(state, str(tmp), metadata={"json": json.dumps(meta)}))
+        self.head.save(self.out, extra={"settings": asdict(self.cfg), "history": self.history, "steps": self.step,
+                                        "tokens_seen": self.tokens_seen, "train_seconds": round(self.elapsed, 1)})
+        plot_learning_curve(self.history, self.out / "learning_curve.png")
+
+    def resume(self) -> None:
+        path = self.out / CHECKPOINT
+        if not path.is_file():
+            return
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads(f.metadata()["json"])
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        if meta["settings"] != asdict(self.cfg):
+            raise ConfigError(f"{path} was made with other training settings ({meta['settings']}); train into "
+                              f"another --out, or use the same settings")
+        for i, p in enumerate(self.params):
+            p.data.copy_(state[f"param.{i}"])
+            if f"opt.{i}.exp_avg" in state:
+                self.opt.state[p] = {"step": torch.tensor(float(meta["opt_steps"][i])),
+                                     "exp_avg": state[f"opt.{i}.exp_avg"], "exp_avg_sq": state[f"opt.{i}.exp_avg_sq"]}
+        torch.set_rng_state(state["rng"])
+        for key in ("step", "elapsed", "tokens_seen", "epoch", "batch_in_epoch", "history"):
+            setattr(self, key, meta[key])
+        self.planned_steps = self.max_steps or meta["planned_steps"]
+        if self.max_steps is None and meta["budget"] != self.budget and self.step:  # a new budget: plan again
+            self.planned_steps = int(self.step + (self.budget - self.elapsed) * self.step / max(self.elapsed, 1e-9))
+        print(f"specdec: resumed training at step {self.step} ({self.elapsed:.0f}s done)", file=sys.stderr)
+
+
+def plot_learning_curve(history: list[dict], path: Path) -> bool:
+    """Held-out agreement at each draft depth, and the chain MAT, against answer tokens seen; False when
+    matplotlib (the 'bench' extra) is missing or there is nothing to plot."""
+    if not history:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    depths = sorted(k for k in history[-1] if k.startswith("acc"))
+    seen = [h["tokens_seen"] / 1e6 for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for key in depths:
+        left.plot(seen, [h[key] for h in history], marker="o", label=f"depth {key[3:]}")
+    left.set(xlabel="answer tokens seen (millions)", ylabel="held-out top-1 agreement with the target", ylim=(0, 1))
+    left.legend()
+    right.plot(seen, [h["chain_mat"] for h in history], marker="o", color="k")
+    right.set(xlabel="answer tokens seen (millions)", ylabel="chain MAT implied (held out)")
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
+    plt.close(fig)
+    return True
