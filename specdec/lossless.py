@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from .bench.runner import first_difference
 from .config import GenerationConfig, SamplingConfig, SpeculationConfig
+from .tokens import first_difference
 
 MIN_EXPECTED = 5.0  # outcomes expected fewer times than this (in either sample) are pooled into one bin
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .adaptive import CostModel, DraftLengthPolicy, choose_lengths
-from .drafters.base import Drafter, DraftRequest, common_prefix
+from .drafters.base import Drafter, DraftRequest
+from .tokens import common_prefix
 
 
 @dataclass

@@ -245,3 +245,21 @@ def test_drafter_eagle3_needs_an_eagle3_head(model, tmp_path):
         create_drafter("eagle3", target, eagle_head=tmp_path / "eagle1")
     drafter = create_drafter("eagle", target, eagle_head=tmp_path / "eagle1")
     assert torch.equal(drafter.columns, torch.arange(64))  # the final state
+
+
+def test_drafters_are_named_as_asked_and_unknown_options_are_refused(model, tmp_path):
+    """The eagle3 drafter is called "eagle3" (its costs, metrics and select's candidates are kept apart from
+    eagle's); an option that no drafter takes is an error naming it, never silently dropped."""
+    target = loaded(model, "torch")
+    write_eagle3(tmp_path / "head", model)
+    assert create_drafter("eagle3", target, eagle_head=tmp_path / "head").name == "eagle3"
+    assert create_drafter("eagle3", target, eagle_head=tmp_path / "head").fork().name == "eagle3"
+    assert create_drafter("eagle", target, eagle_head=tmp_path / "head").name == "eagle"
+    chosen = create_drafter("select", target, eagle_head=tmp_path / "head", select_from="eagle,eagle3,ngram")
+    assert list(chosen.candidates) == ["eagle", "eagle3", "ngram"]  # once refused as the same candidate twice
+    with pytest.raises(ConfigError, match="unknown drafter option eagle_haed; the drafters take: .*eagle_head"):
+        create_drafter("eagle3", target, eagle_haed=tmp_path / "head")
+    with pytest.raises(ConfigError, match="unknown drafter options max_m, mn_n"):
+        create_drafter("ngram", target, mn_n=1, max_m=3)
+    # an option of another drafter is one of the shared set: the n-gram drafter does not take it
+    assert create_drafter("ngram", target, eagle_head=tmp_path / "head").name == "ngram"

@@ -7,7 +7,7 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.kernels import has_bf16_products
-from specdec.drafters.base import common_prefix
+from specdec.tokens import common_prefix
 from tiny import loaded, tiny_llama
 
 needs_bf16_products = pytest.mark.skipif(not has_bf16_products(), reason="the CPU lacks AVX-512 BF16")

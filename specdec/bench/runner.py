@@ -12,6 +12,7 @@ import torch
 
 from ..config import GenerationConfig
 from ..metrics import GenerationMetrics
+from ..tokens import first_difference
 from .prompts import BenchPrompt
 
 BASELINE = "hf_generate"
@@ -86,13 +87,6 @@ def top2_gap(hf_model, prompt_ids: list[int], prefix: list[int]) -> float:
     logits = hf_model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,

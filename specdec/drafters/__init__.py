@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from ..errors import ConfigError
@@ -26,13 +27,33 @@ def drafter_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def drafter_options() -> list[str]:
+    """Every option some drafter takes (the keyword arguments of the registered factories)."""
+    return sorted({n for f in _FACTORIES.values() for n in _takes(f)})
+
+
 def create_drafter(name: str, target, **options) -> Drafter | None:
-    """Builds the drafter `name` for the LoadedModel `target`; None for "none"."""
+    """Builds the drafter `name` for the LoadedModel `target`; None for "none".
+
+    `options` is one set shared by all drafters (a server hands the same options to every drafter a request may
+    pick): each drafter takes those it knows. An option no drafter knows is an error that names it."""
+    unknown = sorted(set(options) - set(drafter_options()))
+    if unknown:
+        raise ConfigError(f"unknown drafter option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the "
+                          f"drafters take: {', '.join(drafter_options())}")
     if name == "auto":
         name = auto_drafter_name(target, options)
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
-    return _FACTORIES[name](target, **options)
+    factory = _FACTORIES[name]
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(factory).parameters.values())
+    return factory(target, **(options if takes_all else {k: v for k, v in options.items() if k in _takes(factory)}))
+
+
+def _takes(factory) -> list[str]:
+    """The keyword options a factory names (after its target)."""
+    params = list(inspect.signature(factory).parameters.values())[1:]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def auto_drafter_name(target, options: dict) -> str:
@@ -66,19 +87,19 @@ def bundled_head(model_name: str, kind: str = "eagle"):
 
 
 @register("none")
-def _none(target, **options) -> None:
+def _none(target) -> None:
     return None
 
 
 @register("ngram")
-def _ngram(target, min_n: int = 2, max_n: int = 4, **ignored) -> Drafter:
+def _ngram(target, min_n: int = 2, max_n: int = 4) -> Drafter:
     from .ngram import NgramDrafter
 
     return NgramDrafter(min_n=min_n, max_n=max_n)
 
 
 @register("suffix")
-def _suffix(target, suffix_index=None, **ignored) -> Drafter:
+def _suffix(target, suffix_index=None) -> Drafter:
     from .suffix import SuffixDrafter, SuffixIndex, tokenizer_id
 
     shared = SuffixIndex.open(suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
@@ -87,8 +108,7 @@ def _suffix(target, suffix_index=None, **ignored) -> Drafter:
 
 
 @register("draft-model")
-def _draft_model(target, draft_model=None, trust_remote_code: bool = False, draft_p_min: float = 0.0,
-                 **ignored) -> Drafter:
+def _draft_model(target, draft_model=None, trust_remote_code: bool = False, draft_p_min: float = 0.0) -> Drafter:
     from ..models.loading import LoadedModel, load_model
     from .cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
     from .draft_model import DraftModelDrafter, check_p_min
@@ -107,7 +127,7 @@ def _draft_model(target, draft_model=None, trust_remote_code: bool = False, draf
 
 
 @register("layerskip")
-def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float = 0.0, **ignored) -> Drafter:
+def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float = 0.0) -> Drafter:
     from .draft_model import DraftModelDrafter
     from .layerskip import DEFAULT_EXIT_LAYER, EarlyExit
 
@@ -132,12 +152,12 @@ def tree_shape(tree_width: int | None = None, tree_nodes: int | None = None) -> 
 
 
 @register("eagle")
-def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
+def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
     return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "", tree_shape(tree_width, tree_nodes))
 
 
 @register("eagle3")
-def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
+def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
     """`eagle` with an EAGLE-3 head: the one given (which must be one), else the one shipped for the model."""
     return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3",
                           tree_shape(tree_width, tree_nodes))
@@ -158,6 +178,7 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict) -> Dra
     from .eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 
     kind = f"--kind eagle{version} " if version else ""
+    name = f"eagle{version}"
     if folder is None:
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
                           f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
@@ -172,14 +193,14 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict) -> Dra
     if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
             view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
-            return EagleDrafter(view, tree=tree, columns=columns, **shape)
+            return EagleDrafter(view, tree=tree, columns=columns, name=name, **shape)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
-    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns, **shape)
+    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns, name=name, **shape)
 
 
 @register("medusa")
-def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_nodes=None, **ignored) -> Drafter:
+def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
     import torch
 
     from ..kernels import KernelUnavailable
@@ -220,7 +241,7 @@ def _select(target, select_from=None, **options) -> Drafter:
         heads = {"eagle": options.get("eagle_head") or bundled_head(target.name),
                  "medusa": options.get("medusa_head") or bundled_head(target.name, "medusa")}
         names = [n for n in SELECT_DEFAULT if heads.get(n, True)]
-    return SelectingDrafter([_FACTORIES[n](target, **options) for n in names])
+    return SelectingDrafter([create_drafter(n, target, **options) for n in names])
 
 
 __all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

@@ -93,18 +93,3 @@ class Drafter(ABC):
     def fork(self) -> "Drafter":
         """A fresh drafter for another concurrent request, sharing weights and other heavy state."""
         raise NotImplementedError(f"drafter {self.name!r} cannot serve concurrent requests")
-
-
-def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
-    """Length of the longest common prefix of two token lists, at most `limit` (a binary search over slice
-    equality, which compares in C: thousands of tokens take microseconds)."""
-    lo, hi = 0, min(len(a), len(b), len(a) if limit is None else limit)
-    if hi > 0 and a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:  # a[:lo] == b[:lo]; the answer is at most hi
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -16,7 +16,8 @@ from ..errors import ConfigError
 from ..models.backend import CausalLM
 from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
-from .base import Draft, Drafter, DraftRequest, common_prefix
+from ..tokens import common_prefix
+from .base import Draft, Drafter, DraftRequest
 
 
 def check_p_min(p_min: float) -> float:

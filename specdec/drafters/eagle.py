@@ -19,7 +19,8 @@ import torch
 from ..adaptive import CostModel
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
-from .base import Draft, Drafter, DraftRequest, common_prefix
+from ..tokens import common_prefix
+from .base import Draft, Drafter, DraftRequest
 from .eagle3_head import Eagle3Head
 from .eagle_head import EagleHead
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
@@ -31,13 +32,15 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
                  max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
-                 fixed_size: bool = False):
+                 fixed_size: bool = False, name: str = "eagle"):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
         columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
-        final hidden state, the first H)."""
+        final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
+        kept per name: "eagle3" for an EAGLE-3 head asked for by that name)."""
+        self.name = name
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
@@ -52,7 +55,7 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size)
+                            self.columns, self.fixed_size, self.name)
 
     @property
     def sizes_itself(self) -> bool:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from ..adaptive import CostModel, DraftLengthPolicy
 from ..errors import ConfigError
 from ..verify import tree_children
-from .base import Draft, Drafter, DraftRequest, common_prefix
+from ..tokens import common_prefix
+from .base import Draft, Drafter, DraftRequest
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128

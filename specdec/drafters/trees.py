@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from .base import Draft, common_prefix
+from ..tokens import common_prefix
+from .base import Draft
 from .ngram import NgramDrafter
 
 

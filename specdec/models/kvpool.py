@@ -83,7 +83,7 @@ class KVPool:
 
 class PooledCaches:
     """Cache methods of a backend (CausalLM) whose sequences live in `self.pool`, a KVPool; optionally a prefix
-    cache (specdec/prefix_cache.py) parks finished sequences in the slots no running one needs."""
+    cache (prefix_cache.py) parks finished sequences in the slots no running one needs."""
 
     pool: KVPool
     prefix_cache = None
@@ -91,7 +91,7 @@ class PooledCaches:
     def enable_prefix_cache(self, max_entries: int) -> None:
         """Keeps up to `max_entries` finished sequences' caches for later prompts with the same beginning
         (0: none)."""
-        from ..prefix_cache import PrefixCache
+        from .prefix_cache import PrefixCache
 
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

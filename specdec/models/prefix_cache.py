@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters.base import common_prefix
-from .models.backend import SequenceCache
+from ..tokens import common_prefix
+from .backend import SequenceCache
 
 MIN_PREFIX_TOKENS = 16  # shorter matches are prefilled: a copy of the slot's rows would save next to nothing
 

@@ -1,0 +1,81 @@
+"""The layers of specdec's code: a lower layer never imports a higher one, and module-level imports have no cycle.
+
+Layers, lowest first: the model backends and kernels; the core (engine, drafters, verification, sampling, ...);
+training; the tools (bench); then the front ends (cli, server). Every import counts, those inside functions too.
+"""
+import ast
+from pathlib import Path
+
+import specdec
+
+ROOT = Path(specdec.__file__).parent
+FRONT = {"cli", "server"}
+TOOLS = {"bench"}
+LOW = {"models", "kernels", "errors", "files", "tokens", "config"}
+
+
+def imports(module_level_only: bool = False) -> dict[str, set[str]]:
+    """module -> the specdec modules it imports."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("specdec",) + path.relative_to(ROOT).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        package = name if is_package else name.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes = tree.body if module_level_only else ast.walk(tree)
+        found = set()
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                found.add(target)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        out[name] = {t for t in found if t == "specdec" or t.startswith("specdec.")}
+    return out
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_lower_layers_never_import_higher_ones():
+    bad = []
+    for module, targets in imports().items():
+        here = layer(module)
+        for target in targets:
+            there = layer(target)
+            if here in ("models", "kernels") and there not in LOW:
+                bad.append((module, target))  # the backends know nothing of drafters, engines or tools
+            elif here not in FRONT | TOOLS | {"training", ""} and there in FRONT | TOOLS | {"training"}:
+                bad.append((module, target))  # the core never imports training, tools or front ends
+            elif here in TOOLS | {"training"} and there in FRONT:
+                bad.append((module, target))
+    assert not bad, bad
+
+
+def test_module_level_imports_have_no_cycle():
+    graph = imports(module_level_only=True)
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            target = target if target in graph else target.rsplit(".", 1)[0]
+            if state.get(target) == 1:
+                return path + [target]
+            if target in graph and not state.get(target):
+                cycle = visit(target, path + [target])
+                if cycle:
+                    return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if not state.get(module):
+            cycle = visit(module, [module])
+            assert cycle is None, " -> ".join(cycle)
