@@ -33,6 +33,11 @@ def register(sub) -> None:
     p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
                    help="prefix cache entries of the server started here (0: off; default: 16, as `specdec serve`)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
+    p.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="instead of the load test, send N requests hypothesis writes (valid, invalid and hostile) "
+                        "one at a time, and check every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error "
+                        "(exit 1 on any other); needs the 'dev' extra (hypothesis)")
+    p.add_argument("--seed", type=int, default=0, help="--fuzz: hypothesis' seed")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
     p.set_defaults(run=run)
@@ -61,6 +66,8 @@ def run(args) -> int:
     from ..server.loadgen import MODES, floors, run_level, summarize
     from ..server.process import ServerProcess
 
+    if args.fuzz:
+        return _fuzz(args)
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     modes = [m.strip() for m in args.speculation.split(",") if m.strip()]
     if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1:
@@ -106,3 +113,39 @@ def run(args) -> int:
         Path(args.report).write_text(report, encoding="utf-8")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0 if summary["floors"]["lost_or_failed"] == 0 else 1
+
+
+def _fuzz(args) -> int:
+    import time
+
+    import httpx
+
+    from ..bench.fuzz import fuzz
+    from ..bench.runner import machine_info
+    from ..errors import ConfigError
+    from ..server.process import ServerProcess
+    from .common import require_extra
+
+    require_extra("hypothesis", "dev", "--fuzz")
+    if args.fuzz < 1:
+        raise ConfigError("--fuzz takes a number of requests >= 1")
+    server = None if args.url else ServerProcess(_server_args(args, 4)).start()
+    url = args.url.rstrip("/") if args.url else server.url
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    started = time.perf_counter()
+    try:
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        report = fuzz(url, model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
+    finally:
+        exit_status = server.stop() if server else None
+    summary = {"meta": {"url": url if args.url else "started here", "model": model, "seed": args.seed,
+                        "seconds": round(time.perf_counter() - started, 1), "server_exit_status": exit_status,
+                        "client_machine": machine_info()}, **report.as_dict()}
+    print(json.dumps({k: v for k, v in summary.items() if k != "first_problems"}, indent=1))
+    for issue in report.problems:
+        print(f"problem: {issue}", file=sys.stderr)
+    if args.out_json:
+        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out_json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        print(f"wrote {args.out_json}", file=sys.stderr)
+    return 0 if not report.problems and exit_status in (None, 0) else 1
