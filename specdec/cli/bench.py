@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import add_tree_options, check_minimums, draft_p_min
+from .common import add_tree_options, check_minimums, draft_p_min, require_extra
 
 
 def register(sub) -> None:
@@ -62,6 +62,8 @@ def run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
+    if args.report:  # before the run, not after it
+        require_extra("matplotlib", "bench", "--report")
     check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
     GenerationConfig.create(repetition_penalty=args.repetition_penalty)  # refuses a bad value before loading

@@ -133,3 +133,13 @@ def drafter_options(args) -> dict:
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
             "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes}
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Refuses `what` before any work when an optional dependency is missing: one line naming the extra."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs {module}, in the '{extra}' extra: pip install 'specdec[{extra}]'") from None
