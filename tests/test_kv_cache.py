@@ -190,3 +190,27 @@ def test_kernels_prefill_prompts_with_bf16_products():
     outs = default.forward_batch([going, new], [steps, prompt])
     assert torch.equal(outs[0].logits, later[0]) and torch.equal(outs[1].logits, first[0])
     assert going.length == len(prompt) + len(steps) and new.length == len(prompt)
+
+
+def test_ragged_rows_that_fit_alone_fit_in_one_batched_call():
+    """Padded to the longest row, a late-starting row and a long fresh one would run past the cache's end (the
+    soak's 5xx: "sequence of 521 tokens exceeds the cache's 512"); each fits alone, so the batch runs in groups
+    and scores each row as it scores alone."""
+    from specdec.models.loading import make_backend
+    from specdec.models.loading import model_info as info_of
+
+    model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
+    info = info_of("tiny", model, None, torch.device("cpu"), torch.float32)
+    backend = make_backend(model, info, "torch", slots=3, max_context=64)
+    late, fresh, other = backend.new_cache(), backend.new_cache(), backend.new_cache()
+    gen = torch.Generator().manual_seed(0)
+    backend.forward(late, torch.randint(0, 60, (50,), generator=gen))
+    backend.forward(other, torch.randint(0, 60, (10,), generator=gen))
+    inputs = [torch.randint(0, 60, (n,), generator=gen) for n in (4, 40, 3)]
+    outs = backend.forward_batch([late, fresh, other], inputs)
+    assert [c.length for c in (late, fresh, other)] == [54, 40, 13]
+    for cache, ids, out in zip((late, fresh, other), inputs, outs):
+        alone = backend.new_cache()
+        backend.copy_cache(cache, alone, cache.length - len(ids))
+        torch.testing.assert_close(out.logits, backend.forward(alone, ids).logits, atol=1e-5, rtol=1e-5)
+        backend.release(alone)

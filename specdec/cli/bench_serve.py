@@ -37,7 +37,13 @@ def register(sub) -> None:
                    help="instead of the load test, send N requests hypothesis writes (valid, invalid and hostile) "
                         "one at a time, and check every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error "
                         "(exit 1 on any other); needs the 'dev' extra (hypothesis)")
-    p.add_argument("--seed", type=int, default=0, help="--fuzz: hypothesis' seed")
+    p.add_argument("--soak", type=float, default=0, metavar="MINUTES",
+                   help="instead of the load test, a soak: --concurrency client loops (one level) send a mix of "
+                        "requests (streamed or not, greedy or sampled, JSON schema, tools, stop strings, prompts "
+                        "near the context limit, identical prompts together, streams dropped after a few chunks) "
+                        "for MINUTES; records ok, failed, lost, 5xx, TTFT, latency and server memory per minute "
+                        "(exit 1 on any lost request or 5xx)")
+    p.add_argument("--seed", type=int, default=0, help="--fuzz and --soak: the seed of the requests drawn")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
     p.set_defaults(run=run)
@@ -68,6 +74,8 @@ def run(args) -> int:
 
     if args.fuzz:
         return _fuzz(args)
+    if args.soak:
+        return _soak(args)
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     modes = [m.strip() for m in args.speculation.split(",") if m.strip()]
     if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1:
@@ -149,3 +157,51 @@ def _fuzz(args) -> int:
         Path(args.out_json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
         print(f"wrote {args.out_json}", file=sys.stderr)
     return 0 if not report.problems and exit_status in (None, 0) else 1
+
+
+def _soak(args) -> int:
+    import asyncio
+
+    import httpx
+
+    from ..bench.prompts import load_prompts
+    from ..bench.runner import machine_info
+    from ..errors import ConfigError
+    from ..server.process import ServerProcess
+    from ..server.soak import plot, soak, summarize
+
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if args.soak <= 0 or len(levels) != 1 or levels[0] < 1 or args.max_tokens < 1:
+        raise ConfigError("--soak takes minutes > 0 and one --concurrency level >= 1")
+    prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
+    server = None if args.url else ServerProcess(_server_args(args, levels[0])).start()
+    url = args.url.rstrip("/") if args.url else server.url
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        health = httpx.get(f"{url}/health", timeout=30).json()
+        context = health.get("max_context") or 2048
+        long_words = max(16, int(0.7 * (context - args.max_tokens)))
+        results, memory = asyncio.run(soak(url, model, prompts, args.soak, levels[0], args.max_tokens, long_words,
+                                           args.api_key, args.timeout, args.seed))
+    finally:
+        exit_status = server.stop() if server else None
+    summary = summarize(results, memory, args.soak, warmup_s=min(60.0, args.soak * 60 / 4))
+    summary["meta"] = {"url": url if args.url else "started here", "model": model, "drafter": health.get("drafter"),
+                       "concurrency": levels[0], "max_tokens": args.max_tokens, "long_prompt_words": long_words,
+                       "server_exit_status": exit_status, "client_machine": machine_info()}
+    totals = summary["totals"]
+    print(f"soak {args.soak:g} min at concurrency {levels[0]}: {totals['requests']} requests, ok {totals['ok']}, "
+          f"dropped on purpose {totals['dropped']}, failed {totals['failed']} (4xx {totals['http_4xx']}, "
+          f"5xx {totals['http_5xx']}), lost {totals['lost']}; memory growth after warm-up "
+          f"{summary['rss_growth_after_warmup']}", file=sys.stderr)
+    for error in summary["errors"]:
+        print(f"  error: {error}", file=sys.stderr)
+    if args.out_json:
+        out = Path(args.out_json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        if plot(summary, out.with_suffix(".png")):
+            print(f"wrote {out.with_suffix('.png')}", file=sys.stderr)
+        print(f"wrote {args.out_json}", file=sys.stderr)
+    return 0 if totals["lost"] == 0 and totals["http_5xx"] == 0 and exit_status in (None, 0) else 1

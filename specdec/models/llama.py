@@ -98,6 +98,12 @@ class FastLlama(PooledCaches, CausalLM):
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
         lengths = [ids.numel() for ids in input_ids]
+        groups = _fitting_groups([c.length for c in caches], lengths, self.max_context)
+        if len(groups) > 1:  # padded to the longest row, the rows together would run past the cache's end
+            outs = {i: out for group in groups for i, out in zip(group, self.forward_batch(
+                [caches[i] for i in group], [input_ids[i] for i in group], output_hidden=output_hidden,
+                last_only=last_only, layers=layers))}
+            return [outs[i] for i in range(len(caches))]
         T = max(lengths)
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
@@ -193,6 +199,20 @@ class FastLlama(PooledCaches, CausalLM):
         query = torch.arange(T, device=device)[None, :, None]  # (1, T, 1)
         rel = key - start  # (B, 1, end): key offset among this row's new tokens
         return (rel <= query).unsqueeze(1)  # (B, 1, T, end): cached keys have rel < 0
+
+
+def _fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+    """Rows in groups whose padded pass (the latest start plus the longest row) fits `capacity` cache rows; rows
+    sorted by start, so that a row that fits alone always fits its group. One group when all fit together."""
+    if max(starts) + max(lengths) <= capacity:
+        return [list(range(len(starts)))]
+    groups, current = [], []
+    for i in sorted(range(len(starts)), key=lambda i: starts[i]):
+        if current and max(starts[j] for j in current + [i]) + max(lengths[j] for j in current + [i]) > capacity:
+            groups.append(current)
+            current = []
+        current.append(i)
+    return groups + [current]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

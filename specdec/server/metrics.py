@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               disable_created_metrics, generate_latest)
 
 from ..metrics import GenerationMetrics
 
@@ -26,6 +26,7 @@ class ServerMetrics:
     def __init__(self):
         disable_created_metrics()  # no *_created series (process-wide)
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files (Linux)
         self.requests = Counter("specdec_requests", "HTTP requests by endpoint and status code (499: client gone)",
                                 ["endpoint", "status"], registry=r)
         self.finished = Counter("specdec_finished_sequences", "Ended sequences by finish reason (stop, length, "

@@ -141,5 +141,10 @@ def usage_chunk(meta: Meta, fins: list[Finished]) -> dict:
     return {**meta.head(True), "choices": [], "usage": usage(fins)}
 
 
+# Characters that JSON leaves raw but that line splitters such as Python's str.splitlines (httpx's aiter_lines)
+# take for line ends: escaped, so that no client reads half an event.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)}\n\n"
