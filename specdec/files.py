@@ -21,3 +21,18 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_tensors(path: Path, what: str) -> dict:
+    """The tensors of a safetensors file (never a pickle), or a one-line error naming `what` and the file when it
+    is missing, truncated or not safetensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .errors import IncompatibleDraftError
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise IncompatibleDraftError(f"{what} {path} cannot be read (damaged or not safetensors): {first}") from None

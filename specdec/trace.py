@@ -10,6 +10,7 @@ A trace holds the token ids of every prompt and output (their text, in effect): 
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import threading
 import time
@@ -29,6 +30,8 @@ class TraceWriter:
         except OSError as exc:
             raise ConfigError(f"cannot write the trace file {self.path}: {exc.strerror or exc}") from None
         self._lock = threading.Lock()
+        self._good = self._file.tell()  # the end of the last complete record
+        self.dropped = 0  # records not written (a full disk, an I/O error): generation goes on without them
         self._line({"type": "header", "model": model, "created": time.time(), "machine": platform.machine(),
                     "processor": platform.processor(),
                     "verify_costs_s": {str(t): s for t, s in sorted(verify_costs.items())}})
@@ -44,9 +47,23 @@ class TraceWriter:
                     "draft_s": m.draft_time_s, "verify_s": m.verify_time_s})
 
     def _line(self, record: dict) -> None:
+        """Appends one record; a failed write (a full disk) is cut back to the last complete record, logged once
+        and counted, and never reaches the request that ended."""
         with self._lock:
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+                self._file.flush()
+                self._good = self._file.tell()
+            except OSError as exc:
+                self.dropped += 1
+                if self.dropped == 1:
+                    logging.getLogger("specdec.trace").error("cannot write the trace %s (%s): requests go on, "
+                                                             "unrecorded", self.path, exc.strerror or exc)
+                try:
+                    self._file.seek(self._good)
+                    self._file.truncate()
+                except (OSError, ValueError):
+                    pass
 
     def close(self) -> None:
         with self._lock:

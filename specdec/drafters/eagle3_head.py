@@ -167,7 +167,7 @@ def new_eagle3_head(hf_model, name: str, draft_ids: torch.Tensor,
 def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
     """An EAGLE-3 head (specdec's or its authors' layout) onto the target (a LoadedModel). A specdec head is
     refused on any other target; one from elsewhere must match the target's sizes."""
-    from safetensors.torch import load_file
+    from ..files import read_tensors
 
     from .eagle_published import PICKLE_FILE, rope_frequencies
 
@@ -212,7 +212,7 @@ def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
                           rms_norm_eps=data.get("rms_norm_eps", 1e-6), vocab_size=mine.vocab_size,
                           draft_vocab_size=mine.draft_vocab_size, feature_layers=tuple(int(i) for i in layers),
                           fc_bias=bool(data.get("bias", False)))
-    tensors = load_file(str(weights))
+    tensors = read_tensors(weights, "the EAGLE-3 head")
     d2t = tensors.pop("d2t", None)
     tensors.pop("t2d", None)
     embed_copy = tensors.pop("embed_tokens.weight", None)

@@ -222,7 +222,7 @@ def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = Tr
 def load_head(folder: str | Path, target) -> EagleHead:
     """Loads a head onto its target (a LoadedModel): specdec's own (refused on any other target) or, from a folder
     without specdec's files, an EAGLE-1/2 head in its authors' layout (checked against the target's sizes)."""
-    from safetensors.torch import load_file
+    from ..files import read_tensors
 
     from .eagle_published import load_published
 
@@ -237,7 +237,7 @@ def load_head(folder: str | Path, target) -> EagleHead:
     if mine != config.target_fingerprint:
         raise IncompatibleDraftError(f"the EAGLE head in {folder} was trained for target {config.target!r} "
                                      f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
-    tensors = load_file(str(folder / HEAD_FILE))
+    tensors = read_tensors(folder / HEAD_FILE, "the EAGLE head")
     draft_ids = tensors.pop("draft_ids")
     head = EagleHead(config, *frozen_parts(hf_model, draft_ids))
     head.load_state_dict({k: v.float() for k, v in tensors.items()})

@@ -32,12 +32,12 @@ EMBED_KEY = "embed_tokens.weight"
 
 def load_published(folder: Path, target) -> EagleHead:
     """An EAGLE-1/2 head from its authors' files, onto the target (a LoadedModel) whose sizes it must have."""
-    from safetensors.torch import load_file
+    from ..files import read_tensors
 
     weights = _weights_file(folder)
     data = _read_config(folder)
     config = _config(data, folder, target)
-    state = _state(load_file(str(weights)), weights, target, bias=data.get("bias", True))
+    state = _state(read_tensors(weights, "the EAGLE head"), weights, target, bias=data.get("bias", True))
     embed, lm_head, draft_ids, _ = frozen_parts(target.hf_model, torch.arange(config.vocab_size))
     head = EagleHead(config, embed, lm_head, draft_ids, rope_frequencies(data, config.head_dim, folder))
     try:

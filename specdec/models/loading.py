@@ -146,7 +146,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, 
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
-    except (OSError, ValueError, ImportError, KeyError) as exc:
+    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as exc:  # SafetensorError: a damaged file
         raise _load_error(folder, gguf, exc) from None
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not vocab_size:
@@ -176,6 +176,7 @@ def _load_error(folder: str, gguf: str | None, exc: Exception) -> ModelLoadError
 
 
 def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_remote_code: bool):
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -187,7 +188,7 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
         if not gguf:
             kwargs["use_safetensors"] = True  # never unpickle weights
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
-    except (OSError, ValueError, ImportError, KeyError) as exc:
+    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as exc:  # SafetensorError: a damaged file
         raise _load_error(folder, gguf, exc) from None
     if gguf and getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None  # GGUF weights arrive dequantized
