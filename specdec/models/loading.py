@@ -146,7 +146,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, 
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
-    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as exc:  # SafetensorError: a damaged file
+    except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _load_error(folder, gguf, exc) from None
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not vocab_size:
