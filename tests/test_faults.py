@@ -170,3 +170,27 @@ def test_a_full_disk_under_the_trace_drops_records_not_requests(tmp_path, monkey
     assert writer.dropped == 2
     _, requests = read_trace(path)  # every line whole
     assert len(requests) == 2
+
+
+def test_kernels_that_fail_to_compile_fall_back_to_torch_with_a_note(monkeypatch, capsys):
+    from torch.utils import cpp_extension
+
+    from specdec import kernels
+    from specdec.models.llama import FastLlama
+    from specdec.models.loading import make_backend, model_info
+
+    def broken_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension 'specdec_cpu_llama': g++ failed\nmore lines")
+
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    info = model_info("tiny", model, None, torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)  # as on a CPU with AVX-512
+    monkeypatch.setattr(cpp_extension, "load", broken_compiler)
+    kernels.load.cache_clear()
+    try:
+        backend = make_backend(model, info, "auto")
+    finally:
+        kernels.load.cache_clear()
+    assert isinstance(backend, FastLlama)
+    err = capsys.readouterr().err
+    assert "building the CPU kernels failed: Error building extension" in err and "using the torch backend" in err
