@@ -61,6 +61,12 @@ class BatchEngine:
         state = SequenceState(prompt_ids, config, self.backend, made, speculation or self.speculation, self.costs,
                               allow_tree=False, tokenizer=self.tokenizer,
                               tracer=self.tracer)  # trees: once it runs alone (see step)
+        return self.admit(request_id, state)
+
+    def admit(self, request_id, state: SequenceState) -> SequenceState:
+        """Admits a request's state made elsewhere (SpecDecoder.start); it is prefilled at the next step."""
+        if self.free_slots <= 0:
+            raise RuntimeError("the batch is full")
         self.waiting.append((request_id, state))
         return state
 

@@ -5,11 +5,10 @@ same loop is plain autoregressive decoding (the baseline), so both run the same 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from .adaptive import CostModel, draft_length, measure_verify_costs
+from .adaptive import CostModel, measure_verify_costs
 from .config import GenerationConfig, SpeculationConfig
 from .detokenize import TextAssembler
 from .drafters.base import Drafter
@@ -241,23 +240,14 @@ class SpecDecoder:
                              tokenizer=self.target.tokenizer, tracer=self.tracer)
 
     def decode(self, state: SequenceState) -> Iterator[list[int]]:
-        """Runs the step loop for one sequence, yielding each step's new tokens."""
-        backend = self.target.backend
+        """Runs one sequence to its end, yielding each step's new tokens: the batch engine's step with a batch of
+        one (the same step serves generate_many and the server), so a sequence alone may draft trees."""
+        engine = self.batch_engine(max_batch=1)
+        engine.admit(0, state)
         try:
-            t0 = time.perf_counter()
-            out = backend.forward(state.cache, state.prefill_ids(), last_only=not state.prefill_all_logits,
-                                  output_hidden=state.needs_features)
-            yield state.start(out.logits, time.perf_counter() - t0, out.hidden)  # logits (1, V) or (prompt, V)
             while not state.finished:
-                k = draft_length(state, self.costs)
-                draft = state.propose(k)
-                ids = state.step_ids(draft)
-                t0 = time.perf_counter()
-                out = backend.forward(state.cache, ids, tree_mask=state.step_mask(draft),
-                                      output_hidden=state.needs_features)
-                seconds = time.perf_counter() - t0
-                self.costs.observe_verify(len(ids), seconds)
-                yield state.finish_step(draft, out.logits, seconds, out.hidden)  # logits (1 + k, V)
+                for event in engine.step():
+                    yield event.new_tokens
         finally:
             state.close()
 
