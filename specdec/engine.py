@@ -209,9 +209,9 @@ class SpecDecoder:
                 engine.add(i, ids, cfg)
             for event in engine.step():
                 state = event.state
-                _, kept = texts[event.request_id].add(event.new_tokens)
-                if kept is not None and not event.finished:  # a stop string: end this request now
-                    state.stop_within_step(event.new_tokens, kept)
+                finished_before = state.finished
+                state.take_text(texts[event.request_id], event.new_tokens)
+                if state.finished != finished_before:  # a stop string ended it: free its slot now
                     engine.cancel(event.request_id)
                 if state.finished:
                     text = texts[event.request_id]
@@ -269,9 +269,7 @@ class TextStream:
         steps = self.decoder.decode(seq)
         try:
             for new in steps:
-                delta, kept = text.add(new)
-                if kept is not None:  # a stop string ended the text: drop the tokens after it
-                    seq.stop_within_step(new, kept)
+                delta = seq.take_text(text, new)
                 if delta:
                     yield delta
                 if seq.finished:

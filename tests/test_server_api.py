@@ -199,6 +199,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slots(server, n):
 
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data][0] == "tiny"
+    for _ in range(2):  # the second is drafted from the first's answer (suffix index): the metrics have samples
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "the cat sat"}],
+                                       max_tokens=20, temperature=0,
+                                       extra_body={"speculation": {"drafter": "suffix", "adaptive": False}})
     health = httpx.get(server.url + "/health").json()  # no key needed
     assert health["status"] == "ok" and health["drafter"] == "ngram"
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
@@ -206,7 +210,8 @@ def test_models_health_and_metrics(server, client):
                  "specdec_draft_tokens_total", "specdec_accepted_tokens_total", "specdec_acceptance_rate",
                  "specdec_mean_accepted_tokens", "specdec_drafting_steps_total",
                  "specdec_mean_acceptance_length", "specdec_time_to_first_token_seconds_bucket",
-                 "specdec_request_latency_seconds_bucket", "specdec_queue_depth", "specdec_running_batch_size"):
+                 "specdec_request_latency_seconds_bucket", "specdec_queue_depth", "specdec_running_batch_size",
+                 "process_resident_memory_bytes"):
         assert re.search(rf"^{name}[ {{]", text, re.M), name
     # per draft position (as vLLM exports them): the positions sum to the totals
     for kind in ("draft", "accepted"):

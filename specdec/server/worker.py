@@ -275,9 +275,9 @@ class EngineWorker:
         if live is None:
             return
         state, new = event.state, event.new_tokens
-        text, kept = live.text.add(new)
-        if kept is not None:  # a stop string ended the text: drop the tokens after it, end the request
-            state.stop_within_step(new, kept)
+        finished_before = state.finished
+        text = state.take_text(live.text, new)
+        if state.finished != finished_before:  # a stop string ended it: free its slot now
             self.engine.cancel(event.request_id)  # no-op when the engine already ended it
         if state.finished:
             text += live.text.flush()
