@@ -31,6 +31,18 @@ class RequestResult:
     error: str = ""
 
 
+async def stream_events(response):
+    """The JSON events of an OpenAI-style server-sent stream in order, then None once `data: [DONE]` arrives (a
+    stream cut short ends without it)."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            yield None
+            return
+        yield json.loads(line[6:])
+
+
 async def one_request(client, url: str, body: dict) -> RequestResult:
     t0 = time.perf_counter()
     ttft, usage, done = None, None, False
@@ -39,13 +51,10 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
                 return RequestResult("failed", time.perf_counter() - t0, error=f"HTTP {r.status_code}: {text[:200]}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
+            async for obj in stream_events(r):
+                if obj is None:
                     done = True
                     break
-                obj = json.loads(line[6:])
                 if "error" in obj:
                     return RequestResult("failed", time.perf_counter() - t0, error=str(obj["error"])[:200])
                 usage = obj.get("usage") or usage

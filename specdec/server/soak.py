@@ -14,10 +14,11 @@ minute gives ok, failed, lost and 5xx counts, p50/p99 time to first token and la
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import asdict, dataclass
+
+from .loadgen import stream_events
 
 KINDS = ("stream", "plain", "sampled", "json", "tool", "stop", "long", "same", "drop")
 WORDS = ("the cat sat on the mat and looked at the sun while a big red dog ran to the house " * 4).split()
@@ -79,13 +80,10 @@ async def one_request(client, url: str, kind: str, body: dict, stream: bool, t_s
                 text = (await r.aread()).decode(errors="replace")
                 return SoakResult(kind, "failed", started, time.perf_counter() - t0, http_status=r.status_code,
                                   error=text[:200])
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
+            async for event in stream_events(r):
+                if event is None:
                     done = True
                     break
-                event = json.loads(line[6:])
                 if "error" in event:
                     return SoakResult(kind, "failed", started, time.perf_counter() - t0, ttft, 200,
                                       str(event["error"])[:200])
