@@ -68,6 +68,9 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="EAGLE and Medusa trees hold the N most probable nodes, drafted to depth -k, whatever they "
                         "cost (default: as many as pay under the measured verify costs, up to 48)")
+    p.add_argument("--calibrate-trees", action="store_true",
+                   help="EAGLE trees are scored by the acceptance observed for the head's confidences, per draft "
+                        "depth and confidence bucket, instead of the raw confidences (docs/drafters.md)")
 
 
 def check_minimums(args, minimums: dict[str, float]) -> None:
@@ -132,7 +135,7 @@ def drafter_options(args) -> dict:
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
             "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
-            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes}
+            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees}
 
 
 def require_extra(module: str, extra: str, what: str) -> None:

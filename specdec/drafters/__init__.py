@@ -152,18 +152,21 @@ def tree_shape(tree_width: int | None = None, tree_nodes: int | None = None) -> 
 
 
 @register("eagle")
-def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
-    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "", tree_shape(tree_width, tree_nodes))
+def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None,
+           calibrate_trees: bool = False) -> Drafter:
+    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "", tree_shape(tree_width, tree_nodes),
+                          calibrate_trees)
 
 
 @register("eagle3")
-def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
+def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None,
+            calibrate_trees: bool = False) -> Drafter:
     """`eagle` with an EAGLE-3 head: the one given (which must be one), else the one shipped for the model."""
     return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3",
-                          tree_shape(tree_width, tree_nodes))
+                          tree_shape(tree_width, tree_nodes), calibrate_trees)
 
 
-def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict) -> Drafter:
+def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict, calibrate: bool = False) -> Drafter:
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
     be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
     bfloat16 target, else float32. An EAGLE-3 head makes the target return the inputs of the layers it reads."""
@@ -179,6 +182,10 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict) -> Dra
 
     kind = f"--kind eagle{version} " if version else ""
     name = f"eagle{version}"
+    if calibrate:
+        from .calibration import Calibration
+
+        shape = {**shape, "calibration": Calibration()}
     if folder is None:
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
                           f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "

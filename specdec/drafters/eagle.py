@@ -21,6 +21,7 @@ from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix
 from .base import Draft, Drafter, DraftRequest
+from .calibration import Calibration, accepted_path, node_depths
 from .eagle3_head import Eagle3Head
 from .eagle_head import EagleHead
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
@@ -32,15 +33,18 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
                  max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
-                 fixed_size: bool = False, name: str = "eagle"):
+                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
         columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
         final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
-        kept per name: "eagle3" for an EAGLE-3 head asked for by that name)."""
+        kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
+        sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
+        the raw confidences."""
         self.name = name
+        self.calibration = calibration
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
@@ -55,7 +59,7 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size, self.name)
+                            self.columns, self.fixed_size, self.name, self.calibration)
 
     @property
     def sizes_itself(self) -> bool:
@@ -69,6 +73,7 @@ class EagleDrafter(Drafter):
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
         self.penalties: SubsetPenalties | None = None  # the request's penalties at the context being drafted
+        self.last_tree: tuple | None = None  # (context length, tokens, parents, draft probs) of the last tree
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -90,6 +95,7 @@ class EagleDrafter(Drafter):
             return Draft.empty()
         root = self._sync(context)
         self.penalties = self._penalties(context)
+        self._observe_last_tree(context)
         if self.sizes_itself:
             return self._tree(root, context, min(k, self.max_depth))
         return self._chain(root, len(context), k)
@@ -161,7 +167,7 @@ class EagleDrafter(Drafter):
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
-        tokens, parents, depths, scores = [], [], [], []
+        tokens, parents, depths, scores, draft_probs = [], [], [], [], []
         hidden_of: dict[int, torch.Tensor] = {-1: root}
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
@@ -173,7 +179,9 @@ class EagleDrafter(Drafter):
             lp = torch.log_softmax(self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths), -1)
             top = torch.topk(lp, width, dim=-1)
             base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
-            total = (base[:, None] + top.values).flatten()  # (F * width,) cumulative log-probs
+            step = top.values if self.calibration is None else self.calibration.log_probability(depth, top.values.exp())
+            total = (base[:, None] + step).flatten()  # (F * width,) cumulative log-probs of acceptance
+            raw_q = top.values.exp().flatten().tolist()
             keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
             cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
             frontier_before, frontier = frontier, []
@@ -182,6 +190,7 @@ class EagleDrafter(Drafter):
                 parents.append(frontier_before[c // width])
                 depths.append(depth)
                 scores.append(cand_scores[c])
+                draft_probs.append(raw_q[c])
                 frontier.append(len(tokens) - 1)
             if depth == depth_cap or math.exp(scores[frontier[0]]) < floor:
                 break
@@ -201,4 +210,21 @@ class EagleDrafter(Drafter):
             for r, node in enumerate(frontier):
                 hidden_of[node] = out[r]
             fed += frontier
-        return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)
+        draft = finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)
+        if self.calibration is not None:
+            q_of = {tuple(path_tokens(i, tokens, parents)): q for i, q in enumerate(draft_probs)}
+            drafted, tree_parents = draft.tokens.tolist(), list(draft.parents)
+            probs = [q_of.get(tuple(path_tokens(j, drafted, tree_parents))) for j in range(len(drafted))]
+            self.last_tree = (len(context), drafted, tree_parents, probs)
+        return draft
+
+    def _observe_last_tree(self, context: list[int]) -> None:
+        """Counts, for the calibration, which nodes of the last tree the target accepted (the context now holds
+        the tokens it kept after the drafted position)."""
+        if self.last_tree is None or self.calibration is None:
+            return
+        start, drafted, tree_parents, probs = self.last_tree
+        self.last_tree = None
+        if len(context) > start:
+            accepted = accepted_path(drafted, tree_parents, context[start:])
+            self.calibration.observe(node_depths(tree_parents), probs, tree_parents, accepted)
