@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from ..errors import ConfigError
 from ..files import write_atomic
+from ..models.loading import cpu_has_bf16
 from .batching import TrainSettings, batches, collate, is_heldout, windows
 from .eagle_trainer import unrolled_losses
 
@@ -55,10 +56,13 @@ class Trainer:
         vocab = head.config.vocab_size
         self.vocab_index = torch.full((vocab,), -1, dtype=torch.long)
         self.vocab_index[head.draft_ids] = torch.arange(len(head.draft_ids))
-        # the frozen tables are read in bfloat16 under autocast anyway: cast them once, not at every product
-        for table in ("embed", "draft_lm_head"):
-            if getattr(head, table, None) is not None:
-                setattr(head, table, getattr(head, table).to(torch.bfloat16))
+        # bfloat16 autocast where the CPU multiplies bfloat16 natively; elsewhere (AVX2) it is emulated, several
+        # times slower than float32, so training stays in float32 there
+        self.bf16 = cpu_has_bf16()
+        if self.bf16:  # the frozen tables are read in bfloat16 under autocast anyway: cast them once
+            for table in ("embed", "draft_lm_head"):
+                if getattr(head, table, None) is not None:
+                    setattr(head, table, getattr(head, table).to(torch.bfloat16))
         self.params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.elapsed, self.tokens_seen, self.history = 0, 0.0, 0, []
@@ -121,7 +125,7 @@ class Trainer:
         t0 = time.time()
         self.head.train()
         batch = collate(group, self.cfg.max_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             losses, _ = self.objective(self.head, batch, self.cfg, self.vocab_index, True)
         loss = sum(l * self.cfg.step_decay ** i for i, l in enumerate(losses))
         for g in self.opt.param_groups:
