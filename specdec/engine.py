@@ -209,9 +209,8 @@ class SpecDecoder:
                 engine.add(i, ids, cfg)
             for event in engine.step():
                 state = event.state
-                finished_before = state.finished
-                state.take_text(texts[event.request_id], event.new_tokens)
-                if state.finished != finished_before:  # a stop string ended it: free its slot now
+                _, stopped = state.take_text(texts[event.request_id], event.new_tokens)
+                if stopped:  # free its slot now (a no-op when the engine already ended it)
                     engine.cancel(event.request_id)
                 if state.finished:
                     text = texts[event.request_id]
@@ -269,7 +268,7 @@ class TextStream:
         steps = self.decoder.decode(seq)
         try:
             for new in steps:
-                delta = seq.take_text(text, new)
+                delta, _ = seq.take_text(text, new)
                 if delta:
                     yield delta
                 if seq.finished:

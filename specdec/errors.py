@@ -1,6 +1,12 @@
 """User-facing errors: each carries one line that the CLI and the server show as is."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class SpecdecError(Exception):
     """Base class for errors caused by the user's input or environment, not by a bug."""
 

@@ -29,10 +29,10 @@ def read_tensors(path: Path, what: str) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from .errors import IncompatibleDraftError
+    from .errors import IncompatibleDraftError, first_line
 
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise IncompatibleDraftError(f"{what} {path} cannot be read (damaged or not safetensors): {first}") from None
+        raise IncompatibleDraftError(f"{what} {path} cannot be read (damaged or not safetensors): "
+                                     f"{first_line(exc)}") from None

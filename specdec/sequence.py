@@ -177,14 +177,13 @@ class SequenceState:
         self.metrics.new_tokens += len(new)
         return new
 
-    def take_text(self, text, new: list[int]) -> str:
-        """The text delta of a step's new tokens, through the request's TextAssembler (detokenize.py): the one
-        place stop strings end a request. A stop string in the delta ends the request there, and the tokens after
-        it are dropped (the engine frees the request's slot at its next step, or at once on cancel)."""
+    def take_text(self, text, new: list[int]) -> tuple[str, bool]:
+        """(text delta of a step's new tokens through the request's TextAssembler, whether a stop string ended the
+        request there): the one place stop strings end a request (the tokens after one are dropped)."""
         delta, kept = text.add(new)
         if kept is not None:
             self.stop_within_step(new, kept)
-        return delta
+        return delta, kept is not None
 
     def stop_within_step(self, new: list[int], kept: int) -> None:
         """A stop string ended the text within this step's new tokens: keeps the first `kept` of them."""

@@ -59,18 +59,41 @@ def _server_args(args, max_batch: int) -> list[str]:
     return out
 
 
+class _Server:
+    """The server a run talks to: the one at --url, or `specdec serve` started here for `max_batch` requests (stop()
+    ends it and keeps its exit status); model and health are read from it at once."""
+
+    def __init__(self, args, max_batch: int):
+        import httpx
+
+        from ..server.process import ServerProcess
+
+        self.process = None if args.url else ServerProcess(_server_args(args, max_batch)).start()
+        self.url = args.url.rstrip("/") if args.url else self.process.url
+        self.where = self.url if args.url else "started here"
+        self.exit_status = None
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        try:
+            self.model = httpx.get(f"{self.url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+            self.health = httpx.get(f"{self.url}/health", timeout=30).json()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.exit_status = self.process.stop()
+
+
 def run(args) -> int:
     import asyncio
     import os
-
-    import httpx
 
     from ..bench.prompts import load_prompts
     from ..bench.runner import machine_info
     from ..errors import ConfigError
     from ..server.bench_report import markdown
     from ..server.loadgen import MODES, floors, run_level, summarize
-    from ..server.process import ServerProcess
 
     if args.fuzz:
         return _fuzz(args)
@@ -82,12 +105,9 @@ def run(args) -> int:
         raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
-    server = None if args.url else ServerProcess(_server_args(args, max(levels))).start()
-    url = args.url.rstrip("/") if args.url else server.url
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    server = _Server(args, max(levels))
+    url, model, health = server.url, server.model, server.health
     try:
-        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-        health = httpx.get(f"{url}/health", timeout=30).json()
         common = dict(max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
                       timeout=args.timeout)
         for mode in modes:  # warm-up, not measured
@@ -102,12 +122,12 @@ def run(args) -> int:
                       f"{r['latency_s']['mean'] or 0:.2f}s, TTFT {r['ttft_s']['mean'] or 0:.2f}s, ok {r['ok']}, failed "
                       f"{r['failed']}, lost {r['lost']}", file=sys.stderr, flush=True)
     finally:
-        exit_status = server.stop() if server else None
-    summary = {"meta": {"url": url if args.url else "started here", "model": model, "drafter": health.get("drafter"),
+        server.stop()
+    summary = {"meta": {"url": server.where, "model": model, "drafter": health.get("drafter"),
                         "max_batch": health.get("max_batch"), "prefix_cache": health.get("prefix_cache"),
                         "prompt_file": str(args.prompts), "prompts": len(prompts),
                         "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": levels,
-                        "server_exit_status": exit_status, "client_machine": machine_info(),
+                        "server_exit_status": server.exit_status, "client_machine": machine_info(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
                "runs": runs, "floors": floors(runs)}
     report = markdown(summary)
@@ -126,28 +146,22 @@ def run(args) -> int:
 def _fuzz(args) -> int:
     import time
 
-    import httpx
-
     from ..bench.fuzz import fuzz
     from ..bench.runner import machine_info
     from ..errors import ConfigError
-    from ..server.process import ServerProcess
     from .common import require_extra
 
     require_extra("hypothesis", "dev", "--fuzz")
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
-    server = None if args.url else ServerProcess(_server_args(args, 4)).start()
-    url = args.url.rstrip("/") if args.url else server.url
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    server = _Server(args, 4)
     started = time.perf_counter()
     try:
-        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-        report = fuzz(url, model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
+        report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
     finally:
-        exit_status = server.stop() if server else None
-    summary = {"meta": {"url": url if args.url else "started here", "model": model, "seed": args.seed,
-                        "seconds": round(time.perf_counter() - started, 1), "server_exit_status": exit_status,
+        server.stop()
+    summary = {"meta": {"url": server.where, "model": server.model, "seed": args.seed,
+                        "seconds": round(time.perf_counter() - started, 1), "server_exit_status": server.exit_status,
                         "client_machine": machine_info()}, **report.as_dict()}
     print(json.dumps({k: v for k, v in summary.items() if k != "first_problems"}, indent=1))
     for issue in report.problems:
@@ -156,40 +170,33 @@ def _fuzz(args) -> int:
         Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out_json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
         print(f"wrote {args.out_json}", file=sys.stderr)
-    return 0 if not report.problems and exit_status in (None, 0) else 1
+    return 0 if not report.problems and server.exit_status in (None, 0) else 1
 
 
 def _soak(args) -> int:
     import asyncio
 
-    import httpx
-
     from ..bench.prompts import load_prompts
     from ..bench.runner import machine_info
     from ..errors import ConfigError
-    from ..server.process import ServerProcess
     from ..server.soak import plot, soak, summarize
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if args.soak <= 0 or len(levels) != 1 or levels[0] < 1 or args.max_tokens < 1:
         raise ConfigError("--soak takes minutes > 0 and one --concurrency level >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
-    server = None if args.url else ServerProcess(_server_args(args, levels[0])).start()
-    url = args.url.rstrip("/") if args.url else server.url
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    server = _Server(args, levels[0])
+    context = server.health.get("max_context") or 2048
+    long_words = max(16, int(0.7 * (context - args.max_tokens)))
     try:
-        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-        health = httpx.get(f"{url}/health", timeout=30).json()
-        context = health.get("max_context") or 2048
-        long_words = max(16, int(0.7 * (context - args.max_tokens)))
-        results, memory = asyncio.run(soak(url, model, prompts, args.soak, levels[0], args.max_tokens, long_words,
-                                           args.api_key, args.timeout, args.seed))
+        results, memory = asyncio.run(soak(server.url, server.model, prompts, args.soak, levels[0], args.max_tokens,
+                                           long_words, args.api_key, args.timeout, args.seed))
     finally:
-        exit_status = server.stop() if server else None
+        server.stop()
     summary = summarize(results, memory, args.soak, warmup_s=min(60.0, args.soak * 60 / 4))
-    summary["meta"] = {"url": url if args.url else "started here", "model": model, "drafter": health.get("drafter"),
+    summary["meta"] = {"url": server.where, "model": server.model, "drafter": server.health.get("drafter"),
                        "concurrency": levels[0], "max_tokens": args.max_tokens, "long_prompt_words": long_words,
-                       "server_exit_status": exit_status, "client_machine": machine_info()}
+                       "server_exit_status": server.exit_status, "client_machine": machine_info()}
     totals = summary["totals"]
     print(f"soak {args.soak:g} min at concurrency {levels[0]}: {totals['requests']} requests, ok {totals['ok']}, "
           f"dropped on purpose {totals['dropped']}, failed {totals['failed']} (4xx {totals['http_4xx']}, "
@@ -204,4 +211,4 @@ def _soak(args) -> int:
         if plot(summary, out.with_suffix(".png")):
             print(f"wrote {out.with_suffix('.png')}", file=sys.stderr)
         print(f"wrote {args.out_json}", file=sys.stderr)
-    return 0 if totals["lost"] == 0 and totals["http_5xx"] == 0 and exit_status in (None, 0) else 1
+    return 0 if totals["lost"] == 0 and totals["http_5xx"] == 0 and server.exit_status in (None, 0) else 1

@@ -242,10 +242,10 @@ def _read_head(load, folder, target):
     except SpecdecError:
         raise
     except (ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        from ..errors import IncompatibleDraftError
+        from ..errors import IncompatibleDraftError, first_line
 
-        raise IncompatibleDraftError(f"cannot load the head in {folder}: {type(exc).__name__}: {first}") from None
+        raise IncompatibleDraftError(f"cannot load the head in {folder}: {type(exc).__name__}: "
+                                     f"{first_line(exc)[:300]}") from None
 
 
 SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select", those available for the target

@@ -112,14 +112,15 @@ class SuffixIndex:
 
         if self.path is None:
             return
+        from ..files import write_atomic
+
         tokens = [t for sequence in self.sequences for t in sequence]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        save_file({"tokens": torch.tensor(tokens, dtype=torch.int32),
-                   "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)}, str(tmp),
-                  metadata={"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n),
-                            **({"tokenizer": self.tokenizer} if self.tokenizer else {}),
-                            **({"model": self.model} if self.model else {})})
-        os.replace(tmp, self.path)
+        tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32),
+                   "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)}
+        metadata = {"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n),
+                    **({"tokenizer": self.tokenizer} if self.tokenizer else {}),
+                    **({"model": self.model} if self.model else {})}
+        write_atomic(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         self.saved_at = time.monotonic()
 
     # ---- counting ---------------------------------------------------------------------------------

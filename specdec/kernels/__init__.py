@@ -11,7 +11,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import SpecdecError
+from ..errors import SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
@@ -87,5 +87,4 @@ def load():
             extra_ldflags=_openmp_link_flags(),
             verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
     except (RuntimeError, OSError, ImportError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise KernelUnavailable(f"building the CPU kernels failed: {first_line}") from None
+        raise KernelUnavailable(f"building the CPU kernels failed: {first_line(exc)}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config import BACKENDS, check_device_dtype
-from ..errors import ConfigError, ModelLoadError
+from ..errors import ConfigError, ModelLoadError, first_line
 from .backend import CausalLM, HFBackend, ModelInfo
 from .registry import KNOWN_MODELS
 
@@ -168,7 +168,7 @@ def _quiet_transformers() -> None:
 
 
 def _load_error(folder: str, gguf: str | None, exc: Exception) -> ModelLoadError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc)
     hint = ""
     if not Path(folder).exists() and not os.environ.get("HF_HUB_OFFLINE"):
         hint = " (the Hugging Face hub may be unreachable: pass a local folder or a .gguf file)"

@@ -275,9 +275,8 @@ class EngineWorker:
         if live is None:
             return
         state, new = event.state, event.new_tokens
-        finished_before = state.finished
-        text = state.take_text(live.text, new)
-        if state.finished != finished_before:  # a stop string ended it: free its slot now
+        text, stopped = state.take_text(live.text, new)
+        if stopped:  # free its slot now
             self.engine.cancel(event.request_id)  # no-op when the engine already ended it
         if state.finished:
             text += live.text.flush()
