@@ -78,7 +78,10 @@ def penalize(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, cfg
         x[:, ids] += torch.tensor([b for _, b in cfg.logit_bias], dtype=torch.float32, device=x.device)
     if cfg.repetition_penalty != 1.0:
         penalized = torch.where(x > 0, x / cfg.repetition_penalty, x * cfg.repetition_penalty)
-        x = torch.where(seen, penalized, x)
+        # a penalty near 0 (or near 100 with huge logits) overflows float32: two infinite logits would make
+        # softmax's (inf - inf) a NaN, so they stop at the largest finite value instead
+        limit = torch.finfo(torch.float32).max
+        x = torch.where(seen, penalized.clamp(-limit, limit), x)
     if cfg.frequency_penalty:
         x -= cfg.frequency_penalty * counts
     if cfg.presence_penalty:

@@ -36,6 +36,18 @@ def test_penalize_example():
     assert torch.equal(got, torch.tensor([[-0.25, -2.0, 3.0, -0.25]]))
 
 
+@pytest.mark.parametrize("penalty", [5e-324, 1e-38, 100.0])
+def test_extreme_repetition_penalties_keep_the_logits_finite_and_sampling_defined(target_model, penalty):
+    logits = torch.tensor([[3.0e38, 2.0, -1.0, -3.0e38]])
+    seen = torch.ones_like(logits, dtype=torch.bool)
+    got = penalize(logits, torch.zeros_like(logits), seen, SamplingConfig(repetition_penalty=penalty))
+    assert torch.isfinite(got).all() and torch.isfinite(torch.softmax(got, -1)).all()
+    decoder = SpecDecoder(loaded(target_model), NgramDrafter())
+    ids, _ = decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=6, temperature=1.0, seed=1,
+                                                                  repetition_penalty=penalty))
+    assert len(ids) == 6
+
+
 def test_repetition_penalty_matches_transformers_processor():
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 

@@ -1,16 +1,19 @@
 """Fuzzing an OpenAI-compatible server with requests hypothesis writes: valid, invalid and hostile ones.
 
-Every endpoint (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and paths and methods that
-do not exist) gets bodies built field by field from valid values, half of them then spoiled in one to three fields
-(wrong types, NaN, huge numbers, empty strings, unknown keys), and some bodies are not JSON objects at all. The rule
+The requests are written from the server's own OpenAPI document (GET /openapi.json, server/openapi.py) by
+schemathesis: bodies valid by its schemas for /v1/completions and /v1/chat/completions and bodies it makes
+invalid, valid ones spoiled in one to three fields (wrong types, NaN, huge numbers, empty strings, unknown keys),
+bodies that are not JSON objects at all, every GET path it names, and paths and methods it does not name. The rule
 each answer must keep (`problem`): a 2xx in OpenAI's shape (a stream of well-formed events ending in [DONE]), or a
 4xx with an OpenAI error object; never a 5xx, a malformed body, or no answer within the timeout; and the server
-serves the next request. hypothesis and httpx are the `dev` extra's.
+serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from ..errors import ConfigError
 
 GENERATION = ("/v1/completions", "/v1/chat/completions")
 
@@ -41,72 +44,83 @@ class FuzzReport:
                 "first_problems": self.problems}
 
 
-def requests(model: str, vocab: int = 1000):
-    """A hypothesis strategy of FuzzRequests against a server serving `model`."""
+# the fuzzer keeps generations short and bodies small: the schema's ranges are the server's, these are the run's
+TIGHTER = {"max_tokens": {"maximum": 6}, "max_completion_tokens": {"maximum": 6}, "n": {"maximum": 3},
+           "top_logprobs": {"maximum": 5}, "logprobs": {"maximum": 5}, "messages": {"maxItems": 3},
+           "stop": {"maxItems": 4}, "tools": {"maxItems": 2}, "logit_bias": {"maxProperties": 3}}
+
+
+def fuzz_document(document: dict) -> dict:
+    """The OpenAPI document with its request schemas resolved and cut to fuzzing sizes (TIGHTER; strings of at
+    most 40 characters, arrays of at most 8 items), for schemathesis to write requests from."""
+    schemas = document["components"]["schemas"]
+
+    def resolve(node, name: str | None = None):
+        if isinstance(node, list):
+            return [resolve(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return resolve(schemas[node["$ref"].rsplit("/", 1)[1]], name)
+        out = {k: {n: resolve(sub, n) for n, sub in v.items()} if k == "properties" else resolve(v)
+               for k, v in node.items()}
+        if out.get("type") == "string" and "enum" not in out:
+            out["maxLength"] = min(out.get("maxLength", 40), 40)
+        if out.get("type") == "array":
+            out["maxItems"] = min(out.get("maxItems", 8), 8)
+        return {**out, **TIGHTER.get(name, {})}  # size keywords bind only values of their type: safe on any node
+
+    cut = {name: resolve(schema) if name.endswith("Request") else schema for name, schema in schemas.items()}
+    return {**document, "components": {**document["components"], "schemas": cut}}
+
+
+def requests(document: dict):
+    """A hypothesis strategy of FuzzRequests written from a server's OpenAPI document: for each POST operation,
+    bodies valid by its schema and bodies schemathesis makes invalid, valid ones spoiled in one to three fields by
+    junk of any type, and bodies that are not JSON objects at all; every GET path it names; and paths and methods
+    it does not name."""
+    import schemathesis
     from hypothesis import strategies as st
+    from schemathesis import GenerationMode
 
     junk = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=12),
                      st.lists(st.integers(-3, 5), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(),
                                                                               max_size=2))
 
-    text = st.text(max_size=40)
-    common = {
-        "model": st.just(model),
-        "max_tokens": st.integers(1, 6),
-        "temperature": st.floats(0, 2),
-        "top_p": st.floats(0.05, 1), "top_k": st.integers(-1, 50),
-        "n": st.integers(1, 3), "seed": st.integers(0, 2 ** 63 - 1),
-        "stop": st.one_of(text, st.lists(st.text(min_size=1, max_size=6), max_size=4)),
-        "stream": st.booleans(),
-        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-        "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
-        "repetition_penalty": st.floats(0.5, 2),
-        "logit_bias": st.dictionaries(st.integers(0, vocab).map(str), st.floats(-100, 100), max_size=3),
-        "ignore_eos": st.booleans(),
-        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-                "a": {"type": "integer"}}, "required": ["a"]}}}]),
-        "speculation": st.fixed_dictionaries({}, optional={
-            "drafter": st.sampled_from(["none", "auto", "ngram", "suffix", "eagle", "nonsense"]),
-            "num_speculative_tokens": st.integers(-1, 12), "adaptive": st.booleans()}),
-        "user": text,
-    }
-    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]), "content": text})
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    chat_fields = {**common, "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5),
-                   "max_completion_tokens": st.integers(1, 6), "tools": st.just([tool]),
-                   "tool_choice": st.sampled_from(["auto", "none", "required",
-                                                   {"type": "function", "function": {"name": "get_weather"}}])}
-    completion_fields = {**common, "logprobs": st.integers(0, 5), "echo": st.booleans()}
-    chat = st.fixed_dictionaries({"model": st.just(model), "messages": st.lists(message, min_size=1, max_size=3)},
-                                 optional={k: v for k, v in chat_fields.items() if k != "model"})
-    completion = st.fixed_dictionaries({"model": st.just(model), "prompt": st.one_of(
-        text, st.lists(st.integers(0, vocab), min_size=1, max_size=8))},
-        optional={k: v for k, v in completion_fields.items() if k != "model"})
-
     def spoiled(bodies, fields):
-        """Half the bodies as they are; the others with one to three fields (or an unknown one) set to junk."""
-        keys = st.sampled_from(sorted(fields) + ["messages", "prompt", "unknown_field"])
-        changes = st.one_of(st.just([]), st.lists(st.tuples(keys, junk), min_size=1, max_size=3))
+        """Bodies with one to three fields (or an unknown one) set to junk."""
+        keys = st.sampled_from(sorted(fields) + ["unknown_field"])
+        changes = st.lists(st.tuples(keys, junk), min_size=1, max_size=3)
         return st.tuples(bodies, changes).map(lambda pair: {**pair[0], **dict(pair[1])})
 
-    chat, completion = spoiled(chat, chat_fields), spoiled(completion, completion_fields)
-
-    def encoded(body) -> bytes:
-        return json.dumps(body, allow_nan=True).encode()
-
+    document = fuzz_document(document)
+    schema = schemathesis.openapi.from_dict(document)
+    posts = []
+    for path, operations in document["paths"].items():
+        if "post" not in operations:
+            continue
+        ref = operations["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        fields = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        valid = schema[path]["POST"].as_strategy(GenerationMode.POSITIVE).map(lambda case: case.body)
+        invalid = schema[path]["POST"].as_strategy(GenerationMode.NEGATIVE).map(lambda case: case.body)
+        bodies = st.one_of(valid, valid, invalid, spoiled(valid, fields["properties"]))
+        posts.append(st.builds(FuzzRequest, st.just("POST"), st.just(path), bodies.map(_encoded)))
+    gets = sorted(p for p, ops in document["paths"].items() if "get" in ops)
     raw = st.one_of(st.binary(max_size=40), st.sampled_from([b"", b"{", b"[]", b"null", b'"x"', b"{\"a\": 1}",
                                                              b'{"prompt": "x", "model": NaN}']))
-    generation = st.one_of(
-        st.builds(FuzzRequest, st.just("POST"), st.just("/v1/completions"), completion.map(encoded)),
-        st.builds(FuzzRequest, st.just("POST"), st.just("/v1/chat/completions"), chat.map(encoded)),
-        st.builds(FuzzRequest, st.just("POST"), st.sampled_from(GENERATION), raw))
+    generation = st.one_of(*posts, st.builds(FuzzRequest, st.just("POST"), st.sampled_from(GENERATION), raw))
     other = st.one_of(
         st.builds(FuzzRequest, st.sampled_from(["GET", "POST", "DELETE"]),
-                  st.sampled_from(["/v1/models", "/health", "/metrics", "/v1/nothing", "/", "/v1/completions/x"])),
+                  st.sampled_from(gets + ["/v1/nothing", "/", "/v1/completions/x"])),
         st.builds(FuzzRequest, st.just("GET"), st.sampled_from(GENERATION)))
     return st.one_of(generation, generation, generation, other)
+
+
+def _encoded(body) -> bytes:
+    """The body as sent: JSON (NaN and infinities included, as hostile clients send them), or raw bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    return json.dumps(body, allow_nan=True, default=str).encode()
 
 
 def problem(request: FuzzRequest, status: int | None, content_type: str, body: bytes) -> str | None:
@@ -167,7 +181,7 @@ def _stream_problem(body: bytes) -> str | None:
 
 
 def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = None, timeout: float = 60.0,
-         vocab: int = 1000, stop_at_first: bool = False) -> FuzzReport:
+         stop_at_first: bool = False) -> FuzzReport:
     """Sends `count` requests hypothesis writes (seeded) to the server at `url`, one at a time; with
     stop_at_first, the first problem raises AssertionError (hypothesis then shrinks it to a smallest request)."""
     import httpx
@@ -178,10 +192,16 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = httpx.Client(base_url=url, headers=headers, timeout=timeout)
 
+    document = client.get("/openapi.json")
+    if document.status_code != 200:
+        client.close()
+        raise ConfigError(f"{url}/openapi.json answered {document.status_code}: the fuzzer writes its requests "
+                           "from the server's OpenAPI document")
+
     @hypothesis_seed(seed)
     @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck),
               phases=list(Phase) if stop_at_first else [Phase.generate])
-    @given(requests(model, vocab))
+    @given(requests(document.json()))
     def one(request: FuzzRequest) -> None:
         try:
             answer = client.request(request.method, request.path, content=request.body,

@@ -34,9 +34,9 @@ def register(sub) -> None:
                    help="prefix cache entries of the server started here (0: off; default: 16, as `specdec serve`)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
     p.add_argument("--fuzz", type=int, default=0, metavar="N",
-                   help="instead of the load test, send N requests hypothesis writes (valid, invalid and hostile) "
-                        "one at a time, and check every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error "
-                        "(exit 1 on any other); needs the 'dev' extra (hypothesis)")
+                   help="instead of the load test, send N requests hypothesis writes from the server's OpenAPI "
+                        "document (valid, invalid and hostile) one at a time, and check every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error "
+                        "(exit 1 on any other); needs the 'dev' extra (schemathesis)")
     p.add_argument("--soak", type=float, default=0, metavar="MINUTES",
                    help="instead of the load test, a soak: --concurrency client loops (one level) send a mix of "
                         "requests (streamed or not, greedy or sampled, JSON schema, tools, stop strings, prompts "
@@ -152,6 +152,7 @@ def _fuzz(args) -> int:
     from .common import require_extra
 
     require_extra("hypothesis", "dev", "--fuzz")
+    require_extra("schemathesis", "dev", "--fuzz")
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
     server = _Server(args, 4)

@@ -4,7 +4,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from .. import __version__
 from .generation import generate
+from .openapi import document
 
 router = APIRouter()
 
@@ -37,3 +39,8 @@ async def health(request: Request):
 async def metrics(request: Request):
     server = request.app.state.server
     return Response(server.metrics.exposition(), media_type=server.metrics.content_type)
+
+
+@router.get("/openapi.json")
+async def openapi(request: Request):
+    return document(request.app.state.server.limits, __version__)

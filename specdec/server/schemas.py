@@ -231,10 +231,10 @@ def _prompt(value, vocab_size: int):
         if not value:
             raise bad_request("'prompt' is empty", "prompt", "invalid_value")
         return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if isinstance(value, list) and value and all(_integral(t) for t in value):
         if not all(0 <= t < vocab_size for t in value):
             raise bad_request(f"token ids in 'prompt' must be in [0, {vocab_size})", "prompt", "invalid_value")
-        return list(value)
+        return [int(t) for t in value]
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
         raise unsupported("prompt", "holds several prompts; send one prompt per request")
     raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
@@ -369,12 +369,20 @@ def _int(body: dict, name: str, default, lo: int, hi: int, label: str | None = N
     value, label = body.get(name), label or name
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _integral(value):
         raise bad_request(f"'{label}' must be an integer, got {type(value).__name__}", label, "invalid_type")
     if not lo <= value <= hi:
         span = f"{lo}" if lo == hi else f"in [{lo}, {hi}]"
         raise bad_request(f"'{label}' must be {span}, got {value}", label, "invalid_value")
-    return value
+    return int(value)
+
+
+def _integral(value) -> bool:
+    """An integer, or a number with no fractional part (JSON Schema's integer: 4.0 is one, as JavaScript's
+    clients send it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or (math.isfinite(value) and value.is_integer())
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, low_open: bool = False) -> float:
