@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import threading
 import time
@@ -23,7 +24,11 @@ class TraceWriter:
     """Appends request records to a JSONL file; a header with the verify cost curve opens each writer's part."""
 
     def __init__(self, path: str | Path, model: str, verify_costs: dict[int, float]):
+        """path: a file to append to, or a folder (an existing one, or a path ending in '/'): each writer then
+        opens its own file there, named by its start time and process."""
         self.path = Path(path)
+        if self.path.is_dir() or str(path).endswith(("/", "\\")):
+            self.path = self.path / f"trace-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")

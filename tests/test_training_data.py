@@ -193,3 +193,42 @@ def test_training_stopped_and_resumed_gives_the_weights_of_an_uninterrupted_run(
     assert (tmp_path / "cut" / "learning_curve.png").is_file()
     record = json.loads((tmp_path / "cut" / "eagle_config.json").read_text())["training"]
     assert record["tokens_seen"] == whole.tokens_seen > 0
+
+
+def test_a_servers_traces_are_read_by_teacher_forcing_on_the_targets_own_outputs(target, tmp_path):
+    from specdec.config import GenerationConfig
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    decoder = SpecDecoder(target, None)
+    decoder.trace_to(traces)  # a folder: the writer opens its own file there
+    outputs = [decoder.generate_ids(decoder.encode(w), GenerationConfig(max_new_tokens=6, ignore_eos=True))[0]
+               for w in WORDS[:3]]
+    decoder.tracer.close()
+    (trace,) = traces.glob("trace-*.jsonl")
+    items = read_items(parse_data_spec(str(traces)))
+    assert len(items) == 3 and {i.source for i in items} == {f"trace:{target.name}"}
+    expected = {tuple(decoder.encode(w) + out) for w, out in zip(WORDS, outputs)}
+    assert {i.token_ids for i in items} == expected
+    assert all(i.follow_up is None for i in items)  # the answer is there: nothing for the target to write
+    extract(target, items, tmp_path / "data")
+    for seq, item in zip(sorted(read_shards(tmp_path / "data"), key=lambda s: s["tokens"].tolist()),
+                         sorted(items, key=lambda i: list(i.token_ids))):
+        assert seq["tokens"].tolist() == list(item.token_ids)
+        assert seq["trainable"].tolist() == [t >= item.answer_from - 1 for t in range(len(item.token_ids) - 1)]
+        # greedy outputs: the target's own choices are the traced tokens
+        assert seq["labels"][item.answer_from - 1:].tolist() == list(item.token_ids[item.answer_from:])
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(trace.read_text().split("\n", 1)[1])  # request records without their header
+    with pytest.raises(ConfigError, match="broken.jsonl:1: not a training record"):
+        read_items(DataFile(broken))
+
+
+def test_traces_of_another_model_are_refused(tiny_folder, tmp_path, capsys):
+    from specdec.cli.main import main
+
+    trace = write_jsonl(tmp_path / "t.jsonl", [{"type": "header", "model": "some-other-model"},
+                                               {"type": "request", "prompt_ids": [1, 2], "output_ids": [3]}])
+    code = main(["train-drafter", "--model", str(tiny_folder), "--data", str(trace), "--out", str(tmp_path / "h"),
+                 "--dtype", "float32", "--data-only"])
+    assert code == 2 and "traces of some-other-model" in capsys.readouterr().err

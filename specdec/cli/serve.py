@@ -39,9 +39,10 @@ def register(sub) -> None:
     p.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw",
                    help="what logprobs report: raw (the model's logits, the default, as vLLM's) or processed (the "
                         "distribution each token is drawn from: penalties, constraint, temperature, filters)")
-    p.add_argument("--trace", metavar="FILE", default=None,
+    p.add_argument("--trace", metavar="FILE|DIR", default=None,
                    help="append every request's acceptance trace (prompt and output token ids, drafted and accepted "
-                        "per step) to FILE, for `specdec replay`; it holds the requests' text, so keep it private")
+                        "per step) to FILE, or to a new file in DIR, for `specdec replay` and `specdec train-drafter "
+                        "--data`; it holds the requests' text, so keep it private (docs/serving.md)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")

@@ -28,8 +28,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
     p.add_argument("--data", action="append", default=[], metavar="FILE[:WEIGHT]",
                    help="training records, JSONL with a 'prompt' and optionally a 'response' (read by teacher "
-                        "forcing; without one the target answers); repeatable, mixed by WEIGHT (share of records, "
-                        "default 1). Default: the mix in docs/drafters.md, from ../shared/data")
+                        "forcing; without one the target answers), or a server's traces (serve --trace); a folder "
+                        "means its .jsonl files; repeatable, mixed by WEIGHT (share of records, default 1). "
+                        "Default: the mix in docs/drafters.md, from ../shared/data")
     p.add_argument("--prompts", default=None, metavar="FILE", help="the same as --data FILE")
     p.add_argument("--max-prompts", type=int, default=None,
                    help="use this many records of the mix, in its order (0: synthetic prompts only)")
@@ -51,8 +52,9 @@ def register(sub) -> None:
                    "cache, a folder per data setting)")
     p.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="train on this cached data too (another run's --data-dir for the same target); repeatable")
-    p.add_argument("--init-from", default=None, metavar="DIR",
-                   help="start from this trained head's weights instead of fresh ones")
+    p.add_argument("--init-from", "--resume-from", dest="init_from", default=None, metavar="DIR",
+                   help="start from this trained head's weights instead of fresh ones (fine-tuning it, e.g. on "
+                        "traces of your own traffic)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest answer generated per prompt")
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     p.add_argument("--time-budget", type=float, default=60.0, help="training minutes (data generation not counted)")
@@ -99,6 +101,9 @@ def run(args) -> int:
         (f"-layers{'_'.join(map(str, stored))}" if stored else "")
     data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / (safe + setting)
     items = mix_order(files, args.follow_up_every, limit=args.max_prompts)
+    traced = {item.source.split(":", 1)[1] for item in items if item.token_ids is not None}
+    if traced - {name}:  # token ids only mean something to the tokenizer they came from
+        raise ConfigError(f"--data holds traces of {', '.join(sorted(traced - {name}))}, not of {name}")
     if not items and not args.synthesize:
         raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
     meta = data_meta(target, args.max_new_tokens, args.temperature, {"mix": describe(files),

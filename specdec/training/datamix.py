@@ -1,7 +1,10 @@
 """Training data mixes: which records a drafter learns from, and in what order they are extracted.
 
-A mix is several JSONL files, each with a weight (`--data FILE[:WEIGHT]`). One record a line:
+A mix is several JSONL files (or folders of them), each with a weight (`--data FILE[:WEIGHT]`). One record a line:
   {"prompt": str, "response": str (optional), "source": str (optional)}
+or the request records of a server's traces (`specdec serve --trace DIR`, specdec/trace.py): the prompt and the
+output as the target's token ids, read by teacher forcing like a response (the target's own traffic: the best
+data a head can learn from).
 - a record with a `response` is *teacher-forced*: the target reads prompt + response in one pass, and its own
   next-token choices there are the labels (prefill speed);
 - a record with a `prompt` only is *self-distilled*: the target writes the answer. Every `follow_up_every`-th such
@@ -50,12 +53,16 @@ class DataFile:
 
 @dataclass(frozen=True)
 class Item:
-    """One record to extract. follow_up: a second user turn answered after the target's first answer."""
+    """One record to extract. follow_up: a second user turn answered after the target's first answer. token_ids:
+    a traced request's prompt and output, already tokenized (prompt and response are then unused); the output
+    starts at answer_from."""
 
     source: str
     prompt: str
     response: str | None = None
     follow_up: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    answer_from: int = 0
 
 
 def parse_data_spec(spec: str) -> DataFile:
@@ -70,9 +77,16 @@ def parse_data_spec(spec: str) -> DataFile:
             pass  # a colon inside the path itself
     if not weight > 0 or weight != weight or weight == float("inf"):
         raise ConfigError(f"--data {spec}: the weight must be a positive number")
-    if not Path(path).is_file():
+    if not Path(path).is_file() and not Path(path).is_dir():
         raise ConfigError(f"--data {spec}: file not found: {path}")
+    if Path(path).is_dir() and not _files(Path(path)):
+        raise ConfigError(f"--data {spec}: the folder holds no .jsonl files")
     return DataFile(Path(path), weight)
+
+
+def _files(path: Path) -> list[Path]:
+    """The JSONL files of a --data path: the file itself, or a folder's .jsonl files in name order."""
+    return sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
 
 
 def default_mix(folder: Path = SHARED_DATA) -> list[DataFile]:
@@ -89,20 +103,20 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
     """The file's records in extraction order (families in turn, each shuffled with a fixed seed); a bad line is
     named by its number."""
     by_family: dict[str, list[Item]] = {}
-    lines = data.path.read_text(encoding="utf-8").split("\n")  # JSON strings may hold U+2028 and alike
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompt, response, source = row["prompt"], row.get("response"), str(row.get("source", ""))
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError("'prompt' is not a non-empty string")
-            if response is not None and (not isinstance(response, str) or not response.strip()):
-                raise ValueError("'response' is not a non-empty string")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{data.path}:{number}: not a training record ({exc})") from None
-        by_family.setdefault(source.split(":")[0], []).append(Item(source, prompt, response))
+    for path in _files(data.path):
+        model = None  # a trace's target, from its header
+        lines = path.read_text(encoding="utf-8").split("\n")  # JSON strings may hold U+2028 and alike
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                model = row.get("model", model) if row.get("type") == "header" else model
+                item = _item(row, model)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ConfigError(f"{path}:{number}: not a training record ({exc})") from None
+            if item is not None:
+                by_family.setdefault(item.source.split(":")[0], []).append(item)
     if not by_family:
         raise ConfigError(f"{data.path} holds no training records")
     for family, items in by_family.items():
@@ -110,12 +124,33 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
     ordered = _take_in_turn(list(by_family.values()))
     out, open_ended = [], 0
     for item in ordered:
-        if item.response is None:
+        if item.response is None and item.token_ids is None:
             if follow_up_every and open_ended % follow_up_every == follow_up_every - 1:
                 item = Item(item.source, item.prompt, None, FOLLOW_UPS[open_ended // follow_up_every % len(FOLLOW_UPS)])
             open_ended += 1
         out.append(item)
     return out
+
+
+def _item(row: dict, model: str | None) -> Item | None:
+    """A training record, or a trace's request record (None for a trace's header), its source naming the traced
+    model: "trace:MODEL"."""
+    if row.get("type") == "header":
+        return None
+    if row.get("type") == "request":
+        prompt, output = row["prompt_ids"], row["output_ids"]
+        if not all(isinstance(t, int) and t >= 0 for t in prompt + output) or not prompt or not output:
+            raise ValueError("a trace record needs non-empty 'prompt_ids' and 'output_ids' of token ids")
+        if model is None:
+            raise ValueError("a trace record before the trace's header")
+        return Item(f"trace:{model}", "", token_ids=tuple(prompt + output),
+                    answer_from=len(prompt))
+    prompt, response, source = row["prompt"], row.get("response"), str(row.get("source", ""))
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("'prompt' is not a non-empty string")
+    if response is not None and (not isinstance(response, str) or not response.strip()):
+        raise ValueError("'response' is not a non-empty string")
+    return Item(source, prompt, response)
 
 
 def mix_order(files: list[DataFile], follow_up_every: int = 4, limit: int | None = None) -> list[Item]:
@@ -140,7 +175,8 @@ def mix_fingerprint(files: list[DataFile], follow_up_every: int) -> str:
     continued with another."""
     digest = hashlib.sha256(str(follow_up_every).encode())
     for f in files:
-        digest.update(hashlib.sha256(f.path.read_bytes()).digest())
+        for path in _files(f.path):
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
         digest.update(repr(f.weight).encode())
     return digest.hexdigest()[:12]
 

@@ -135,6 +135,13 @@ class Extractor:
         answer_from: the first token position the head learns to predict."""
         forced, open_ended = [], []
         for offset, item in enumerate(chunk):
+            if item.token_ids is not None:  # a traced request: the target's own prompt and output
+                tokens = list(item.token_ids)[: self.max_len]
+                if item.answer_from + 1 < len(tokens):
+                    forced.append((item, tokens, item.answer_from))
+                else:
+                    self.skipped += 1
+                continue
             prompt = self.encoder.encode(item.prompt)
             if item.response is not None:
                 answer = self.target.tokenizer(item.response, add_special_tokens=False)["input_ids"]
