@@ -89,8 +89,8 @@ def write_eagle3(folder, model, draft_vocab=40, seed=5, layers=LAYERS, **tensors
               "num_attention_heads": nh, "num_hidden_layers": 1, "num_key_value_heads": nkv, "rms_norm_eps": 1e-5,
               "rope_scaling": None, "rope_theta": THETA, "torch_dtype": "float16", "vocab_size": V,
               "draft_vocab_size": draft_vocab}
-    if layers is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layers)}
+    if layers is not None:  # SpecForge's and SGLang's convention: the outputs of the layers before those read
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     save_file(weights, str(folder / "model.safetensors"))
@@ -176,6 +176,22 @@ def test_the_default_feature_layers_apply_without_eagle_config(model, tmp_path):
     assert load_eagle3_head(tmp_path / "head", target).feature_layers == default_feature_layers(8)
 
 
+def test_layer_ids_follow_each_engines_convention():
+    """vLLM's top-level ids name the layers whose inputs are read, SpecForge's and SGLang's eagle_config ids the
+    layers whose outputs are (one less); the top-level ids win; heads specdec saved before writing them named
+    inputs in eagle_config."""
+    from specdec.drafters.eagle3_head import aux_layer_fields, feature_layers_of
+
+    assert feature_layers_of({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}}, 30) == (2, 15, 27)
+    assert feature_layers_of({"eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+                              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [9, 9, 9]}}, 30) == (2, 15, 27)
+    assert feature_layers_of({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, "specdec": {}},
+                             30) == (2, 15, 27)
+    assert feature_layers_of({}, 30) == (2, 15, 27)
+    assert feature_layers_of(aux_layer_fields((3, 5, 6)), 8) == (3, 5, 6)
+    assert aux_layer_fields((0, 1)) == {"eagle_aux_hidden_state_layer_ids": [0, 1]}  # the embedding is no output
+
+
 @pytest.mark.parametrize("change, error, message", [
     ({"fc.weight": torch.zeros(64, 128).half()}, IncompatibleDraftError, "does not fit"),  # fc over 2 layers, not 3
     ({"norm.weight": None}, ModelLoadError, "missing tensors norm.weight"),
@@ -221,7 +237,8 @@ def test_specdec_heads_save_in_the_authors_layout_and_reload(model, tmp_path):
     head.save(tmp_path / "head", dtype=torch.float32, extra={"note": "test"})
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+    assert config["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)  # vLLM's convention: the inputs read
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in LAYERS]  # SGLang's
     from safetensors.torch import load_file
 
     tensors = load_file(str(tmp_path / "head" / "model.safetensors"))

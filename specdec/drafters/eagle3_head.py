@@ -11,6 +11,12 @@ Files use the EAGLE-3 authors' layout (SafeAILab/EAGLE, SpecForge, vLLM and SGLa
 LlamaConfig with draft_vocab_size) and model.safetensors with fc, midlayer.*, norm, lm_head, d2t and t2d.
 specdec's own heads add a "specdec" entry to config.json naming their target and its fingerprint; heads
 from elsewhere are checked on their sizes instead.
+
+The layers read are named twice in config.json, because the engines count them differently (aux_layer_fields):
+vLLM reads the top-level eagle_aux_hidden_state_layer_ids as the layers whose inputs it captures (specdec's
+convention; vllm/v1/worker/gpu_model_runner.py, _get_eagle3_aux_layers_from_config, and the capture in
+models/llama.py), while SGLang and SpecForge read eagle_config.eagle_aux_hidden_state_layer_ids as layers whose
+outputs they capture (SGLang's set_eagle3_layers_to_capture adds 1; SpecForge hooks each layer's output).
 """
 from __future__ import annotations
 
@@ -34,6 +40,31 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     kept within the layers and distinct for targets of fewer than 8 layers."""
     layers = [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
     return tuple(sorted(set(layers)))
+
+
+def aux_layer_fields(layers: tuple[int, ...]) -> dict:
+    """config.json's entries naming the target layers a head reads (their inputs, specdec's convention), for both
+    engines: the top-level ids as they are (vLLM), eagle_config's one less (the outputs of the layers before them:
+    SGLang and SpecForge). eagle_config's ids are left out when layer 0 is read: its input, the embedding, is no
+    layer's output. Worked example: layers (2, 15, 27) -> top level [2, 15, 27], eagle_config [1, 14, 26]."""
+    fields: dict = {"eagle_aux_hidden_state_layer_ids": list(layers)}
+    if min(layers) >= 1:
+        fields["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+                                  "use_aux_hidden_state": True}
+    return fields
+
+
+def feature_layers_of(data: dict, num_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs a head reads, from its config.json: the top-level ids (vLLM's convention,
+    specdec's), else eagle_config's plus one (SpecForge's and SGLang's, layer outputs), else the default. Heads
+    specdec saved before it wrote the top-level ids (a "specdec" entry without them) named inputs in eagle_config."""
+    if data.get("eagle_aux_hidden_state_layer_ids"):
+        return tuple(int(i) for i in data["eagle_aux_hidden_state_layer_ids"])
+    ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids:
+        shift = 0 if "specdec" in data else 1
+        return tuple(int(i) + shift for i in ids)
+    return default_feature_layers(num_layers)
 
 
 @dataclass(frozen=True)
@@ -119,8 +150,8 @@ class Eagle3Head(HeadLayer):
                 "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
                 "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
                 "vocab_size": c.vocab_size, "draft_vocab_size": K, "num_hidden_layers": 1, "hidden_act": "silu",
-                "bias": c.fc_bias, "torch_dtype": str(dtype).replace("torch.", ""),
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers)},
+                "bias": c.fc_bias, "tie_word_embeddings": False, "torch_dtype": str(dtype).replace("torch.", ""),
+                **aux_layer_fields(c.feature_layers),
                 "specdec": {"target": c.target, "target_fingerprint": c.target_fingerprint, **(
                     {"training": extra} if extra else {})}}
         write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
@@ -186,8 +217,7 @@ def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
         raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} was trained for target {own.get('target')!r} "
                                      f"(fingerprint {own['target_fingerprint']}), not for {target.name!r} "
                                      f"({mine.target_fingerprint})")
-    layers = ((data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-              or data.get("eagle_aux_hidden_state_layer_ids") or default_feature_layers(target.info.num_layers))
+    layers = feature_layers_of(data, target.info.num_layers)
     for what, theirs, want in (("hidden size", data.get("hidden_size"), mine.hidden_size),
                                ("target hidden size", data.get("target_hidden_size", mine.hidden_size),
                                 mine.hidden_size),
