@@ -79,7 +79,8 @@ WORDS = ("the a cat dog sat on mat and ran to see big small red blue green house
          "is was be it he she they we you I of in at for with by from up down over under again then").split()
 
 
-def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORDS, hidden: int = 32) -> Path:
+def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORDS, hidden: int = 32,
+                            layers: int = 2) -> Path:
     """A complete local transformers folder (config, safetensors weights, word-level tokenizer, chat template)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -92,7 +93,7 @@ def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORD
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                                "{% if add_generation_prompt %}<|assistant|> {% endif %}")
-    model = tiny_llama(seed=seed, vocab=len(vocab), hidden=hidden)
+    model = tiny_llama(seed=seed, vocab=len(vocab), hidden=hidden, layers=layers)
     model.config.eos_token_id = vocab["</s>"]
     model.generation_config.eos_token_id = vocab["</s>"]
     folder.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import sys
 
-from . import check, generate, models, replay, suffix_index
+from . import check, export_head, generate, models, replay, suffix_index
 from .common import OneLineParser
 
-SUBCOMMANDS = [generate, models, replay, suffix_index, check]
+SUBCOMMANDS = [generate, models, replay, suffix_index, check, export_head]
 
 
 def _optional_subcommands():

@@ -194,7 +194,7 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict, calibr
     if version and not eagle3:
         raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
                           f"'eagle' for EAGLE-1/2 heads")
-    head = _read_head(load_eagle3_head if eagle3 else load_head, folder, target)
+    head = read_head(load_eagle3_head if eagle3 else load_head, folder, target)
     columns = target.backend.add_feature_layers(head.feature_layers)  # EAGLE-1/2: the final state
     bfloat16 = target.info.dtype == torch.bfloat16
     if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
@@ -220,7 +220,7 @@ def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_n
         raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
                           f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
     shape = tree_shape(tree_width, tree_nodes)
-    heads = _read_head(load_medusa_heads, folder, target)
+    heads = read_head(load_medusa_heads, folder, target)
     info = target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
         try:
@@ -232,7 +232,7 @@ def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_n
     return MedusaDrafter(heads.to(info.device, dtype), tree=tree, **shape)
 
 
-def _read_head(load, folder, target):
+def read_head(load, folder, target):
     """load(folder, target), with a damaged head (a bad config, missing tensors, wrong shapes) refused in one line
     naming its folder."""
     from ..errors import SpecdecError
