@@ -158,6 +158,11 @@ def test_the_files_hold_what_the_engines_read(capsys, folder, target, tmp_path, 
         assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang: outputs before them
     else:
         assert tensors["fc.weight"].shape == (H, 2 * H) and "draft_vocab_size" not in config
+    from transformers import AutoConfig  # what both engines parse config.json with first
+
+    parsed = AutoConfig.from_pretrained(tmp_path / "out")
+    assert type(parsed).__name__ == "LlamaConfig" and parsed.num_hidden_layers == 1
+    assert parsed.rope_parameters["rope_theta"] == config["rope_theta"] and not parsed.tie_word_embeddings
 
 
 def test_rope_fields_reproduce_the_targets_frequencies():
