@@ -12,7 +12,8 @@ engines' conventions (eagle3_head.aux_layer_fields), and draft_vocab_size.
 
 EAGLE-1/2: the engines disagree, so the folder is for one of them.
 - vLLM builds fc without a bias and names the architecture from "LlamaForCausalLM" (EAGLEConfig prefixes
-  "Eagle"); an fc.bias tensor fails its load, so a head whose bias is not zero is refused.
+  "Eagle"); an fc.bias tensor fails its load (a KeyError at e1c4a55214c6; dropped unread at 00da92319af4), so the
+  file holds none and a head whose bias is not zero is refused.
 - SGLang builds fc with a bias (nn.Linear's default; a missing tensor would stay randomly initialised) and
   looks up "LlamaForCausalLMEagle".
 Both give layer 0 no input norm and draft over the target's whole LM head: a specdec head trained with an input
