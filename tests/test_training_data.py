@@ -232,3 +232,13 @@ def test_traces_of_another_model_are_refused(tiny_folder, tmp_path, capsys):
     code = main(["train-drafter", "--model", str(tiny_folder), "--data", str(trace), "--out", str(tmp_path / "h"),
                  "--dtype", "float32", "--data-only"])
     assert code == 2 and "traces of some-other-model" in capsys.readouterr().err
+
+
+def test_a_fine_tuned_heads_vocabulary_is_the_datas_then_its_own():
+    from specdec.training.batching import choose_draft_vocab
+
+    seqs = [{"labels": torch.tensor([7, 7, 3, 9]), "trainable": torch.tensor([True, True, True, False])}]
+    ids, coverage = choose_draft_vocab(seqs, 4, 20, prior=torch.tensor([1, 2, 3, 15, 16]))
+    assert 7 in ids and 3 in ids and coverage == 1.0  # every token the data counts comes first
+    assert set(ids.tolist()) - {7, 3} <= {1, 2, 15, 16}  # the rest from the head's own vocabulary, not arbitrary
+    assert ids.tolist() == sorted(ids.tolist())

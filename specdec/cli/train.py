@@ -214,8 +214,9 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
                          (eagle_head.load_head, eagle_head.CONFIG_FILE))
     if (out / config_file).is_file():
         return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
-    ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size)
     start = load(args.init_from, target).float() if args.init_from else None  # a trained head's weights
+    ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size,
+                                       prior=getattr(start, "draft_ids", None))
     if medusa:
         head = medusa_head.new_medusa_heads(target.hf_model, name, ids, args.medusa_num_heads, args.medusa_num_layers)
     elif eagle3:

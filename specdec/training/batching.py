@@ -39,15 +39,19 @@ class Batch:
     topk_logprobs: torch.Tensor
 
 
-def choose_draft_vocab(sequences: list[dict], size: int, vocab_size: int,
-                       given: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def choose_draft_vocab(sequences: list[dict], size: int, vocab_size: int, given: torch.Tensor | None = None,
+                       prior: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """The `size` most frequent target choices at trained positions (or the `given` ids): (token ids ascending,
-    share of those labels covered)."""
+    share of those labels covered). prior: ids to prefer among tokens the data counts equally (a head being
+    fine-tuned keeps its own vocabulary where little data says nothing: a token seen once still comes first)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for seq in sequences:
         labels = seq["labels"][seq["trainable"]] if "trainable" in seq else seq["labels"]
         counts += torch.bincount(labels, minlength=vocab_size)
-    top = torch.topk(counts, min(size, vocab_size)).indices.sort().values if given is None else given.long()
+    score = counts.double()
+    if prior is not None:
+        score[prior.long()] += 0.5
+    top = torch.topk(score, min(size, vocab_size)).indices.sort().values if given is None else given.long()
     return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
