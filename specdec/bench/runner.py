@@ -2,6 +2,7 @@
 methods, run greedy on the same prompts in one process, interleaved prompt by prompt."""
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -97,8 +98,10 @@ def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max
 
 
 def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt, list[int]]], hf_model,
-              meta: dict, reference: dict[str, list[int]] | None = None) -> dict:
-    """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences."""
+              meta: dict, reference: dict[str, list[int]] | None = None, plain_of: dict[str, str] | None = None) -> dict:
+    """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences.
+    identical_to_specdec_none counts prompts equal to the same engine's plain decoding: specdec:none for specdec's
+    methods, and plain_of[name] for other engines' (e.g. llamacpp for llamacpp_lookup)."""
     base = results[BASELINE]
     by_id = {p.question_id: (p, ids) for p, ids in prompts}
     categories = sorted({p.category for p, _ in prompts})
@@ -122,7 +125,8 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
     out["prompts"] = len(prompts)
     out["methods"] = {}
     for name, result in results.items():
-        none = results.get(name.split(":")[0] + ":none") if name.startswith("specdec") else None
+        none = results.get(name.split(":")[0] + ":none") if name.startswith("specdec") else \
+            results.get((plain_of or {}).get(name, ""))
         divergences = []
         identical = 0
         for q in all_ids:
@@ -172,5 +176,17 @@ def machine_info() -> dict:
     from ..kernels import cpu_flags
 
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(), "platform": platform.platform(),
-            "cpu_features": sorted(cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16"})}
+            "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
+            "platform": platform.platform(),
+            "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it (None elsewhere)."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return None
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return names[0] if names else None

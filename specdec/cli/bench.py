@@ -42,6 +42,10 @@ def register(sub) -> None:
                         "method, the prompts identical to it (identical_to_reference)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="every method decodes greedily with this repetition penalty (transformers'; default: 1, off)")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="folder of built llama.cpp tools: adds native llama.cpp as reference methods llamacpp "
+                        "(llama-completion) and llamacpp_lookup (llama-lookup, drafting up to -k tokens), on the "
+                        "built-in model's GGUF file, with as many threads as torch uses")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write summary.md and speedup.png into this folder")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -49,6 +53,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     from ..adaptive import CostModel, measure_verify_costs
     from ..config import GenerationConfig, SpeculationConfig
     from ..drafters import bundled_head, create_drafter
@@ -56,6 +62,7 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..models.loading import LoadedModel, load_model, make_backend
     from ..models.registry import DEFAULT_MODEL
+    from ..bench import llamacpp
     from ..bench.prompts import load_prompts
     from ..bench.report import table, write_report
     from ..bench.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
@@ -65,6 +72,10 @@ def run(args) -> int:
     if args.report:  # before the run, not after it
         require_extra("matplotlib", "bench", "--report")
     check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
+    if args.llama_cpp:  # a missing tool or model is refused before anything loads
+        if args.repetition_penalty != 1.0:
+            raise ConfigError("--llama-cpp compares plain greedy decoding only: leave --repetition-penalty at 1")
+        llama_gguf = llamacpp.setup(args.llama_cpp, args.model or DEFAULT_MODEL)
     speculation = SpeculationConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive)
     GenerationConfig.create(repetition_penalty=args.repetition_penalty)  # refuses a bad value before loading
     penalty = args.repetition_penalty
@@ -113,6 +124,9 @@ def run(args) -> int:
         if i == 0:
             first_costs, first_backend = costs, type(backend).__name__
 
+    if args.llama_cpp:
+        methods += llamacpp.methods(args.llama_cpp, llama_gguf, target.tokenizer, target.info.eos_token_ids,
+                                    threads=torch.get_num_threads(), draft_max=args.num_speculative_tokens)
     results = run_methods(methods, encoded, args.max_new_tokens)
     reference = None
     if args.reference_dtype:
@@ -125,7 +139,11 @@ def run(args) -> int:
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
             "specdec_backend": first_backend, "verify_costs_s": first_costs.table, "machine": machine_info(),
             "reference_dtype": args.reference_dtype, "repetition_penalty": penalty}
-    summary = summarize(results, encoded, target.hf_model, meta, reference)
+    if args.llama_cpp:
+        meta["llama_cpp"] = llamacpp.describe(args.llama_cpp, llama_gguf, threads=torch.get_num_threads(),
+                                              draft_max=args.num_speculative_tokens)
+    summary = summarize(results, encoded, target.hf_model, meta, reference,
+                        plain_of=llamacpp.PLAIN_OF if args.llama_cpp else None)
     print(table(summary))
     if args.out_json:
         Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)

