@@ -9,6 +9,8 @@ What is measured, and how it differs from specdec's methods:
   EOS token (kept, as specdec and transformers keep it). llama-lookup overshoots both: it stops once it has more
   than -n tokens and checks for an end-of-generation token only after a step, so a step's accepted drafts may run
   past either; those tokens are cut, their step's time stays (the step was needed for the last kept token).
+  llama.cpp also ends at the other tokens its GGUF marks end-of-generation (smollm2: <|endoftext|>, <reponame>),
+  which specdec decodes through.
 - Time: llama.cpp's own figures, not process start-up or model load. llama-completion: prompt eval + eval +
   sampling time from its perf report (common_perf_print; what it leaves unaccounted is under 1%). llama-lookup:
   its own `encoded ... in X seconds` + `decoded ... in Y seconds`, clocks around the prompt's passes and the

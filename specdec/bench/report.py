@@ -11,7 +11,7 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(result: dict) -> str:
     """Fixed-width table: one row per method."""
     ref = result.get("reference_dtype")
-    head = f"{'method':<28} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=none':>6}"
+    head = f"{'method':<28} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=plain':>6}"
     if ref:
         head += f" {'=' + ref:>9}"
     lines = [f"model {result['model']} | dtype {result['dtype']} | {result['prompts']} prompts | "
@@ -35,8 +35,9 @@ def markdown(result: dict) -> str:
            f"{result['max_new_tokens']}, device {result.get('device', '?')}; speedup is over `hf_generate` "
            "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s. MAT: tokens per "
            "verify step, plain steps included; MAL: mean acceptance length, 1 + accepted drafts per drafting step "
-           "(vLLM's figure, EAGLE's tau).", "",
-           "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = specdec:none |"
+           "(vLLM's figure, EAGLE's tau). = plain: identical to the same engine's plain decoding (specdec:none, or "
+           "llamacpp for llamacpp_lookup).", "",
+           "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = plain |"
            + (f" = {result['reference_dtype']} reference |" if result.get("reference_dtype") else ""),
            "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else "")]
     for name, m in methods.items():
