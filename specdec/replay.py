@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .adaptive import CostModel, DraftLengthPolicy, choose_lengths
+from .policy import CostModel, DraftLengthPolicy, choose_lengths
 from .drafters.base import Drafter, DraftRequest
 from .tokens import common_prefix
 

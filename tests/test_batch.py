@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec.adaptive import CostModel, DraftLengthPolicy, choose_lengths
+from specdec.policy import CostModel, DraftLengthPolicy, choose_lengths
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from specdec.adaptive import CostModel
+from specdec.policy import CostModel
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import DraftRequest

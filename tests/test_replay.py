@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from specdec.adaptive import CostModel
+from specdec.policy import CostModel
 from specdec.cli.main import main
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.ngram import NgramDrafter

@@ -14,36 +14,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..sampling import sample
-from ..verify import tree_depths
-
-
-@dataclass
-class Draft:
-    tokens: torch.Tensor  # (k,) int64, on the CPU
-    probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot); chains only
-    parents: list[int] | None = None  # a tree: parents[i] < i, -1 under the root; None for a chain
-    source: str | None = None  # the drafter that drafted it, where a selector chose among several
-
-    def __len__(self) -> int:
-        return int(self.tokens.numel())
-
-    @property
-    def positions(self) -> int:
-        """Positions drafted ahead: the length of a chain, the depth of a tree (what drafting cost scales with)."""
-        if not self.parents:
-            return len(self)
-        return max(tree_depths(self.parents))
-
-    def head(self, n: int) -> "Draft":
-        """The first n drafts: a chain's prefix, or a tree's first n nodes (which hold their ancestors, parents[i] < i)."""
-        if n >= len(self):
-            return self
-        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
-                     parents=None if self.parents is None else self.parents[:n], source=self.source)
-
-    @staticmethod
-    def empty() -> "Draft":
-        return Draft(tokens=torch.empty(0, dtype=torch.long))
+from ..verify import Draft  # what propose returns: defined with the rules that verify it
 
 
 @dataclass

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from ..adaptive import CostModel
+from ..policy import CostModel
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix

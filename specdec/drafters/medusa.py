@@ -14,7 +14,7 @@ import heapq
 
 import torch
 
-from ..adaptive import CostModel
+from ..policy import CostModel
 from ..sampling import probs_from_logits
 from .base import Draft, Drafter
 from .medusa_head import MedusaHeads

@@ -20,7 +20,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..adaptive import CostModel, DraftLengthPolicy
+from ..policy import CostModel, DraftLengthPolicy
 from ..errors import ConfigError
 from ..verify import tree_children
 from ..tokens import common_prefix

@@ -17,11 +17,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..detokenize import TextAssembler
 from ..errors import ContextLengthError, SpecdecError
 from ..logprobs import TokenLogprob
 from ..metrics import GenerationMetrics
-from ..sequence import SequenceState
+from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
 from .schemas import GenerationRequest, SpeculationChoice
 from .tools import as_text
@@ -67,8 +66,7 @@ class Job:
 @dataclass
 class _Live:
     job: Job
-    state: SequenceState
-    text: TextAssembler
+    state: Request
     drafter: str
     logprobs_sent: int = 0  # state.logprobs already handed out in Deltas
     prompt_sent: bool = False  # state.prompt_logprobs handed out
@@ -233,7 +231,7 @@ class EngineWorker:
             room = self.decoder.target.info.max_context - len(ids) - k - 1
             config = replace(config, max_new_tokens=max(1, min(config.max_new_tokens, room)))
         state = self.engine.add(job.request_id, ids, config, speculation, drafter)
-        self.live[job.request_id] = _Live(job, state, TextAssembler(self.tokenizer, config.stop), name)
+        self.live[job.request_id] = _Live(job, state, name)
         job.emit(Started(len(ids)))
         return len(ids) - state.cache.length
 
@@ -275,11 +273,11 @@ class EngineWorker:
         if live is None:
             return
         state, new = event.state, event.new_tokens
-        text, stopped = state.take_text(live.text, new)
+        text, stopped = state.take_text(new)
         if stopped:  # free its slot now
             self.engine.cancel(event.request_id)  # no-op when the engine already ended it
         if state.finished:
-            text += live.text.flush()
+            text += state.flush_text()
         logprobs = None
         if state.logprobs is not None:
             logprobs, live.logprobs_sent = state.logprobs[live.logprobs_sent:], len(state.logprobs)
@@ -302,7 +300,7 @@ class EngineWorker:
                 log.exception("could not cancel request %s", request_id)
             live.job.emit(Failed(error))
 
-    def _observe(self, state: SequenceState) -> None:
+    def _observe(self, state: Request) -> None:
         if self.metrics is not None:
             self.metrics.observe_generation(state.metrics)
 
