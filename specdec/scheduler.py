@@ -8,10 +8,9 @@ chains in one ragged pass); each request's logits are adjusted (logits.py) and v
 cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
 A request alone is a batch of one: SpecDecoder.generate and stream run this same step.
 
-Requests join and leave between steps (continuous batching). Each keeps its own KV slot, drafter and random
-streams. Above SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either).
-The scheduler owns the caches: it gives each request a slot (or a prefix restored from the prefix cache) and parks
-or frees it when the request ends.
+Requests join and leave between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix
+restored from the prefix cache; parked there or freed at its end), drafter and random streams. Above
+SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either).
 """
 from __future__ import annotations
 
