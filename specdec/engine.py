@@ -278,6 +278,6 @@ class TextStream:
             self.decoder.end(seq)
         if tail := seq.flush_text():
             yield tail
-        self.result = GenerationResult(text=seq.text.text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
-                                       metrics=seq.metrics, finish_reason=seq.finished or "length",
+        self.result = GenerationResult(text=seq.text.text, token_ids=seq.generated,
+                                       prompt_ids=seq.tokens[: seq.prompt_len], metrics=seq.metrics, finish_reason=seq.finished or "length",
                                        logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs)

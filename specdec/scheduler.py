@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .config import GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter, DraftRequest
+from .drafters.base import Budget, Drafter, DraftRequest
 from .policy import CostModel, choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
@@ -70,7 +70,7 @@ class BatchEngine:
         made = self.drafter_factory() if drafter == "default" else drafter
         request = Request(prompt_ids, config, self.backend.info, made, speculation or self.speculation, self.costs,
                           tokenizer=self.tokenizer, tracer=self.tracer)
-        open_request(self.backend, request, allow_tree=False)  # trees: once it runs alone (see step)
+        open_request(self.backend, request)
         return self.admit(request_id, request)
 
     def admit(self, request_id, request: Request) -> Request:
@@ -101,9 +101,7 @@ class BatchEngine:
             return events
         ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
         solo = len(requests) == 1  # alone, a request may draft a tree (the batched pass scores chains only)
-        for r in requests:
-            _allow_tree(r, solo)
-        drafts = [self._propose(r, k) for r, k in zip(requests, self._draft_lengths(requests, solo))]
+        drafts = [self._propose(r, Budget(k, tree=solo)) for r, k in zip(requests, self._draft_lengths(requests, solo))]
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
         t0 = time.perf_counter()
         if solo:
@@ -129,19 +127,18 @@ class BatchEngine:
             return [0] * len(requests)  # no drafter runs, no policy probes or counts down its pause
         if solo:
             r = requests[0]
-            return [draft_length(r.policy, self.costs, r.draft_cap(), getattr(r.drafter, "sizes_itself", False),
-                                 getattr(r.drafter, "decides_itself", False))]
+            return [draft_length(r.policy, self.costs, r.draft_cap(), r.drafter.sizes_itself, r.drafter.decides_itself)]
         return choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests])
 
-    def _propose(self, request: Request, k: int) -> Draft:
-        """Up to k drafts for the request: the tokens its constraint forces next, else its drafter's."""
-        if k <= 0:
+    def _propose(self, request: Request, budget: Budget) -> Draft:
+        """Up to budget.k drafts for the request: the tokens its constraint forces next, else its drafter's."""
+        if budget.k <= 0:
             return Draft.empty()
-        if request.logits is not None and (forced := request.logits.forced(k)):
+        if request.logits is not None and (forced := request.logits.forced(budget.k)):
             return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
         t0 = time.perf_counter()
         # the verify pass caches every draft for a moment: a tree larger than the context's room is cut to fit
-        draft = request.drafter.propose(request.tokens, k).head(request.max_context - len(request.tokens))
+        draft = request.drafter.propose(request.tokens, budget).head(request.max_context - len(request.tokens))
         seconds = time.perf_counter() - t0
         request.metrics.draft_time_s += seconds
         request.costs.observe_draft(draft.positions, seconds)
@@ -224,15 +221,8 @@ class BatchEngine:
         return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request)
 
 
-def _allow_tree(request: Request, allowed: bool) -> None:
-    """Lets a tree-drafting drafter draft trees in this step, or chains only."""
-    draft_request = getattr(request.drafter, "request", None)
-    if draft_request is not None:
-        draft_request.allow_tree = allowed
-
-
 # ---- a request's KV cache and drafter, from its start to its end ------------------------------------------
-def open_request(backend, request: Request, allow_tree: bool = True) -> Request:
+def open_request(backend, request: Request) -> Request:
     """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request
     began as this one does, else a fresh slot; and starts its drafter."""
     prefix = getattr(backend, "prefix_cache", None)
@@ -246,7 +236,7 @@ def open_request(backend, request: Request, allow_tree: bool = True) -> Request:
                                            generator=None if request.generator is None else make_generator(
                                                request.seed + 1),  # its draws when sampling
                                            noise=request.noise if request.coupled else None, costs=request.costs,
-                                           allow_tree=allow_tree, adaptive=request.adaptive))
+                                           adaptive=request.adaptive))
     return request
 
 
@@ -258,9 +248,8 @@ def close_request(backend, request: Request, reason: str = "cancelled") -> None:
     request.finish(reason)
     drafter = request.drafter
     if drafter is not None:
-        learn = getattr(drafter, "learn", None)  # drafters that do not subclass Drafter may lack it
-        if request.learn and learn is not None:
-            learn(request.generated)
+        if request.learn:
+            drafter.learn(request.generated)
         drafter.end()
     _park_or_release(backend, request)
     request.cache = None

@@ -50,9 +50,9 @@ class _Known(Drafter):
         super().begin(request)
         self.start = len(request.prompt_ids)
 
-    def propose(self, context, k):
+    def propose(self, context, budget):
         done = len(context) - self.start
-        tokens = self.continuation[done: done + k]
+        tokens = self.continuation[done: done + budget.k]
         if not self.right:
             tokens = [(t + 1) % 60 for t in tokens]
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long))
