@@ -31,6 +31,13 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the config asked for them
     prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first has none), when asked for
 
+    @classmethod
+    def of(cls, request: Request) -> "GenerationResult":
+        """The result of a request that ended, its text flushed."""
+        return cls(text=request.text.text, token_ids=request.generated, prompt_ids=request.tokens[: request.prompt_len],
+                   metrics=request.metrics, finish_reason=request.finished or "length", logprobs=request.logprobs,
+                   prompt_logprobs=request.prompt_logprobs)
+
 
 class SpecDecoder:
     """Lossless speculative decoding over one target model and one drafter."""
@@ -213,10 +220,7 @@ class SpecDecoder:
                     engine.cancel(event.request_id)
                 if state.finished:
                     state.flush_text()
-                    results[event.request_id] = GenerationResult(
-                        text=state.text.text, token_ids=state.generated, prompt_ids=state.tokens[: state.prompt_len],
-                        metrics=state.metrics, finish_reason=state.finished, logprobs=state.logprobs,
-                        prompt_logprobs=state.prompt_logprobs)
+                    results[event.request_id] = GenerationResult.of(state)
         return [results[i] for i in range(len(prompts))]
 
     def batch_engine(self, max_batch: int = 16) -> BatchEngine:
@@ -278,6 +282,4 @@ class TextStream:
             self.decoder.end(seq)
         if tail := seq.flush_text():
             yield tail
-        self.result = GenerationResult(text=seq.text.text, token_ids=seq.generated,
-                                       prompt_ids=seq.tokens[: seq.prompt_len], metrics=seq.metrics, finish_reason=seq.finished or "length",
-                                       logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs)
+        self.result = GenerationResult.of(seq)
