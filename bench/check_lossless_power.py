@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from specdec import SpecDecoder, sequence
+from specdec import SpecDecoder, verify
 from specdec.cli.check import PROMPTS, SETTINGS, parse_setting
 from specdec.lossless import LosslessReport, check_sampling
 from specdec.verify import rejection_verify
@@ -42,7 +42,7 @@ def main() -> None:
     decoder.enable_prefix_cache(4)
     ids = decoder.encode(PROMPTS[0])
     results = {"correct": run(decoder, ids, args.samples)}
-    sequence.rejection_verify = resample_from_p
+    verify.rejection_verify = resample_from_p
     results["resample_from_p"] = run(decoder, ids, args.samples)
     for name, report in results.items():
         print(f"{name}: {'passed' if report['passed'] else 'FAILED'}; "

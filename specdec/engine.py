@@ -1,21 +1,21 @@
-"""The step loop: draft -> verify in one target forward -> accept or roll back -> observe.
+"""The API: `SpecDecoder` loads a target and a drafter once, then generates, streams or batches many prompts.
 
-`SpecDecoder` loads a target once and generates or streams many prompts. With drafter None the
-same loop is plain autoregressive decoding (the baseline), so both run the same code.
+Every call runs the scheduler's one step (scheduler.py; a request alone is a batch of one). With drafter None
+the same step is plain autoregressive decoding (the baseline), so both run the same code.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from .adaptive import CostModel, measure_verify_costs
 from .config import GenerationConfig, SpeculationConfig
-from .detokenize import TextAssembler
 from .drafters.base import Drafter
 from .errors import ConfigError
 from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
-from .sequence import SequenceState
+from .policy import CostModel, measure_verify_costs
+from .request import Request
+from .scheduler import BatchEngine, close_request, open_request
 
 
 WARM_UP_PROMPT = "List the days of the week, then the months of the year."
@@ -30,6 +30,13 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the config asked for them
     prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first has none), when asked for
+
+    @classmethod
+    def of(cls, request: Request) -> "GenerationResult":
+        """The result of a request that ended, its text flushed."""
+        return cls(text=request.text.text, token_ids=request.generated, prompt_ids=request.tokens[: request.prompt_len],
+                   metrics=request.metrics, finish_reason=request.finished or "length", logprobs=request.logprobs,
+                   prompt_logprobs=request.prompt_logprobs)
 
 
 class SpecDecoder:
@@ -187,7 +194,7 @@ class SpecDecoder:
         return state.generated, state.metrics
 
     def complete(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
-                 speculation: SpeculationConfig | None = None) -> SequenceState:
+                 speculation: SpeculationConfig | None = None) -> Request:
         """Runs one request to its end (drafter and speculation as start() takes them); returns its finished state."""
         state = self.start(prompt_ids, config, drafter, speculation)
         for _ in self.decode(state):
@@ -201,7 +208,6 @@ class SpecDecoder:
         cfg = config or GenerationConfig.create(**kwargs)
         engine = self.batch_engine(max_batch)
         pending = list(enumerate(self.encode(p) for p in prompts))
-        texts = {i: TextAssembler(self.target.tokenizer, cfg.stop) for i, _ in pending}
         results: dict[int, GenerationResult] = {}
         while pending or len(engine):
             while pending and engine.free_slots > 0:
@@ -209,38 +215,37 @@ class SpecDecoder:
                 engine.add(i, ids, cfg)
             for event in engine.step():
                 state = event.state
-                _, stopped = state.take_text(texts[event.request_id], event.new_tokens)
+                _, stopped = state.take_text(event.new_tokens)
                 if stopped:  # free its slot now (a no-op when the engine already ended it)
                     engine.cancel(event.request_id)
                 if state.finished:
-                    text = texts[event.request_id]
-                    text.flush()
-                    results[event.request_id] = GenerationResult(
-                        text=text.text, token_ids=state.generated, prompt_ids=state.tokens[: state.prompt_len],
-                        metrics=state.metrics, finish_reason=state.finished, logprobs=state.logprobs,
-                        prompt_logprobs=state.prompt_logprobs)
+                    state.flush_text()
+                    results[event.request_id] = GenerationResult.of(state)
         return [results[i] for i in range(len(prompts))]
 
-    def batch_engine(self, max_batch: int = 16):
+    def batch_engine(self, max_batch: int = 16) -> BatchEngine:
         """A BatchEngine over this decoder's target, drafter (one fork per request) and costs."""
-        from .batch import BatchEngine
-
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
         return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
                            tokenizer=self.target.tokenizer, tracer=self.tracer)
 
-    # ---- the loop -----------------------------------------------------------------------------
+    # ---- one request at a time ---------------------------------------------------------------
     def start(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
-              speculation: SpeculationConfig | None = None) -> SequenceState:
-        """A request's state; its KV cache slot is held until decode() ends. drafter: "default" (the decoder's own),
-        None (plain decoding) or a Drafter; speculation: default the decoder's."""
-        return SequenceState(prompt_ids, config, self.target.backend, self.drafter if drafter == "default" else drafter,
-                             speculation or self.speculation, self.costs, learn=self.learn_outputs,
-                             tokenizer=self.target.tokenizer, tracer=self.tracer)
+              speculation: SpeculationConfig | None = None) -> Request:
+        """A request, holding its KV cache slot until decode() or end() ends it. drafter: "default" (the decoder's
+        own), None (plain decoding) or a Drafter; speculation: default the decoder's."""
+        request = Request(prompt_ids, config, self.target.backend.info,
+                          self.drafter if drafter == "default" else drafter, speculation or self.speculation,
+                          self.costs, learn=self.learn_outputs, tokenizer=self.target.tokenizer, tracer=self.tracer)
+        return open_request(self.target.backend, request)
 
-    def decode(self, state: SequenceState) -> Iterator[list[int]]:
-        """Runs one sequence to its end, yielding each step's new tokens: the batch engine's step with a batch of
-        one (the same step serves generate_many and the server), so a sequence alone may draft trees."""
+    def end(self, state: Request) -> None:
+        """Ends a request from start() at once, freeing its slot (decode() ends those it runs); idempotent."""
+        close_request(self.target.backend, state)
+
+    def decode(self, state: Request) -> Iterator[list[int]]:
+        """Runs one request to its end, yielding each step's new tokens: the scheduler's step with a batch of
+        one (the same step serves generate_many and the server), so a request alone may draft trees."""
         engine = self.batch_engine(max_batch=1)
         engine.admit(0, state)
         try:
@@ -248,7 +253,7 @@ class SpecDecoder:
                 for event in engine.step():
                     yield event.new_tokens
         finally:
-            state.close()
+            self.end(state)
 
 
 class TextStream:
@@ -264,20 +269,17 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         # holds a cache slot until decode() ends
         seq = self.decoder.start(self.prompt_ids, self.config, self.drafter, self.speculation)
-        text = TextAssembler(self.decoder.target.tokenizer, self.config.stop)
         steps = self.decoder.decode(seq)
         try:
             for new in steps:
-                delta, _ = seq.take_text(text, new)
+                delta, _ = seq.take_text(new)
                 if delta:
                     yield delta
                 if seq.finished:
                     break
         finally:
             steps.close()
-            seq.close()
-        if tail := text.flush():
+            self.decoder.end(seq)
+        if tail := seq.flush_text():
             yield tail
-        self.result = GenerationResult(text=text.text, token_ids=seq.generated, prompt_ids=seq.tokens[: seq.prompt_len],
-                                       metrics=seq.metrics, finish_reason=seq.finished or "length",
-                                       logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs)
+        self.result = GenerationResult.of(seq)

@@ -203,7 +203,7 @@ def _marginal(counts: Counter, position: int) -> Counter:
 
 def _draw(decoder, prompt_ids: list[int], configs: list[GenerationConfig], speculation: SpeculationConfig):
     """Speculative requests with the decoder's drafter: one alone, or several side by side in one batch (each with
-    a fork of the drafter, verified together). Returns their finished SequenceStates."""
+    a fork of the drafter, verified together). Returns their finished Requests."""
     if len(configs) == 1:
         return [decoder.complete(prompt_ids, configs[0], "default", speculation)]
     engine = decoder.batch_engine(len(configs))

@@ -1,4 +1,5 @@
-"""Per-request speculation metrics: one dataclass; logs, Prometheus and benchmark JSON only read it."""
+"""Per-request speculation metrics: one dataclass that the request fills (request.count_step); logs, Prometheus and
+benchmark JSON only read it."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -32,25 +33,6 @@ class GenerationMetrics:
     verify_time_s: float = 0.0
     total_time_s: float = 0.0
     finish_reason: str = ""
-
-    def record_step(self, drafted: int, accepted: int, emitted: int, source: str | None = None) -> None:
-        """Counts one verify step: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens output;
-        source: the drafter a selector chose for it."""
-        self.steps += 1
-        self.drafting_steps += drafted > 0
-        if source is not None:
-            self.drafter_steps[source] = self.drafter_steps.get(source, 0) + 1
-        self.step_tokens += emitted
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        grow = drafted - len(self.drafted_per_position)
-        if grow > 0:
-            self.drafted_per_position.extend([0] * grow)
-            self.accepted_per_position.extend([0] * grow)
-        for i in range(drafted):
-            self.drafted_per_position[i] += 1
-        for i in range(accepted):
-            self.accepted_per_position[i] += 1
 
     @property
     def acceptance_rate(self) -> float | None:

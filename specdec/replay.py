@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .adaptive import CostModel, DraftLengthPolicy, choose_lengths
-from .drafters.base import Drafter, DraftRequest
+from .policy import CostModel, DraftLengthPolicy, choose_lengths
+from .drafters.base import Budget, Drafter, DraftRequest
 from .tokens import common_prefix
 
 
@@ -107,7 +107,7 @@ def replay_drafter(requests: list[dict], make: Callable[[], Drafter], name: str,
         prompt, output = list(r["prompt_ids"]), list(r["output_ids"])
         budget = max(r.get("max_new_tokens", len(output)), len(output))
         drafter = root.fork()
-        drafter.begin(DraftRequest(prompt_ids=prompt, costs=costs, allow_tree=False))
+        drafter.begin(DraftRequest(prompt_ids=prompt, costs=costs))
         policy = DraftLengthPolicy(limit, costs, adaptive=k is None)
         tokens, done, steps = prompt + output[:1], 1, []
         while done < len(output):
@@ -115,7 +115,7 @@ def replay_drafter(requests: list[dict], make: Callable[[], Drafter], name: str,
             draft, seconds = [], 0.0
             if ks[0] > 0:
                 t0 = time.perf_counter()
-                draft = drafter.propose(tokens, ks[0]).tokens.tolist()
+                draft = drafter.propose(tokens, Budget(ks[0])).tokens.tolist()  # chains, as in batches
                 seconds = time.perf_counter() - t0
                 costs.observe_draft(len(draft), seconds)
             accepted = common_prefix(draft, output[done:])

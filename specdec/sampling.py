@@ -45,6 +45,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probs (V,), drawn on the generator's device."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator seeded with `seed`, or from fresh entropy when seed is None."""
     gen = torch.Generator(device=device)

@@ -42,10 +42,10 @@ class TraceWriter:
                     "verify_costs_s": {str(t): s for t, s in sorted(verify_costs.items())}})
 
     def write(self, state) -> None:
-        """One ended request (a SequenceState that kept its step log)."""
+        """One ended request (a Request that kept its step log)."""
         config, m = state.config, state.metrics
         self._line({"type": "request", "drafter": state.drafter.name if state.drafter is not None else "none",
-                    "k_max": state.k_max, "adaptive": state.policy.adaptive, "greedy": config.sampling.greedy,
+                    "k_max": state.k_max, "adaptive": state.adaptive, "greedy": config.sampling.greedy,
                     "constrained": config.constraint is not None, "max_new_tokens": config.max_new_tokens,
                     "finish_reason": state.finished or m.finish_reason, "prompt_ids": state.tokens[: state.prompt_len],
                     "output_ids": state.generated, "steps": state.step_log, "prefill_s": m.prefill_time_s,

@@ -1,8 +1,7 @@
 """The adaptive draft-length policy and its cost model."""
 import random
-from types import SimpleNamespace
 
-from specdec.adaptive import CostModel, DraftLengthPolicy, draft_length
+from specdec.policy import CostModel, DraftLengthPolicy, draft_length
 
 
 def flat_costs() -> CostModel:
@@ -63,15 +62,13 @@ def test_fixed_k_when_not_adaptive():
 def test_trees_size_themselves_but_stop_drafting_when_it_does_not_pay():
     """A tree drafter gets the whole cap while drafts pay, and nothing once they miss (then retries later)."""
     costs = flat_costs()
-    state = SimpleNamespace(policy=DraftLengthPolicy(6, costs), drafter=SimpleNamespace(sizes_itself=True),
-                            draft_cap=lambda: 6)
-    assert draft_length(state, costs) == 6
+    tree = DraftLengthPolicy(6, costs)
+    assert draft_length(tree, costs, 6, sizes_itself=True) == 6
     for _ in range(30):
-        state.policy.observe(6, 0)
-    ks = [draft_length(state, costs) for _ in range(12)]
+        tree.observe(6, 0)
+    ks = [draft_length(tree, costs, 6, sizes_itself=True) for _ in range(12)]
     assert ks[0] == 0 and 6 in ks  # paused first, then a retry with a full tree
-    chain = SimpleNamespace(policy=DraftLengthPolicy(6, costs), drafter=SimpleNamespace(), draft_cap=lambda: 6)
-    assert 0 < draft_length(chain, costs) <= 6
+    assert 0 < draft_length(DraftLengthPolicy(6, costs), costs, 6) <= 6
 
 
 def test_a_probe_follows_a_pause_when_only_a_stale_cost_keeps_drafting_off():
@@ -155,7 +152,7 @@ def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve(
 
 def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
     """Two sequences with the same acceptance in one pass: the one with costly drafts gets fewer."""
-    from specdec.adaptive import choose_lengths
+    from specdec.policy import choose_lengths
 
     costs = flat_costs()
     costly, cheap = costs.for_drafter("slow"), costs.for_drafter("fast")
@@ -171,7 +168,7 @@ def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
 def test_no_probe_when_drafts_would_only_just_pay_at_the_prior():
     """Drafts that would gain a few percent at the prior acceptance (a costly drafter on a noisy curve) are not
     probed after a pause; a drafter with a clear expected gain is."""
-    from specdec.adaptive import PROBE_MARGIN
+    from specdec.policy import PROBE_MARGIN
 
     for per_token, probed in ((0.008, False), (0.0002, True)):
         costs = flat_costs()

@@ -2,14 +2,14 @@
 import pytest
 import torch
 
-from specdec.adaptive import CostModel, DraftLengthPolicy, choose_lengths
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Budget, Draft, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
+from specdec.policy import CostModel, DraftLengthPolicy, choose_lengths
 from tiny import loaded, random_medusa_heads, tiny_llama
 
 
@@ -145,7 +145,7 @@ def test_speculation_shrinks_as_the_batch_grows():
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "select"])
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
-def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend, kind):
+def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeypatch, backend, kind):
     """An EAGLE or Medusa drafter (or the select drafter choosing between Medusa heads and prompt lookup) drafts
     trees while its sequence runs alone and chains once others join; the tokens stay exactly each sequence's plain
     greedy output either way."""
@@ -171,20 +171,26 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(backend
     prompts = _prompts(4)
     want = [alone.generate_ids(p, config)[0] for p in prompts]
     engine = decoder.batch_engine(max_batch=4)
-    got, shapes = {}, []
+    got, budgets, step = {}, [], 0  # budgets: (step, whether it allowed a tree) of every drafter call
+    propose = type(drafter).propose
+
+    def recording(self, context, budget):
+        budgets.append((step, budget.tree))
+        return propose(self, context, budget)
+
+    monkeypatch.setattr(type(drafter), "propose", recording)
     engine.add(0, prompts[0], config)
     for step in range(40):
         if step == 6:  # the others join after the first has drafted alone for a while
             for i, p in enumerate(prompts[1:], 1):
                 engine.add(i, p, config)
-        shapes.append((len(engine.running), [s.drafter.sizes_itself for s in engine.running.values()]))
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
         if not len(engine):
             break
     assert [got[i] for i in range(len(prompts))] == want
-    assert any(n == 1 and trees == [True] for n, trees in shapes[1:6])
-    assert any(n > 1 and not any(trees) for n, trees in shapes[7:])
+    assert any(tree for s, tree in budgets if 1 <= s < 6)  # alone: trees allowed
+    assert any(not tree for s, tree in budgets if s >= 7)  # batched: chains only
 
 
 class _RepeatDrafter(Drafter):
@@ -196,9 +202,9 @@ class _RepeatDrafter(Drafter):
     def __init__(self, calls: list[int]):
         self.calls = calls
 
-    def propose(self, context: list[int], k: int) -> Draft:
-        self.calls.append(k)
-        return Draft(tokens=torch.tensor([context[-1]] * k))
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        self.calls.append(budget.k)
+        return Draft(tokens=torch.tensor([context[-1]] * budget.k))
 
     def fork(self) -> "_RepeatDrafter":
         return _RepeatDrafter(self.calls)

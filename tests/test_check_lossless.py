@@ -61,9 +61,9 @@ def test_correct_engine_passes_the_sampling_check(batch):
 
 @pytest.mark.parametrize("batch", [1, 5])
 def test_broken_acceptance_fails_the_sampling_check(monkeypatch, batch):
-    from specdec import sequence
+    from specdec import verify
 
-    monkeypatch.setattr(sequence, "rejection_verify", _accept_all)
+    monkeypatch.setattr(verify, "rejection_verify", _accept_all)
     check = check_sampling(table_decoder(), PROMPT, SamplingConfig(temperature=1.0), samples=3000, tokens=3,
                            speculation=SPECULATION, batch=batch)
     report = LosslessReport(sampling=[check])
@@ -72,7 +72,7 @@ def test_broken_acceptance_fails_the_sampling_check(monkeypatch, batch):
 
 
 def test_greedy_check_identical_then_caught_when_broken(monkeypatch):
-    from specdec import sequence
+    from specdec import verify
     from specdec.drafters.ngram import NgramDrafter
 
     target = loaded(tiny_llama(seed=0), backend="torch")
@@ -82,7 +82,7 @@ def test_greedy_check_identical_then_caught_when_broken(monkeypatch):
     good = check_greedy(decoder, prompt, 24, SPECULATION)
     assert good.identical and good.drafted > 0
 
-    monkeypatch.setattr(sequence, "greedy_verify", lambda draft, logits: (len(draft), int(logits[-1].argmax())))
+    monkeypatch.setattr(verify, "greedy_verify", lambda draft, logits: (len(draft), int(logits[-1].argmax())))
     bad = check_greedy(SpecDecoder(target, NgramDrafter(1, 3), SPECULATION), prompt, 24, SPECULATION)
     assert not bad.identical and bad.margin is not None and bad.margin > 0
     assert LosslessReport(greedy=[bad]).failures()

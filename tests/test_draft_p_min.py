@@ -7,7 +7,7 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.base import DraftRequest
+from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
@@ -41,7 +41,7 @@ def _drafter(kind: str, target, draft_model, p_min: float):
 def _propose(drafter: DraftModelDrafter, context: list[int], sampling: SamplingConfig | None = None, seed: int = 0):
     drafter.begin(DraftRequest(prompt_ids=context, sampling=sampling or SamplingConfig(),
                                generator=make_generator(seed)))
-    return drafter.propose(context, K)
+    return drafter.propose(context, Budget(K))
 
 
 def test_greedy_draft_stops_exactly_after_the_first_token_below_p_min():
@@ -60,7 +60,7 @@ def test_greedy_draft_stops_exactly_after_the_first_token_below_p_min():
                 drafter = DraftModelDrafter(lm, 16, p_min=p_min)
                 assert _propose(drafter, context).tokens.tolist() == full[:stop + 1]
                 grown = context + full[:stop + 1] + [7]
-                again = drafter.propose(grown, K).tokens.tolist()
+                again = drafter.propose(grown, Budget(K)).tokens.tolist()
                 assert again == _propose(DraftModelDrafter(lm, 16, p_min=p_min), grown).tokens.tolist()
     assert {0, K - 1} < stops  # stops at the first position, in the middle and nowhere were all exercised
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.drafters.base import Budget
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle_head import new_head
 from specdec.drafters.trees import choose_nodes
@@ -33,7 +34,7 @@ def test_tree_greedy_verify_walks_the_matching_branch():
 
 
 def test_tree_width_follows_the_cost_curve():
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
     from specdec.drafters.trees import tree_width
 
     assert tree_width(CostModel({1: 0.010, 64: 0.0105})) == 8  # flat (memory-bound) verify: wide trees
@@ -41,7 +42,7 @@ def test_tree_width_follows_the_cost_curve():
 
 
 def test_node_choice_follows_the_cost_curve():
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
 
     scores = [-0.1, -0.2, -0.3, -2.0, -0.4, -5.0]
     parents = [-1, 0, 1, -1, 2, 3]
@@ -54,7 +55,7 @@ def test_node_choice_follows_the_cost_curve():
 
 
 def test_fixed_size_node_choice_ignores_the_costs():
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
 
     scores = [-0.1, -0.2, -0.3, -2.0, -0.4, -5.0]
     parents = [-1, 0, 1, -1, 2, 3]
@@ -64,14 +65,14 @@ def test_fixed_size_node_choice_ignores_the_costs():
 
 
 def test_tree_shape_options_are_checked():
-    from specdec.drafters import tree_shape
+    from specdec.drafters.options import TreeOptions
     from specdec.errors import ConfigError
 
-    assert tree_shape() == {}
-    assert tree_shape(tree_width=3, tree_nodes=10) == {"width": 3, "max_nodes": 10, "fixed_size": True}
+    assert TreeOptions().shape() == {}
+    assert TreeOptions(tree_width=3, tree_nodes=10).shape() == {"width": 3, "max_nodes": 10, "fixed_size": True}
     for bad in ({"tree_width": 0}, {"tree_nodes": -1}, {"tree_nodes": 2.5}, {"tree_width": True}):
         with pytest.raises(ConfigError, match="must be an integer >= 1"):
-            tree_shape(**bad)
+            TreeOptions(**bad)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_eagle_drafting_keeps_greedy_output(models, backend, tree, head_products
 def test_fixed_size_trees_hold_their_nodes_and_keep_greedy_output(models, nodes):
     """A fixed-size tree holds exactly its nodes (within width x depth candidates) even where the measured costs
     would draft none, and the output is still exactly the target's."""
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
     from specdec.drafters.base import DraftRequest
     from specdec.verify import tree_depths
 
@@ -119,7 +120,7 @@ def test_fixed_size_trees_hold_their_nodes_and_keep_greedy_output(models, nodes)
     steep = CostModel({1: 0.010, 2: 0.020, 8: 0.080})  # under which a cost-sized tree is empty
     drafter.begin(DraftRequest(prompt_ids=prompt, costs=steep))
     drafter.observe(out.hidden[:-1])
-    draft = drafter.propose(prompt, 4)
+    draft = drafter.propose(prompt, Budget(4, tree=True))
     depths = tree_depths(draft.parents)
     assert len(draft.tokens) == nodes and max(depths) <= 4
     assert all(depths.count(d) <= 3 for d in set(depths))  # at most `width` nodes per level
@@ -153,7 +154,7 @@ def test_eagle_self_consistent_head_is_fully_accepted(models):
     head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
     chain, tree = EagleDrafter(head, tree=False), EagleDrafter(head, tree=True, width=1, max_depth=4)
     from specdec.drafters.base import DraftRequest
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
 
     prompt = list(range(5, 17))
     out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
@@ -162,8 +163,8 @@ def test_eagle_self_consistent_head_is_fully_accepted(models):
         d.begin(DraftRequest(prompt_ids=prompt, costs=flat))
         d.observe(out.hidden[:-1])
     context = prompt[:-1] + [prompt[-1]]
-    a = chain.propose(context, 4)
-    b = tree.propose(context, 4)
+    a = chain.propose(context, Budget(4, tree=True))
+    b = tree.propose(context, Budget(4, tree=True))
     assert b.parents == [-1, 0, 1, 2]  # width 1 is a chain
     assert a.tokens.tolist() == b.tokens.tolist()
 
@@ -184,7 +185,7 @@ def test_lookup_path_joins_the_tree_through_matching_nodes():
 
 
 def test_tree_drafts_hold_the_prompt_lookup_continuation(models):
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
     from specdec.drafters.base import DraftRequest
 
     target = loaded(models, "kernels")
@@ -197,7 +198,7 @@ def test_tree_drafts_hold_the_prompt_lookup_continuation(models):
         d = EagleDrafter(head, tree=True, width=2, max_depth=4, lookup=lookup)
         d.begin(DraftRequest(prompt_ids=prompt, costs=CostModel({1: 0.01, 64: 0.0101})))
         d.observe(out.hidden[:-1])
-        drafts[lookup] = d.propose(prompt, 4)
+        drafts[lookup] = d.propose(prompt, Budget(4, tree=True))
     tree = drafts[True]
     node, path = -1, []
     for want in (6, 7, 8, 9):  # the lookup continuation is a root-to-leaf path
@@ -252,12 +253,12 @@ def test_the_head_reads_the_prompt_during_prefill(models):
     drafter.begin(DraftRequest(prompt_ids=prompt))
     drafter.observe(out.hidden)  # the prefill's features, one per prompt token
     assert drafter.kv[0].shape[2] == len(prompt) - 1  # every pair (f_t, x_t+1) the prompt holds
-    drafter.propose(prompt + [7], 2)
+    drafter.propose(prompt + [7], Budget(2, tree=True))
     assert drafter.kv[0].shape[2] == len(prompt)
 
 
 def test_lookup_record_scores_what_was_accepted():
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
     from specdec.drafters.trees import LookupRecord
 
     record = LookupRecord()
@@ -277,7 +278,7 @@ def test_lookup_record_scores_what_was_accepted():
 
 
 def test_the_head_is_skipped_where_the_lookup_is_trusted(models):
-    from specdec.adaptive import CostModel
+    from specdec.policy import CostModel
     from specdec.drafters.base import DraftRequest
 
     target = loaded(models, "kernels")
@@ -288,13 +289,14 @@ def test_the_head_is_skipped_where_the_lookup_is_trusted(models):
     drafter = EagleDrafter(head, tree=True, width=2, max_depth=4)
     drafter.begin(DraftRequest(prompt_ids=prompt, costs=CostModel({1: 0.01, 64: 0.0101})))
     drafter.observe(out.hidden[:-1])
-    assert drafter.propose(prompt, 4).parents is not None  # no estimate of the head's trees yet: a tree
+    tree = Budget(4, tree=True)
+    assert drafter.propose(prompt, tree).parents is not None  # no estimate of the head's trees yet: a tree
     assert drafter.branch.head_expected is not None
     drafter.branch.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
-    lookup_only = drafter.propose(prompt, 4)
+    lookup_only = drafter.propose(prompt, tree)
     assert lookup_only.parents is None and lookup_only.tokens.tolist() == [6, 7, 8, 9]
     drafter.branch.head_expected = 5.0
-    assert drafter.propose(prompt, 4).parents is not None
+    assert drafter.propose(prompt, tree).parents is not None
 
 
 @pytest.mark.parametrize("backend", ["kernels", "torch"])

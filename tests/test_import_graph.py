@@ -2,6 +2,9 @@
 
 Layers, lowest first: the model backends and kernels; the core (engine, drafters, verification, sampling, ...);
 training; the tools (bench); then the front ends (cli, server). Every import counts, those inside functions too.
+Within the core, the roles stay apart: verification is pure (it knows no model, drafter or request), the
+draft-length policy knows no request, a request never reaches a model or the scheduler, and drafters know nothing
+of the loop that runs them.
 """
 import ast
 from pathlib import Path
@@ -55,6 +58,27 @@ def test_lower_layers_never_import_higher_ones():
                 bad.append((module, target))  # the core never imports training, tools or front ends
             elif here in TOOLS | {"training"} and there in FRONT:
                 bad.append((module, target))
+    assert not bad, bad
+
+
+# module (or package) -> the specdec modules it must never import, itself or through its submodules
+ROLES = {
+    "specdec.verify": ("specdec.models", "specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine",
+                       "specdec.policy", "specdec.logits"),
+    "specdec.policy": ("specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine"),
+    "specdec.logits": ("specdec.models", "specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine"),
+    "specdec.request": ("specdec.models", "specdec.scheduler", "specdec.engine"),
+    "specdec.scheduler": ("specdec.engine",),
+    "specdec.drafters": ("specdec.request", "specdec.scheduler", "specdec.engine"),
+}
+
+
+def test_the_core_roles_stay_apart():
+    bad = []
+    for module, targets in imports().items():
+        for role, forbidden in ROLES.items():
+            if module == role or module.startswith(role + "."):
+                bad += [(module, t) for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden)]
     assert not bad, bad
 
 

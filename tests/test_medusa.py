@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from specdec.adaptive import CostModel
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.base import DraftRequest
+from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.medusa_head import load_medusa_heads
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
+from specdec.policy import CostModel
 from tiny import drafted_keeping_greedy_output, loaded, random_medusa_heads, tiny_llama
 
 def flat() -> CostModel:
@@ -51,19 +51,20 @@ def test_heads_guess_from_the_feature_that_gave_the_last_token(model):
     drafter = started(MedusaDrafter(heads, tree=False), target, prompt)
     out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt[:-1]), output_hidden=True)
     want = heads.draft_logits(heads(out.hidden[-1]))[:3].argmax(-1)  # head d's best guess, d = 1..3
-    assert drafter.propose(prompt, 3).tokens.tolist() == want.tolist()
-    assert len(drafter.propose(prompt + [1], 3)) == 0  # that context's last feature is unknown: no guess
+    assert drafter.propose(prompt, Budget(3, tree=True)).tokens.tolist() == want.tolist()
+    assert len(drafter.propose(prompt + [1], Budget(3, tree=True))) == 0  # that context's last feature is unknown
 
 
 def test_tree_is_most_probable_first_and_a_width_one_tree_is_the_chain(model):
     target = loaded(model, "torch")
     heads = random_medusa_heads(model)
     prompt = list(range(5, 17))
-    chain = started(MedusaDrafter(heads, tree=False), target, prompt).propose(prompt, 4)
-    line = started(MedusaDrafter(heads, tree=True, width=1, lookup=False), target, prompt).propose(prompt, 4)
+    budget = Budget(4, tree=True)
+    chain = started(MedusaDrafter(heads, tree=False), target, prompt).propose(prompt, budget)
+    line = started(MedusaDrafter(heads, tree=True, width=1, lookup=False), target, prompt).propose(prompt, budget)
     assert line.parents == [-1, 0, 1, 2] and line.tokens.tolist() == chain.tokens.tolist()
 
-    tree = started(MedusaDrafter(heads, tree=True, width=3, lookup=False), target, prompt).propose(prompt, 4)
+    tree = started(MedusaDrafter(heads, tree=True, width=3, lookup=False), target, prompt).propose(prompt, budget)
     assert len(tree) > 4 and all(p < i for i, p in enumerate(tree.parents))
     logp = torch.log_softmax(heads.draft_logits(heads(started(MedusaDrafter(heads), target, prompt).last)), -1)
     depth_of = []
@@ -183,13 +184,13 @@ def test_prompt_lookup_drafts_alone_where_it_is_trusted(model, tree):
     target = loaded(model, "kernels")
     prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]  # lookup continuation: 6 7 8 9 ...
     drafter = started(MedusaDrafter(random_medusa_heads(model), tree=tree, width=2), target, prompt)
-    first = drafter.propose(prompt, 4)  # no estimate of the heads' drafts yet: the heads draft
+    first = drafter.propose(prompt, Budget(4, tree=True))  # no estimate of the heads' drafts yet: the heads draft
     assert drafter.branch.head_expected is not None and first.tokens.tolist()[:4] != [6, 7, 8, 9]
     drafter.branch.head_expected = 0.1  # the continuation's prior expectation (0.5 + 0.25 + ...) beats it
-    copied = drafter.propose(prompt, 4)
+    copied = drafter.propose(prompt, Budget(4, tree=True))
     assert copied.parents is None and copied.tokens.tolist() == [6, 7, 8, 9][:len(copied)]
     drafter.branch.head_expected = 5.0
-    assert drafter.propose(prompt, 4).tokens.tolist() == first.tokens.tolist()
+    assert drafter.propose(prompt, Budget(4, tree=True)).tokens.tolist() == first.tokens.tolist()
 
 
 def test_lookup_only_chains_keep_greedy_output(model, monkeypatch):

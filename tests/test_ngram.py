@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from specdec.drafters.base import Budget
 from specdec.drafters.ngram import NgramDrafter, ngram_lookup
 from specdec.errors import ConfigError
 
@@ -35,7 +36,7 @@ def test_no_match_proposes_nothing():
 
 
 def test_drafter_returns_int64_tensor_and_validates_sizes():
-    draft = NgramDrafter(min_n=1, max_n=2).propose([3, 4, 3], 2)
+    draft = NgramDrafter(min_n=1, max_n=2).propose([3, 4, 3], Budget(2))
     assert draft.tokens.tolist() == [4, 3] and draft.probs is None
     with pytest.raises(ConfigError):
         NgramDrafter(min_n=3, max_n=2)

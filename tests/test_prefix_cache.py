@@ -113,7 +113,7 @@ def test_parked_caches_use_idle_slots_only_and_go_least_recently_used_first():
     states = [decoder.start(_prompt(20, seed=50 + i), config) for i in range(slots)]
     assert be.pool.slots == slots and len(be.prefix_cache) == 0
     for s in states:
-        s.close()
+        decoder.end(s)
 
 
 def test_an_entry_that_a_longer_one_extends_is_dropped():

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from specdec.adaptive import CostModel
 from specdec.cli.main import main
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
+from specdec.policy import CostModel
 from specdec.replay import replay_drafter, replay_logged, replay_plain, replayable
 from specdec.trace import read_trace
 from tiny import loaded, tiny_llama

@@ -210,9 +210,9 @@ def _resample_from_p(draft, draft_probs, target_probs, generator):
 
 @pytest.mark.parametrize("broken", [_accept_all, _resample_from_p])
 def test_broken_acceptance_rule_is_caught(monkeypatch, broken):
-    from specdec import sequence
+    from specdec import verify
 
-    monkeypatch.setattr(sequence, "rejection_verify", broken)
+    monkeypatch.setattr(verify, "rejection_verify", broken)
     sampling = SETTINGS[0]
     decoder = decoder_for("draft")
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
@@ -262,9 +262,9 @@ def _tree_accept_always(tokens, parents, target_probs, generator):
 
 
 def test_broken_tree_rule_is_caught(monkeypatch):
-    from specdec import sequence
+    from specdec import verify
 
-    monkeypatch.setattr(sequence, "tree_rejection_verify", _tree_accept_always)
+    monkeypatch.setattr(verify, "tree_rejection_verify", _tree_accept_always)
     sampling = SETTINGS[0]
     decoder = decoder_for("tree")
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)

@@ -12,6 +12,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.metrics import GenerationMetrics
+from specdec.request import count_step
 from tiny import drafted_keeping_greedy_output, loaded, random_medusa_heads, tiny_llama
 
 
@@ -49,9 +50,9 @@ class _Known(Drafter):
         super().begin(request)
         self.start = len(request.prompt_ids)
 
-    def propose(self, context, k):
+    def propose(self, context, budget):
         done = len(context) - self.start
-        tokens = self.continuation[done: done + k]
+        tokens = self.continuation[done: done + budget.k]
         if not self.right:
             tokens = [(t + 1) % 60 for t in tokens]
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long))
@@ -104,10 +105,10 @@ def test_select_options_are_checked(target):
 
 def test_metrics_count_the_steps_of_each_chosen_drafter():
     a, b = GenerationMetrics(), GenerationMetrics()
-    a.record_step(drafted=3, accepted=1, emitted=2, source="ngram")
-    b.record_step(drafted=2, accepted=2, emitted=3, source="eagle")
-    b.record_step(drafted=2, accepted=0, emitted=1, source="ngram")
-    b.record_step(drafted=0, accepted=0, emitted=1)
+    count_step(a, drafted=3, accepted=1, emitted=2, source="ngram")
+    count_step(b, drafted=2, accepted=2, emitted=3, source="eagle")
+    count_step(b, drafted=2, accepted=0, emitted=1, source="ngram")
+    count_step(b, drafted=0, accepted=0, emitted=1)
     merged = a.merge(b)
     assert merged.drafter_steps == {"ngram": 2, "eagle": 1} and merged.steps == 4
     assert "drafted by eagle 1, ngram 2" in merged.summary()

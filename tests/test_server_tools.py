@@ -167,7 +167,7 @@ def test_auto_streams_text_until_a_call_opens_then_sends_the_call():
     from specdec.metrics import GenerationMetrics
     from specdec.server.generation import _ToolCallStream
     from specdec.server.responses import Meta
-    from specdec.server.worker import Delta, Finished
+    from specdec.server.events import Delta, Finished
 
     def run(pieces, reason="stop"):
         stream = _ToolCallStream(Meta(chat=True, model="m"), parse_tool_calling({"tools": [TIME]}, "hermes", None), 1)

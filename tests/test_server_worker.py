@@ -11,7 +11,8 @@ from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.engine import SpecDecoder  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
 from specdec.server.schemas import GenerationRequest, SpeculationChoice  # noqa: E402
-from specdec.server.worker import Delta, EngineWorker, Failed, Finished, Job, Started  # noqa: E402
+from specdec.server.events import Delta, Failed, Finished, Job, Started  # noqa: E402
+from specdec.server.worker import EngineWorker  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ class _Silent(Drafter):
 
     name = "silent"
 
-    def propose(self, context, k):
+    def propose(self, context, budget):
         return Draft.empty()
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.base import DraftRequest
+from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.suffix import SuffixDrafter, SuffixIndex
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
@@ -46,12 +46,12 @@ def test_forgetting_leaves_exactly_the_counts_of_the_sequences_kept():
 def test_drafts_come_from_past_outputs_shared_by_forks():
     drafter = SuffixDrafter(min_n=2)
     drafter.begin(DraftRequest(prompt_ids=[50, 51]))
-    assert len(drafter.propose([50, 51, 10, 11], 4)) == 0  # nothing seen yet
+    assert len(drafter.propose([50, 51, 10, 11], Budget(4))) == 0  # nothing seen yet
     drafter.learn([10, 11, 12, 13, 14, 15])
     other = drafter.fork()
     other.begin(DraftRequest(prompt_ids=[60, 61]))
-    assert other.propose([60, 61, 10, 11], 3).tokens.tolist() == [12, 13, 14]
-    assert other.propose([60, 61, 10, 11], 10).tokens.tolist() == [12, 13, 14, 15]  # the run ends with the output
+    assert other.propose([60, 61, 10, 11], Budget(3)).tokens.tolist() == [12, 13, 14]
+    assert other.propose([60, 61, 10, 11], Budget(10)).tokens.tolist() == [12, 13, 14, 15]  # the run ends there
 
 
 def test_drafts_come_from_the_request_and_stop_where_continuations_split():
@@ -60,7 +60,7 @@ def test_drafts_come_from_the_request_and_stop_where_continuations_split():
     for floor, want in ((0.4, [3, 5]), (0.3, [3, 5, 1, 2, 3])):
         drafter = SuffixDrafter(min_n=2, min_probability=floor)
         drafter.begin(DraftRequest(prompt_ids=prompt))
-        assert drafter.propose(prompt, 5).tokens.tolist() == want
+        assert drafter.propose(prompt, Budget(5)).tokens.tolist() == want
     with pytest.raises(ConfigError):
         SuffixDrafter(min_n=3, max_n=2)
     with pytest.raises(ConfigError):
@@ -93,7 +93,7 @@ def test_a_file_backed_index_keeps_past_outputs_across_processes(tmp_path):
     assert list(again.sequences) == [[10, 11, 12, 13, 14, 15], [20, 21, 22]] and again.next_counts == index.next_counts
     other = SuffixDrafter(shared=again)
     other.begin(DraftRequest(prompt_ids=[1, 2]))
-    assert other.propose([1, 2, 10, 11], 3).tokens.tolist() == [12, 13, 14]
+    assert other.propose([1, 2, 10, 11], Budget(3)).tokens.tolist() == [12, 13, 14]
     with pytest.raises(ConfigError, match="vocabulary of 50"):
         SuffixIndex.open(path, vocab_size=50)
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
@@ -215,7 +215,7 @@ def _drafted(decoder, text: str, k: int = 8) -> str:
     drafter = decoder.drafter.fork()
     drafter.begin(DraftRequest(prompt_ids=tokenizer.encode("we you", add_special_tokens=False)))
     context = tokenizer.encode("we you " + text, add_special_tokens=False)
-    return tokenizer.decode(drafter.propose(context, k).tokens.tolist())
+    return tokenizer.decode(drafter.propose(context, Budget(k)).tokens.tolist())
 
 
 def test_an_index_built_from_a_folder_drafts_the_corpus_continuations(capsys, tmp_path, tiny_folder):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.drafters.base import Draft, Drafter
 from specdec.models.backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache
 from specdec.models.loading import LoadedModel, make_backend, model_info
 
@@ -184,38 +185,28 @@ def table_target(vocab: int = 5, seed: int = 0, scale: float = 1.5) -> LoadedMod
 
 
 
-class TableTreeDrafter:
-    """A test drafter: a deterministic tree (top `width` tokens per node, `depth` levels) from a draft table."""
+class TableTreeDrafter(Drafter):
+    """A test drafter: a deterministic tree (top `width` tokens per node, `depth` levels) from a draft table; where a
+    step allows no tree, the chain of top-1 tokens."""
 
     name = "table-tree"
-    needs_features = False
     sizes_itself = True
 
     def __init__(self, lm: TableLM, width: int = 2, depth: int = 2):
         self.lm, self.width, self.depth = lm, width, depth
 
-    def begin(self, request):
-        self.request = request
-
-    def end(self):
-        pass
-
-    def observe(self, features):
-        pass
-
-    def propose(self, context, k):
-        from specdec.drafters.base import Draft
-
+    def propose(self, context, budget):
+        width = self.width if budget.tree else 1
         tokens, parents, frontier = [], [], [(-1, list(context))]
-        for _ in range(min(self.depth, k)):
+        for _ in range(min(self.depth, budget.k)):
             nxt = []
             for node, ctx in frontier:
-                for t in torch.topk(self.lm.logits_after(ctx), self.width).indices.tolist():
+                for t in torch.topk(self.lm.logits_after(ctx), width).indices.tolist():
                     tokens.append(t)
                     parents.append(node)
                     nxt.append((len(tokens) - 1, ctx + [t]))
             frontier = nxt
-        return Draft(tokens=torch.tensor(tokens), parents=parents)
+        return Draft(tokens=torch.tensor(tokens), parents=parents if budget.tree else None)
 
 
 class ModelLogits:

@@ -55,7 +55,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from ..adaptive import CostModel, measure_verify_costs
+    from ..policy import CostModel, measure_verify_costs
     from ..config import GenerationConfig, SpeculationConfig
     from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder

@@ -83,7 +83,7 @@ def check_minimums(args, minimums: dict[str, float]) -> None:
 
 def draft_p_min(text: str) -> float:
     """--draft-p-min's value, refused while parsing (before any model loads) unless 0 <= P < 1."""
-    from ..drafters.draft_model import check_p_min
+    from ..drafters.options import check_p_min
 
     try:
         return check_p_min(float(text))

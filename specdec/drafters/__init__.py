@@ -1,23 +1,36 @@
 """Drafters, found by name: `create_drafter("ngram", target)`.
 
-"none" is plain decoding (no drafter); "auto" picks the best drafter available for the target.
+"none" is plain decoding (no drafter); "auto" picks the best drafter available for the target. Each drafter's
+options are a frozen dataclass (options.py), validated before anything loads.
 """
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from ..errors import ConfigError
-from .base import Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest
+from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, MedusaOptions, NgramOptions, SelectOptions,
+                      SuffixOptions, bad_select_from)
 
-_FACTORIES: dict[str, Callable[..., Drafter | None]] = {}
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[..., Drafter | None]  # (target, options) -> Drafter, or (target) without options
+    options: type | None  # the drafter's options dataclass; None: it takes none
+    passes_on: bool  # also takes every option given (as a dict), for the drafters it builds in turn
 
 
-def register(name: str):
-    """Decorator: registers a factory `(target: LoadedModel, **options) -> Drafter`."""
+_FACTORIES: dict[str, _Entry] = {}
+
+
+def register(name: str, options: type | None = None, passes_on: bool = False):
+    """Decorator: registers a factory `(target: LoadedModel, options) -> Drafter`, whose options are an instance of
+    the frozen dataclass `options` (None: `(target) -> Drafter`, no options); passes_on: it also gets the whole
+    dict of options given, as `(target, options, given)`."""
 
     def wrap(factory):
-        _FACTORIES[name] = factory
+        _FACTORIES[name] = _Entry(factory, options, passes_on)
         return factory
 
     return wrap
@@ -28,8 +41,8 @@ def drafter_names() -> list[str]:
 
 
 def drafter_options() -> list[str]:
-    """Every option some drafter takes (the keyword arguments of the registered factories)."""
-    return sorted({n for f in _FACTORIES.values() for n in _takes(f)})
+    """Every option some drafter takes (the fields of the registered options dataclasses)."""
+    return sorted({n for entry in _FACTORIES.values() for n in _takes(entry)})
 
 
 def create_drafter(name: str, target, **options) -> Drafter | None:
@@ -45,15 +58,16 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
         name = auto_drafter_name(target, options)
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
-    factory = _FACTORIES[name]
-    takes_all = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(factory).parameters.values())
-    return factory(target, **(options if takes_all else {k: v for k, v in options.items() if k in _takes(factory)}))
+    entry = _FACTORIES[name]
+    if entry.options is None:
+        return entry.factory(target)
+    own = entry.options(**{k: v for k, v in options.items() if k in _takes(entry)})
+    return entry.factory(target, own, options) if entry.passes_on else entry.factory(target, own)
 
 
-def _takes(factory) -> list[str]:
-    """The keyword options a factory names (after its target)."""
-    params = list(inspect.signature(factory).parameters.values())[1:]
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+def _takes(entry: _Entry) -> list[str]:
+    """The options a registered drafter names."""
+    return [f.name for f in fields(entry.options)] if entry.options is not None else []
 
 
 def auto_drafter_name(target, options: dict) -> str:
@@ -91,82 +105,66 @@ def _none(target) -> None:
     return None
 
 
-@register("ngram")
-def _ngram(target, min_n: int = 2, max_n: int = 4) -> Drafter:
+@register("ngram", NgramOptions)
+def _ngram(target, options: NgramOptions) -> Drafter:
     from .ngram import NgramDrafter
 
-    return NgramDrafter(min_n=min_n, max_n=max_n)
+    return NgramDrafter(min_n=options.min_n, max_n=options.max_n)
 
 
-@register("suffix")
-def _suffix(target, suffix_index=None) -> Drafter:
+@register("suffix", SuffixOptions)
+def _suffix(target, options: SuffixOptions) -> Drafter:
     from .suffix import SuffixDrafter, SuffixIndex, tokenizer_id
 
-    shared = SuffixIndex.open(suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
-                              model=target.name) if suffix_index else None
+    shared = SuffixIndex.open(options.suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
+                              model=target.name) if options.suffix_index else None
     return SuffixDrafter(shared=shared)
 
 
-@register("draft-model")
-def _draft_model(target, draft_model=None, trust_remote_code: bool = False, draft_p_min: float = 0.0) -> Drafter:
+@register("draft-model", DraftModelOptions)
+def _draft_model(target, options: DraftModelOptions) -> Drafter:
     from ..models.loading import LoadedModel, load_model
     from .cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
-    from .draft_model import DraftModelDrafter, check_p_min
+    from .draft_model import DraftModelDrafter
 
-    check_p_min(draft_p_min)  # before a draft model loads
-    if draft_model is None:
-        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model NAME_OR_PATH)")
+    draft_model, p_min = options.draft_model, options.draft_p_min
     if not isinstance(draft_model, LoadedModel):
         info = target.info
         draft_model = load_model(draft_model, device=str(info.device), dtype=str(info.dtype).replace("torch.", ""),
-                                 trust_remote_code=trust_remote_code)
+                                 trust_remote_code=options.trust_remote_code)
     if None in (target.tokenizer, draft_model.tokenizer) or same_vocabulary(target.tokenizer, draft_model.tokenizer):
-        return DraftModelDrafter(draft_model.backend, target.info.vocab_size, p_min=draft_p_min)
+        return DraftModelDrafter(draft_model.backend, target.info.vocab_size, p_min=p_min)
     return CrossTokenizerDrafter(draft_model.backend, draft_model.tokenizer, target.tokenizer,  # through text
-                                 p_min=draft_p_min)
+                                 p_min=p_min)
 
 
-@register("layerskip")
-def _layerskip(target, layerskip_layers: int | None = None, draft_p_min: float = 0.0) -> Drafter:
+@register("layerskip", LayerSkipOptions)
+def _layerskip(target, options: LayerSkipOptions) -> Drafter:
     from .draft_model import DraftModelDrafter
     from .layerskip import DEFAULT_EXIT_LAYER, EarlyExit
 
     total = target.info.num_layers
-    layers = layerskip_layers or min(DEFAULT_EXIT_LAYER, max(1, total // 2))
+    layers = options.layerskip_layers or min(DEFAULT_EXIT_LAYER, max(1, total // 2))
     if not 1 <= layers < total:
         raise ConfigError(f"layerskip needs 1 <= layers < {total} (the target's layer count), got {layers}")
     if type(target.backend).__name__ == "HFBackend":
         raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
     return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip",
-                             p_min=draft_p_min)
+                             p_min=options.draft_p_min)
 
 
-def tree_shape(tree_width: int | None = None, tree_nodes: int | None = None) -> dict:
-    """The tree options of the EAGLE and Medusa drafters: a fixed number of candidates per level (None: chosen
-    from the measured verify costs) and a fixed number of nodes per tree (None: as many as pay, up to 48)."""
-    for name, value in (("tree width", tree_width), ("tree nodes", tree_nodes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    shape = {"width": tree_width} if tree_width else {}
-    return shape | ({"max_nodes": tree_nodes, "fixed_size": True} if tree_nodes else {})
+@register("eagle", EagleOptions)
+def _eagle(target, options: EagleOptions) -> Drafter:
+    return _eagle_drafter(target, options.eagle_head or bundled_head(target.name), "", options)
 
 
-@register("eagle")
-def _eagle(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None,
-           calibrate_trees: bool = False) -> Drafter:
-    return _eagle_drafter(target, eagle_head or bundled_head(target.name), tree, "", tree_shape(tree_width, tree_nodes),
-                          calibrate_trees)
-
-
-@register("eagle3")
-def _eagle3(target, eagle_head=None, tree: bool = True, tree_width=None, tree_nodes=None,
-            calibrate_trees: bool = False) -> Drafter:
+@register("eagle3", EagleOptions)
+def _eagle3(target, options: EagleOptions) -> Drafter:
     """`eagle` with an EAGLE-3 head: the one given (which must be one), else the one shipped for the model."""
-    return _eagle_drafter(target, eagle_head or bundled_head(target.name, "eagle3"), tree, "3",
-                          tree_shape(tree_width, tree_nodes), calibrate_trees)
+    return _eagle_drafter(target, options.eagle_head or bundled_head(target.name, "eagle3"), "3", options)
 
 
-def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict, calibrate: bool = False) -> Drafter:
+def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Drafter:
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
     be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
     bfloat16 target, else float32. An EAGLE-3 head makes the target return the inputs of the layers it reads."""
@@ -182,7 +180,8 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict, calibr
 
     kind = f"--kind eagle{version} " if version else ""
     name = f"eagle{version}"
-    if calibrate:
+    tree, shape = options.tree, options.shape()
+    if options.calibrate_trees:
         from .calibration import Calibration
 
         shape = {**shape, "calibration": Calibration()}
@@ -206,8 +205,8 @@ def _eagle_drafter(target, folder, tree: bool, version: str, shape: dict, calibr
     return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns, name=name, **shape)
 
 
-@register("medusa")
-def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_nodes=None) -> Drafter:
+@register("medusa", MedusaOptions)
+def _medusa(target, options: MedusaOptions) -> Drafter:
     import torch
 
     from ..kernels import KernelUnavailable
@@ -215,11 +214,11 @@ def _medusa(target, medusa_head=None, tree: bool = True, tree_width=None, tree_n
     from .medusa_head import load_medusa_heads
     from .medusa_kernels import KernelMedusaHeads, kernel_heads_problem
 
-    folder = medusa_head or bundled_head(target.name, "medusa")
+    folder = options.medusa_head or bundled_head(target.name, "medusa")
     if folder is None:
         raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
                           f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
-    shape = tree_shape(tree_width, tree_nodes)
+    tree, shape = options.tree, options.shape()
     heads = read_head(load_medusa_heads, folder, target)
     info = target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
@@ -251,20 +250,18 @@ def read_head(load, folder, target):
 SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select", those available for the target
 
 
-@register("select")
-def _select(target, select_from=None, **options) -> Drafter:
+@register("select", SelectOptions, passes_on=True)
+def _select(target, options: SelectOptions, given: dict) -> Drafter:
     from .select import SelectingDrafter
 
-    if select_from:
-        names = [n.strip() for n in select_from.split(",")] if isinstance(select_from, str) else list(select_from)
-        bad = [n for n in names if n in ("select", "auto", "none") or n not in _FACTORIES]
-        if bad or not all(names):
-            raise ConfigError(f"--select-from takes drafter names other than select, auto and none, got {select_from!r}")
-    else:
-        heads = {"eagle": options.get("eagle_head") or bundled_head(target.name),
-                 "medusa": options.get("medusa_head") or bundled_head(target.name, "medusa")}
+    names = options.names
+    if names is not None and any(n not in _FACTORIES for n in names):
+        raise bad_select_from(options.select_from)
+    if names is None:
+        heads = {"eagle": given.get("eagle_head") or bundled_head(target.name),
+                 "medusa": given.get("medusa_head") or bundled_head(target.name, "medusa")}
         names = [n for n in SELECT_DEFAULT if heads.get(n, True)]
-    return SelectingDrafter([create_drafter(n, target, **options) for n in names])
+    return SelectingDrafter([create_drafter(n, target, **given) for n in names])
 
 
-__all__ = ["Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]
+__all__ = ["Budget", "Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]

@@ -1,49 +1,31 @@
 """The drafter contract: propose tokens, never pick the final one.
 
-A drafter sees the whole context each step and proposes up to k tokens to follow it. Drafters that
-sample (draft models) also return q, their distribution at each drafted position, so verification
-can accept with min(1, p/q); deterministic drafters return probs=None (q is one-hot).
+A drafter serves one request at a time: begin(request), then each step propose(context, budget) with the whole
+context and what the step allows, observe(features) with the target's hidden states of the positions it kept
+(drafters that read them), and at the end learn(output) and end(). Drafters that sample (draft models) also return
+q, their distribution at each drafted position, so verification can accept with min(1, p/q); deterministic
+drafters return probs=None (q is one-hot). fork() gives another concurrent request a drafter of its own.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
 from ..config import SamplingConfig
 from ..sampling import sample
-from ..verify import tree_depths
+from ..verify import Draft  # what propose returns: defined with the rules that verify it
 
 
-@dataclass
-class Draft:
-    tokens: torch.Tensor  # (k,) int64, on the CPU
-    probs: torch.Tensor | None = None  # (k, V) q over the target's vocabulary, or None (one-hot); chains only
-    parents: list[int] | None = None  # a tree: parents[i] < i, -1 under the root; None for a chain
-    source: str | None = None  # the drafter that drafted it, where a selector chose among several
+@dataclass(frozen=True)
+class Budget:
+    """What one step allows a drafter: at most k positions drafted ahead (a chain's tokens, a tree's depth), and a
+    tree or a chain only. Trees are allowed where the request is verified alone: the batched pass scores chains."""
 
-    def __len__(self) -> int:
-        return int(self.tokens.numel())
-
-    @property
-    def positions(self) -> int:
-        """Positions drafted ahead: the length of a chain, the depth of a tree (what drafting cost scales with)."""
-        if not self.parents:
-            return len(self)
-        return max(tree_depths(self.parents))
-
-    def head(self, n: int) -> "Draft":
-        """The first n drafts: a chain's prefix, or a tree's first n nodes (which hold their ancestors, parents[i] < i)."""
-        if n >= len(self):
-            return self
-        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
-                     parents=None if self.parents is None else self.parents[:n], source=self.source)
-
-    @staticmethod
-    def empty() -> "Draft":
-        return Draft(tokens=torch.empty(0, dtype=torch.long))
+    k: int
+    tree: bool = False
 
 
 @dataclass
@@ -52,10 +34,9 @@ class DraftRequest:
 
     prompt_ids: list[int]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    generator: torch.Generator | None = None  # the drafter's own random stream
+    generator: torch.Generator | None = None  # the drafter's own random stream (sampling requests)
     noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
     costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
-    allow_tree: bool = True  # False where the engine scores chains only (batched serving)
     adaptive: bool = True  # False: draft the most allowed every step (--no-adaptive), for drafters that decide it
 
     def draw(self, q: torch.Tensor, position: int) -> int:
@@ -66,20 +47,26 @@ class DraftRequest:
         return int(sample(q.cpu(), self.generator))
 
 
-class Drafter(ABC):
-    """Proposes draft tokens for one request at a time."""
+class Drafter(Protocol):
+    """What every drafter is. Drafters subclass it for the defaults below (propose is theirs to write)."""
 
-    name: str = ""
-    #: True for drafters that read the target's final hidden states (observe() receives them)
+    name: str = ""  # its name in the registry; costs and metrics are kept per name
+    #: True for drafters that read the target's hidden states (observe() receives them)
     needs_features: bool = False
+    #: True for drafters that size their own draft, a tree, from the measured costs where a step allows a tree:
+    #: the engine then gives them the most drafts allowed whenever its policy says drafting pays
+    sizes_itself: bool = False
+    #: True for drafters that also decide themselves whether a step drafts at all where a tree is allowed (the
+    #: select drafter, from its candidates' measured speeds): the engine's policy is not asked then
+    decides_itself: bool = False
 
     def begin(self, request: DraftRequest) -> None:
         """Starts a new request."""
         self.request = request
 
     @abstractmethod
-    def propose(self, context: list[int], k: int) -> Draft:
-        """Up to k tokens to follow `context` (prompt + generated so far)."""
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        """Up to budget.k tokens to follow `context` (prompt + generated so far); a tree only if budget.tree."""
 
     def observe(self, features: torch.Tensor) -> None:
         """The target's hidden states (m, H) of the positions it just processed and kept, in order."""

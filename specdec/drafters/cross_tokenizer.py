@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..models.backend import CausalLM
-from .base import Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest
 from .draft_model import DraftModelDrafter
 
 LOOK_BEHIND = 8  # target tokens re-encoded with the draft's new text, so that a word cut at the boundary aligns
@@ -41,13 +41,14 @@ class CrossTokenizerDrafter(Drafter):
     def end(self) -> None:
         self.inner.end()
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        k = budget.k
         if k <= 0:
             return Draft.empty()
         ids = self._encode_draft(self._decode_target(context))
         if not ids or len(ids) + k >= self.inner.draft.info.max_context:
             return Draft.empty()
-        new = self.inner.propose(ids, k).tokens.tolist()
+        new = self.inner.propose(ids, Budget(k)).tokens.tolist()
         before = self.draft_tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         after = self.draft_tokenizer.decode(ids + new, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if not after.startswith(before) or len(after) == len(before):

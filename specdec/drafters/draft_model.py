@@ -8,24 +8,14 @@ shortens the draft: each position's q and token are the ones drafting used, so v
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..errors import ConfigError
 from ..models.backend import CausalLM
 from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix
-from .base import Draft, Drafter, DraftRequest
-
-
-def check_p_min(p_min: float) -> float:
-    """p_min itself, or a ConfigError unless 0 <= p_min < 1 (1 would stop every draft at one token whatever q)."""
-    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not math.isfinite(p_min) \
-            or not 0.0 <= p_min < 1.0:
-        raise ConfigError(f"draft_p_min must be in [0, 1), got {p_min!r}")
-    return float(p_min)
+from .base import Budget, Draft, Drafter, DraftRequest
+from .options import check_p_min
 
 
 class DraftModelDrafter(Drafter):
@@ -58,7 +48,8 @@ class DraftModelDrafter(Drafter):
             self.cache = None
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        k = budget.k
         if k <= 0:
             return Draft.empty()
         keep = common_prefix(self.cached, context)

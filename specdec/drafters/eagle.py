@@ -16,11 +16,11 @@ import math
 
 import torch
 
-from ..adaptive import CostModel
+from ..policy import CostModel
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix
-from .base import Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest
 from .calibration import Calibration, accepted_path, node_depths
 from .eagle3_head import Eagle3Head
 from .eagle_head import EagleHead
@@ -63,8 +63,8 @@ class EagleDrafter(Drafter):
 
     @property
     def sizes_itself(self) -> bool:
-        """Tree mode picks its own size from measured costs; chains take k from the engine."""
-        return self.tree and getattr(self, "request", None) is not None and self.request.allow_tree
+        """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
+        return self.tree
 
     def _reset(self) -> None:
         self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype)
@@ -90,13 +90,14 @@ class EagleDrafter(Drafter):
             self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        k = budget.k
         if k <= 0:
             return Draft.empty()
         root = self._sync(context)
         self.penalties = self._penalties(context)
         self._observe_last_tree(context)
-        if self.sizes_itself:
+        if self.tree and budget.tree:
             return self._tree(root, context, min(k, self.max_depth))
         return self._chain(root, len(context), k)
 

@@ -14,9 +14,9 @@ import heapq
 
 import torch
 
-from ..adaptive import CostModel
+from ..policy import CostModel
 from ..sampling import probs_from_logits
-from .base import Draft, Drafter
+from .base import Budget, Draft, Drafter
 from .medusa_head import MedusaHeads
 from .medusa_kernels import KernelMedusaHeads
 from .trees import LookupBranch, finish_tree, tree_width
@@ -44,8 +44,8 @@ class MedusaDrafter(Drafter):
 
     @property
     def sizes_itself(self) -> bool:
-        """Tree mode picks its own size from measured costs; chains take k from the engine."""
-        return self.tree and getattr(self, "request", None) is not None and self.request.allow_tree
+        """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
+        return self.tree
 
     def _reset(self) -> None:
         self.seen = 0  # positions whose features arrived
@@ -65,20 +65,21 @@ class MedusaDrafter(Drafter):
             self.last = features[-1, : self.heads.config.hidden_size].detach()  # the final state (feature_layers)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        k, tree = budget.k, self.tree and budget.tree
         if k <= 0 or self.last is None or self.seen != len(context) - 1:
             return Draft.empty()  # the feature that gave the context's last token is not known
         request = self.request
         costs = request.costs or CostModel()  # unmeasured: the cost model's default curve
         # trees hold the prompt-lookup continuation, greedy chains may be it; either drafts it alone where trusted
-        if self.branch is not None and (self.sizes_itself or request.sampling.greedy):
+        if self.branch is not None and (tree or request.sampling.greedy):
             if (copied := self.branch.start(context, k, costs)) is not None:
                 return copied  # the heads are not run
         depth = min(k, self.heads.config.num_heads)
         heads = self.heads
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
         logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
-        if self.sizes_itself:
+        if tree:
             return self._tree(logits, costs)
         return self._chain(logits, len(context))
 

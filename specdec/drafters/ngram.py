@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .base import Draft, Drafter
+from .base import Budget, Draft, Drafter
+from .options import NgramOptions
 
 
 def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:
@@ -30,13 +30,12 @@ class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, min_n: int = 2, max_n: int = 4):
-        if not (1 <= min_n <= max_n <= 32):
-            raise ConfigError(f"ngram sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={min_n}, max_n={max_n}")
+        NgramOptions(min_n, max_n)  # refuses sizes out of range
         self.min_n, self.max_n = min_n, max_n
 
     def fork(self) -> "NgramDrafter":
         return NgramDrafter(self.min_n, self.max_n)
 
-    def propose(self, context: list[int], k: int) -> Draft:
-        tokens = ngram_lookup(np.asarray(context, dtype=np.int64), k, self.min_n, self.max_n)
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        tokens = ngram_lookup(np.asarray(context, dtype=np.int64), budget.k, self.min_n, self.max_n)
         return Draft(tokens=torch.from_numpy(tokens.copy()))

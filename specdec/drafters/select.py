@@ -20,11 +20,11 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..adaptive import CostModel, DraftLengthPolicy
+from ..policy import CostModel, DraftLengthPolicy
 from ..errors import ConfigError
 from ..verify import tree_children
 from ..tokens import common_prefix
-from .base import Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128
@@ -107,8 +107,11 @@ class SelectingDrafter(Drafter):
     """Drafts each step with whichever candidate drafter is predicted to emit the most tokens per second."""
 
     name = "select"
-    #: in a tree-capable engine it decides itself whether a step drafts (from its candidates' measured speeds),
-    #: instead of the engine's policy, which would judge a mix of trees and chains as one drafter
+    #: where a step allows a tree, the selector takes the most drafts allowed and sizes each candidate's draft
+    #: itself (a tree drafter its tree, a chain drafter by its own acceptance); in batches k comes from the engine
+    sizes_itself = True
+    #: and there it decides itself whether a step drafts (from its candidates' measured speeds), instead of the
+    #: engine's policy, which would judge a mix of trees and chains as one drafter
     decides_itself = True
 
     def __init__(self, candidates: list[Drafter], history: SelectionHistory | None = None):
@@ -124,12 +127,6 @@ class SelectingDrafter(Drafter):
 
     def fork(self) -> "SelectingDrafter":
         return SelectingDrafter([c.fork() for c in self.candidates.values()], self.history)
-
-    @property
-    def sizes_itself(self) -> bool:
-        """In a tree-capable engine the selector takes the most drafts allowed and sizes each candidate's draft
-        itself (a tree drafter its tree, a chain drafter by its own acceptance); in batches k comes from the engine."""
-        return self.request is not None and self.request.allow_tree
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -158,23 +155,18 @@ class SelectingDrafter(Drafter):
 
     def learn(self, output: list[int]) -> None:
         for candidate in self.candidates.values():
-            learn = getattr(candidate, "learn", None)  # drafters that do not subclass Drafter may lack it
-            if learn is not None:
-                learn(output)
+            candidate.learn(output)
 
     def shadowed(self, name: str) -> bool:
         """Whether a candidate also drafts in the shadow when not chosen: one that reads only the context."""
         return not self.candidates[name].needs_features
 
     # ---- a step -----------------------------------------------------------------------------------
-    def propose(self, context: list[int], k: int) -> Draft:
-        if k <= 0:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
+        if budget.k <= 0:
             return Draft.empty()
         self._score(context)
         chosen = self._choose()
-        for candidate in self.candidates.values():  # the engine allows trees alone, chains in batches, step by step
-            if getattr(candidate, "request", None) is not None:
-                candidate.request.allow_tree = self.request.allow_tree
         draft = Draft.empty()
         for name, candidate in self.candidates.items():
             if name != chosen and not self.shadowed(name):
@@ -182,9 +174,9 @@ class SelectingDrafter(Drafter):
                 continue
             if name != chosen and self._waiting(name):
                 continue  # one shadow draft at a time: it is scored before the next is drafted
-            length = self._length(name, k)
+            length = self._length(name, budget)
             start = time.perf_counter()
-            proposal = candidate.propose(context, k)
+            proposal = candidate.propose(context, budget)
             seconds = time.perf_counter() - start
             self.views[name].observe_draft(proposal.positions, seconds)
             size = len(proposal) if proposal.parents is not None else min(length, len(proposal))
@@ -200,13 +192,12 @@ class SelectingDrafter(Drafter):
                 self.yields[name].add(1.0, self.costs.verify_s(1) + seconds)  # a plain step
         return draft
 
-    def _length(self, name: str, k: int) -> int:
+    def _length(self, name: str, budget: Budget) -> int:
         """Drafts a chain candidate's real step would hold: k in batches and for tree drafters, else the length its
         own acceptance and costs favour (0: a plain step)."""
-        candidate = self.candidates[name]
-        if not self.sizes_itself or getattr(candidate, "sizes_itself", False) or not self.request.adaptive:
-            return k
-        return min(k, self.policies[name].best_k())
+        if not budget.tree or self.candidates[name].sizes_itself or not self.request.adaptive:
+            return budget.k
+        return min(budget.k, self.policies[name].best_k())
 
     def _choose(self) -> str | None:
         """The candidate to draft with this step, or None (plain decoding is expected to be faster)."""

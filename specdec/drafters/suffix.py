@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .base import Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest
 
 INDEX_FORMAT = "specdec-suffix-index/1"
 SAVE_EVERY_S = 30.0  # a file-backed index is written at most this often while serving, and at exit
@@ -226,11 +226,11 @@ class SuffixDrafter(Drafter):
         self.shared.store(output)
         self.shared.learned()
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], budget: Budget) -> Draft:
         self.local.add(context, self.indexed)
         self.indexed = len(context)
         work, tokens, reach = list(context[-self.max_n:]), [], 1.0
-        for _ in range(k):
+        for _ in range(budget.k):
             hits = [h for h in (self.local.next_token(work, self.min_n), self.shared.next_token(work, self.min_n)) if h]
             if not hits:
                 break

@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..tokens import common_prefix
-from .base import Draft
+from .base import Budget, Draft
 from .ngram import NgramDrafter
 
 
@@ -30,7 +30,7 @@ class LookupBranch:
     def start(self, context: list[int], depth_cap: int, costs) -> Draft | None:
         """Finds this step's continuation; returns it as the whole draft where it beats the head, else None."""
         self.record.score(context)
-        self.chain = self.lookup.propose(context, depth_cap).tokens.tolist()
+        self.chain = self.lookup.propose(context, Budget(depth_cap)).tokens.tolist()
         self.record.proposed(context, self.chain)
         if self.chain and self.head_expected is not None and self.record.expected(self.chain) >= self.head_expected:
             return Draft(tokens=torch.tensor(self.chain[:self.record.best_length(self.chain, costs)]))

@@ -17,7 +17,7 @@ from .errors import APIError, bad_request
 from .handle import ClientGone, RequestHandle
 from .schemas import GenerationRequest, parse_request
 from .tools import CALL_TAG, ToolCalling, tool_call
-from .worker import Delta, Finished
+from .events import Delta, Finished
 
 CLIENT_GONE = 499
 

@@ -8,7 +8,7 @@ import uuid
 from typing import Callable
 
 from .errors import APIError
-from .worker import Delta, Failed, Finished, Job
+from .events import Delta, Failed, Finished, Job
 
 
 class ClientGone(Exception):

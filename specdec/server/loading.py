@@ -14,7 +14,7 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
     with more running sequences than this draft nothing (SpeculationConfig)."""
-    from ..adaptive import CostModel, measure_verify_costs
+    from ..policy import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
     from ..drafters import create_drafter
     from ..engine import SpecDecoder

@@ -12,7 +12,9 @@ What JSON Schema cannot say is in the descriptions: a logit_bias key must be a t
 from __future__ import annotations
 
 from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS
-from .schemas import FIELDS, IGNORED, MAX_LOGIT_BIAS, MAX_STOPS, NEUTRAL, ROLES, Limits
+from .fields import MAX_LOGIT_BIAS, MAX_STOPS
+from .messages import ROLES
+from .schemas import FIELDS, IGNORED, NEUTRAL, Limits
 
 INT64_MAX = 2**63 - 1
 MAX_TOKENS = 10**7

@@ -17,7 +17,7 @@ from functools import reduce
 
 from ..logprobs import TokenLogprob
 from ..metrics import GenerationMetrics
-from .worker import Finished
+from .events import Finished
 
 DONE = "data: [DONE]\n\n"
 

@@ -12,14 +12,14 @@ this request.
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 
 from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS, Constraint, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from ..structured import check
 from .errors import APIError, bad_request, model_not_found, unsupported
+from .fields import boolean, integer, logit_bias, number, stops
+from .messages import parse_messages, parse_prompt
 from .tools import ToolCalling, parse_tool_calling
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
@@ -34,9 +34,6 @@ NEUTRAL = {  # accepted only at the value that changes nothing
     "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-MAX_STOPS = 16
-MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 
 
 @dataclass(frozen=True)
@@ -85,35 +82,35 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     _check_fields(body, endpoint)
     model = _model(body, limits)
     if endpoint == "chat":
-        prompt = _messages(body.get("messages"))
+        prompt = parse_messages(body.get("messages"))
         given = body.get("max_completion_tokens")
         name = "max_completion_tokens" if given is not None else "max_tokens"
         default = limits.default_max_tokens
     else:
-        prompt = _prompt(body.get("prompt"), limits.vocab_size)
+        prompt = parse_prompt(body.get("prompt"), limits.vocab_size)
         name, default = "max_tokens", 16
-    max_tokens = _int(body, name, None, 1, 10**7)
-    stream = _bool(body, "stream", False)
+    max_tokens = integer(body, name, None, 1, 10**7)
+    stream = boolean(body, "stream", False)
     include_usage = _stream_options(body.get("stream_options"), stream)
-    n = _int(body, "n", 1, 1, limits.max_choices)
-    top_k = _int(body, "top_k", 0, -1, 10**9)
-    echo = endpoint == "completions" and _bool(body, "echo", False)
+    n = integer(body, "n", 1, 1, limits.max_choices)
+    top_k = integer(body, "top_k", 0, -1, 10**9)
+    echo = endpoint == "completions" and boolean(body, "echo", False)
     logprobs = _logprobs(body, endpoint)
     calling = parse_tool_calling(body, limits.tool_parser, limits.structured_error) if endpoint == "chat" else None
     if calling is not None and calling.calls and logprobs is not None:
         raise unsupported("logprobs", "cannot be combined with tool calls")
     try:
-        sampling = SamplingConfig(temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
-                                  top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
-                                  top_k=max(top_k, 0), seed=_int(body, "seed", None, 0, 2**63 - 1),
-                                  min_p=float(_number(body, "min_p", 0.0, 0.0, 1.0)),
-                                  repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.0, 100.0,
+        sampling = SamplingConfig(temperature=float(number(body, "temperature", 1.0, 0.0, 2.0)),
+                                  top_p=float(number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)),
+                                  top_k=max(top_k, 0), seed=integer(body, "seed", None, 0, 2**63 - 1),
+                                  min_p=float(number(body, "min_p", 0.0, 0.0, 1.0)),
+                                  repetition_penalty=float(number(body, "repetition_penalty", 1.0, 0.0, 100.0,
                                                                    low_open=True)),
-                                  frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
-                                  presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
-                                  logit_bias=_logit_bias(body.get("logit_bias"), limits.vocab_size))
-        config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=_stops(body.get("stop")),
-                                  ignore_eos=_bool(body, "ignore_eos", False), logprobs=logprobs,
+                                  frequency_penalty=float(number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+                                  presence_penalty=float(number(body, "presence_penalty", 0.0, -2.0, 2.0)),
+                                  logit_bias=logit_bias(body.get("logit_bias"), limits.vocab_size))
+        config = GenerationConfig(max_new_tokens=max_tokens or default, sampling=sampling, stop=stops(body.get("stop")),
+                                  ignore_eos=boolean(body, "ignore_eos", False), logprobs=logprobs,
                                   logprobs_mode=limits.logprobs_mode,
                                   prompt_logprobs=logprobs if echo else None,
                                   constraint=(calling and calling.constraint()) or _constraint(
@@ -153,130 +150,13 @@ def _model(body: dict, limits: Limits) -> str:
     return model
 
 
-def _messages(value) -> list[dict]:
-    if value is None:
-        raise bad_request("'messages' is required", "messages", "missing_required_parameter")
-    if not isinstance(value, list) or not value:
-        raise bad_request("'messages' must be a non-empty array of messages", "messages", "invalid_type")
-    out = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
-        for key in message:
-            if key not in ("role", "content", "name", "tool_calls", "tool_call_id"):
-                raise unsupported(f"{where}.{key}")
-        role = message.get("role")
-        if role not in ROLES:
-            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role",
-                              "invalid_value")
-        calls = _tool_calls(message.get("tool_calls"), where) if role == "assistant" else None
-        if message.get("tool_calls") is not None and role != "assistant":
-            raise unsupported(f"{where}.tool_calls", "is only allowed on assistant messages")
-        content = "" if calls and message.get("content") is None else _content(message.get("content"),
-                                                                                f"{where}.content")
-        item = {"role": ROLES[role], "content": content}
-        if calls:
-            item["tool_calls"] = calls
-        if role == "tool":
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str):
-                raise bad_request(f"'{where}.tool_call_id' must be the id of the call this message answers",
-                                  f"{where}.tool_call_id", "missing_required_parameter")
-            item["tool_call_id"] = call_id
-        out.append(item)
-    return out
-
-
-def _tool_calls(value, where: str) -> list[dict] | None:
-    """An assistant message's earlier calls, their arguments decoded (chat templates take them as objects)."""
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise bad_request(f"'{where}.tool_calls' must be an array", f"{where}.tool_calls", "invalid_type")
-    out = []
-    for j, call in enumerate(value):
-        fn = call.get("function") if isinstance(call, dict) else None
-        try:
-            arguments = json.loads(fn["arguments"]) if isinstance(fn.get("arguments"), str) else fn["arguments"]
-            if not isinstance(fn["name"], str) or not isinstance(arguments, dict):
-                raise TypeError
-        except (TypeError, KeyError, AttributeError, ValueError):
-            raise bad_request(f"'{where}.tool_calls[{j}]' must be {{\"id\", \"type\": \"function\", \"function\": "
-                              "{\"name\", \"arguments\": a JSON object as text}}", f"{where}.tool_calls[{j}]",
-                              "invalid_value") from None
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": arguments}})
-    return out
-
-
-def _content(value, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value:
-        texts = [part.get("text") for part in value if isinstance(part, dict) and part.get("type") == "text"]
-        if len(texts) == len(value) and all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-        raise unsupported(where, "may only hold text parts ({'type': 'text', 'text': ...})")
-    raise bad_request(f"'{where}' must be a string or an array of text parts", where, "invalid_type")
-
-
-def _prompt(value, vocab_size: int):
-    """A string or a list of token ids; a batch of one is unwrapped, larger batches are refused."""
-    if value is None:
-        raise bad_request("'prompt' is required", "prompt", "missing_required_parameter")
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
-    if isinstance(value, str):
-        if not value:
-            raise bad_request("'prompt' is empty", "prompt", "invalid_value")
-        return value
-    if isinstance(value, list) and value and all(_integral(t) for t in value):
-        if not all(0 <= t < vocab_size for t in value):
-            raise bad_request(f"token ids in 'prompt' must be in [0, {vocab_size})", "prompt", "invalid_value")
-        return [int(t) for t in value]
-    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
-        raise unsupported("prompt", "holds several prompts; send one prompt per request")
-    raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
-
-
-def _stops(value) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value if value is not None else []
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad_request("'stop' must be a non-empty string or an array of non-empty strings", "stop", "invalid_type")
-    if len(stops) > MAX_STOPS:
-        raise bad_request(f"'stop' holds at most {MAX_STOPS} strings", "stop", "invalid_value")
-    return tuple(stops)
-
-
-def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...)."""
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias", "invalid_type")
-    if len(value) > MAX_LOGIT_BIAS:
-        raise bad_request(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias", "invalid_value")
-    pairs = []
-    for key, bias in value.items():
-        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1
-        if not 0 <= token < vocab_size:
-            raise bad_request(f"'logit_bias' keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias",
-                              "invalid_value")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}", "logit_bias",
-                              "invalid_value")
-        pairs.append((token, float(bias)))
-    return tuple(pairs)
-
-
 def _logprobs(body: dict, endpoint: str) -> int | None:
     """Alternatives per token to return with each token's logprob, or None for no logprobs. Chat: `logprobs`
     (boolean) and `top_logprobs`; completions: `logprobs` (the number of alternatives)."""
     if endpoint == "completions":
-        return _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
-    wanted = _bool(body, "logprobs", False)
-    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+        return integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    wanted = boolean(body, "logprobs", False)
+    top = integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
     if top and not wanted:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs", "invalid_value")
     return (top or 0) if wanted else None
@@ -339,7 +219,7 @@ def _stream_options(value, stream: bool) -> bool:
     if not isinstance(value, dict) or set(value) - {"include_usage"}:
         raise bad_request("'stream_options' must be an object with 'include_usage' only", "stream_options",
                           "invalid_type")
-    return _bool(value, "include_usage", False, "stream_options.include_usage")
+    return boolean(value, "include_usage", False, "stream_options.include_usage")
 
 
 def _speculation(value, limits: Limits) -> SpeculationChoice:
@@ -350,57 +230,17 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
     for key in value:
         if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier", "adaptive"):
             raise unsupported(f"speculation.{key}")
-    enabled = _bool(value, "enabled", True, "speculation.enabled")
+    enabled = boolean(value, "enabled", True, "speculation.enabled")
     drafter = value.get("drafter", limits.default_drafter)
     if drafter not in limits.drafters:
         raise bad_request(f"'speculation.drafter' must be one of {', '.join(limits.drafters)}, got {drafter!r}",
                           "speculation.drafter", "invalid_value")
-    k = _int(value, "num_speculative_tokens", None, 0, 64, "speculation.num_speculative_tokens")
+    k = integer(value, "num_speculative_tokens", None, 0, 64, "speculation.num_speculative_tokens")
     verifier = value.get("sampling_verifier")
     if verifier is not None and verifier not in SAMPLING_VERIFIERS:
         raise bad_request(f"'speculation.sampling_verifier' must be one of {', '.join(SAMPLING_VERIFIERS)}, got "
                           f"{verifier!r}", "speculation.sampling_verifier", "invalid_value")
-    adaptive = _bool(value, "adaptive", None, "speculation.adaptive")
+    adaptive = boolean(value, "adaptive", None, "speculation.adaptive")
     return SpeculationChoice(drafter if enabled else "none", k, verifier, adaptive)
 
 
-# ---- typed fields -------------------------------------------------------------------------------
-def _int(body: dict, name: str, default, lo: int, hi: int, label: str | None = None):
-    value, label = body.get(name), label or name
-    if value is None:
-        return default
-    if not _integral(value):
-        raise bad_request(f"'{label}' must be an integer, got {type(value).__name__}", label, "invalid_type")
-    if not lo <= value <= hi:
-        span = f"{lo}" if lo == hi else f"in [{lo}, {hi}]"
-        raise bad_request(f"'{label}' must be {span}, got {value}", label, "invalid_value")
-    return int(value)
-
-
-def _integral(value) -> bool:
-    """An integer, or a number with no fractional part (JSON Schema's integer: 4.0 is one, as JavaScript's
-    clients send it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return isinstance(value, int) or (math.isfinite(value) and value.is_integer())
-
-
-def _number(body: dict, name: str, default: float, lo: float, hi: float, low_open: bool = False) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number", name, "invalid_type")
-    if not (lo < value if low_open else lo <= value) or value > hi:
-        raise bad_request(f"'{name}' must be in {'(' if low_open else '['}{lo:g}, {hi:g}], got {value}", name,
-                          "invalid_value")
-    return value
-
-
-def _bool(body: dict, name: str, default: bool, label: str | None = None) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{label or name}' must be a boolean", label or name, "invalid_type")
-    return value

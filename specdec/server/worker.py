@@ -17,12 +17,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..detokenize import TextAssembler
 from ..errors import ContextLengthError, SpecdecError
-from ..logprobs import TokenLogprob
-from ..metrics import GenerationMetrics
-from ..sequence import SequenceState
+from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
+from .events import Delta, Failed, Finished, Job, Started
 from .schemas import GenerationRequest, SpeculationChoice
 from .tools import as_text
 
@@ -30,45 +28,9 @@ log = logging.getLogger("specdec.server")
 
 
 @dataclass
-class Started:
-    prompt_tokens: int
-
-
-@dataclass
-class Delta:
-    text: str  # may be empty: text held back (a possible stop string, a split character)
-    tokens: int  # tokens this step produced
-    logprobs: list[TokenLogprob] | None = None  # those tokens' logprobs, when the request asked for them
-    prompt_logprobs: list[TokenLogprob] | None = None  # on the first Delta: the prompt's, when asked for
-
-
-@dataclass
-class Finished:
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    prompt_tokens: int
-    completion_tokens: int
-    metrics: GenerationMetrics
-    drafter: str
-    num_speculative_tokens: int  # the most drafted per step for this request
-
-
-@dataclass
-class Failed:
-    error: APIError
-
-
-@dataclass
-class Job:
-    request_id: str
-    request: GenerationRequest
-    emit: Callable[[object], None]  # hands one event to the request's handler; callable from any thread
-
-
-@dataclass
 class _Live:
     job: Job
-    state: SequenceState
-    text: TextAssembler
+    state: Request
     drafter: str
     logprobs_sent: int = 0  # state.logprobs already handed out in Deltas
     prompt_sent: bool = False  # state.prompt_logprobs handed out
@@ -233,7 +195,7 @@ class EngineWorker:
             room = self.decoder.target.info.max_context - len(ids) - k - 1
             config = replace(config, max_new_tokens=max(1, min(config.max_new_tokens, room)))
         state = self.engine.add(job.request_id, ids, config, speculation, drafter)
-        self.live[job.request_id] = _Live(job, state, TextAssembler(self.tokenizer, config.stop), name)
+        self.live[job.request_id] = _Live(job, state, name)
         job.emit(Started(len(ids)))
         return len(ids) - state.cache.length
 
@@ -275,11 +237,11 @@ class EngineWorker:
         if live is None:
             return
         state, new = event.state, event.new_tokens
-        text, stopped = state.take_text(live.text, new)
+        text, stopped = state.take_text(new)
         if stopped:  # free its slot now
             self.engine.cancel(event.request_id)  # no-op when the engine already ended it
         if state.finished:
-            text += live.text.flush()
+            text += state.flush_text()
         logprobs = None
         if state.logprobs is not None:
             logprobs, live.logprobs_sent = state.logprobs[live.logprobs_sent:], len(state.logprobs)
@@ -302,7 +264,7 @@ class EngineWorker:
                 log.exception("could not cancel request %s", request_id)
             live.job.emit(Failed(error))
 
-    def _observe(self, state: SequenceState) -> None:
+    def _observe(self, state: Request) -> None:
         if self.metrics is not None:
             self.metrics.observe_generation(state.metrics)
 

@@ -153,9 +153,10 @@ class DraftLengthPolicy:
             self.next_cooldown = self.first_cooldown
 
 
-def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: list[int]) -> list[int]:
+def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int]) -> list[int]:
     """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
-    drafting cost from its policy's), maximising expected tokens per second.
+    drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
+    drafter) drafts nothing, but its token counts in the pass.
 
     Every sequence emits at least one token; giving sequence i its next draft token adds the chance
     that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
@@ -166,7 +167,7 @@ def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: li
     ks = [0] * len(policies)
     candidates = []
     for i, (policy, cap) in enumerate(zip(policies, caps)):
-        cap = min(cap, policy.k_max)
+        cap = min(cap, policy.k_max) if policy is not None else 0
         if cap <= 0:
             continue
         if not policy.adaptive:
@@ -180,7 +181,7 @@ def choose_lengths(policies: list[DraftLengthPolicy], costs: CostModel, caps: li
             else:
                 candidates.append((i, cap, policy.acceptance()))
     tokens = len(policies) + sum(ks)
-    drafting = sum(policy.costs.draft_s(k) for policy, k in zip(policies, ks))  # each drafter at its own cost
+    drafting = sum(policy.costs.draft_s(k) for policy, k in zip(policies, ks) if policy is not None)  # its own cost
     expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
     best_rate = expected / (costs.verify_s(tokens) + drafting)
     reach = {i: 1.0 for i, _, _ in candidates}
@@ -229,14 +230,13 @@ def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128
         backend.release(cache)
 
 
-def draft_length(state, costs: CostModel) -> int:
-    """k for a sequence verified alone (a SequenceState). The policy decides whether drafting pays at all
-    (pausing when it does not); a tree drafter then sizes its tree itself from the measured costs. A drafter that
-    decides both itself (the select drafter, from its candidates' measured speeds) gets the most drafts allowed."""
-    drafter = state.drafter
-    if getattr(drafter, "decides_itself", False) and drafter.sizes_itself and state.policy.adaptive:
-        return state.draft_cap()
-    k = choose_lengths([state.policy], costs, [state.draft_cap()])[0]
-    if k > 0 and getattr(state.drafter, "sizes_itself", False):
-        return state.draft_cap()
-    return k
+def draft_length(policy: DraftLengthPolicy, costs: CostModel, cap: int, sizes_itself: bool = False,
+                 decides_itself: bool = False) -> int:
+    """k for a sequence verified alone, with at most `cap` drafts. The policy decides whether drafting pays at all
+    (pausing when it does not); a drafter that sizes its own tree from the measured costs (sizes_itself) then gets
+    the most drafts allowed. One that decides both itself (decides_itself: the select drafter, from its candidates'
+    measured speeds) gets the most allowed without asking the policy, unless drafting is fixed (not adaptive)."""
+    if decides_itself and sizes_itself and policy.adaptive:
+        return cap
+    k = choose_lengths([policy], costs, [cap])[0]
+    return cap if k > 0 and sizes_itself else k

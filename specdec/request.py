@@ -1,0 +1,278 @@
+"""One request while it decodes: its tokens, when it stops, its text, its logprobs and its metrics.
+
+The scheduler (scheduler.py) runs the steps: it asks the drafter, runs the target, verifies the drafts and rolls
+the KV cache back, then hands each step's outcome here. A Request records it and never calls a model: it appends
+the tokens up to EOS, the length limit or the end of a constrained text, turns them into text when asked (the
+first stop string ends the request there), and keeps the request's logprobs and metrics.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from .config import GenerationConfig, SpeculationConfig
+from .drafters.base import Drafter
+from .errors import ConfigError, ContextLengthError
+from .logits import LogitsProcessor
+from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
+from .metrics import GenerationMetrics
+from .policy import CostModel, DraftLengthPolicy
+from .sampling import make_generator, position_gumbel, warp_logits
+from .verify import Draft
+
+
+class Request:
+    """Invariant between steps: the target's cache (`cache`, given by the scheduler) holds every token but the last."""
+
+    def __init__(self, prompt_ids: list[int], config: GenerationConfig, info, drafter: Drafter | None,
+                 speculation: SpeculationConfig, costs: CostModel, learn: bool = True, tokenizer=None, tracer=None):
+        """info: the target's ModelInfo. costs: the engine's CostModel, where this request's kind of drafter keeps its
+        drafting cost. learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up
+        runs. tokenizer: the target's, for text and a structured-output constraint. tracer: a TraceWriter
+        (specdec/trace.py) that records the request when it ends."""
+        self.tokens = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.config = config
+        self.drafter = drafter
+        self.k_max = speculation.num_speculative_tokens if drafter is not None else 0
+        self.adaptive = speculation.adaptive
+        if self.prompt_len == 0:
+            raise ConfigError("the prompt is empty")
+        if self.prompt_len + config.max_new_tokens + self.k_max + 1 > info.max_context:
+            room = f" and room for {self.k_max + 1} draft tokens" if self.k_max else ""
+            raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens})"
+                                     f"{room} exceeds the model's context of {info.max_context} tokens")
+        sampling = config.sampling
+        if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
+            raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")
+        self.vocab_size, self.device, self.max_context = info.vocab_size, info.device, info.max_context
+        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, after the prefill if asked for
+        wanted = sampling.penalized or config.constraint is not None  # else the logits are used as they come
+        self.logits = LogitsProcessor(prompt_ids, config, info, tokenizer) if wanted else None
+        self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        self.generator = None if sampling.greedy else make_generator(self.seed)  # rejection sampling's draws
+        self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
+        self.eos = () if config.ignore_eos else info.eos_token_ids
+        self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
+        self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None
+        self.needs_features = drafter is not None and drafter.needs_features
+        self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
+        self.cache = None  # the KV cache the scheduler holds for it, None once it ended
+        self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len)
+        self.finished = ""  # "stop" (EOS, a stop string, a complete constrained text) or "length"
+        self.started_at = time.perf_counter()
+        self.learn = learn
+        self.tracer = tracer
+        self.step_log: list[list[int]] | None = [] if tracer is not None else None  # [drafted, accepted] per step
+        self.text = TextAssembler(tokenizer, config.stop)  # fed by take_text, for callers that want text
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def prefill_all_logits(self) -> bool:
+        """Whether the prefill must return every prompt row's logits (for prompt logprobs), not the last one's."""
+        return self.config.prompt_logprobs is not None
+
+    def draft_cap(self) -> int:
+        """Most drafts worth proposing: a step emits at most k + 1 tokens."""
+        return min(self.k_max, self.config.max_new_tokens - len(self.generated) - 1)
+
+    def noise(self, positions: list[int]) -> torch.Tensor:
+        """Gumbel noise fixed by (seed, position), for coupled sampling: (len(positions), V)."""
+        return position_gumbel(self.seed, positions, self.vocab_size, self.device)
+
+    def noise_ahead(self) -> Callable[[list[int]], torch.Tensor] | None:
+        """For coupled sampling, depths past the context -> their rows' noise (what verify takes); else None."""
+        if not self.coupled:
+            return None
+        position = len(self.tokens)
+        return lambda depths: self.noise([position + d for d in depths])
+
+    # ---- what each step decided ----------------------------------------------------------------------
+    def take_prompt_logprobs(self, logits: torch.Tensor) -> None:
+        """logits (prompt length, V) of every prompt row, from a prefill that returned them all."""
+        self.prompt_logprobs = prompt_logprobs(logits[:-1], self.tokens[: self.prompt_len], self.config.prompt_logprobs)
+
+    def take_first(self, token: int, raw: torch.Tensor, processed: torch.Tensor, seconds: float) -> list[int]:
+        """The token chosen after the prefill, from its last row's logits (1, V), raw and processed (logits.py)."""
+        self.metrics.prefill_time_s = seconds
+        return self._emit([token], raw, processed)
+
+    def take_step(self, draft: Draft, path: list[int], token: int, raw: torch.Tensor, processed: torch.Tensor,
+                  seconds: float) -> list[int]:
+        """A verified step: the draft's accepted path (node indices) and the next token, from the scored rows'
+        logits (1 + k, V), raw and processed; seconds: the target pass. Returns the tokens emitted."""
+        self.metrics.verify_time_s += seconds
+        if self.step_log is not None:
+            self.step_log.append([len(draft), len(path)])
+        new = self._emit(draft.tokens[path].tolist() + [token], raw, processed, [0] + [i + 1 for i in path])
+        count_step(self.metrics, drafted=len(draft), accepted=len(path), emitted=len(new), source=draft.source)
+        return new
+
+    def _emit(self, tokens: list[int], raw: torch.Tensor, processed: torch.Tensor,
+              rows: list[int] | None = None) -> list[int]:
+        """Appends the tokens a step chose and records their logprobs; rows[j] (default j) of the logits holds the
+        distribution tokens[j] was chosen from."""
+        new = self.append(tokens)
+        if self.logprobs is not None:
+            scored = self._logprob_logits(raw, processed)
+            self.logprobs += token_logprobs(scored if rows is None else scored[rows[: len(new)]], new,
+                                            self.config.logprobs)
+        self.metrics.new_tokens += len(new)
+        return new
+
+    def _logprob_logits(self, raw: torch.Tensor, processed: torch.Tensor) -> torch.Tensor:
+        """The logits (R, V) whose log-softmax the request's logprobs are: the raw ones, or (logprobs_mode
+        "processed") those tokens are drawn from (the processed ones, warped when sampling)."""
+        if self.config.logprobs_mode == "raw":
+            return raw
+        sampling = self.config.sampling
+        return processed.float() if sampling.greedy else warp_logits(processed.float(), sampling)
+
+    def append(self, new: list[int]) -> list[int]:
+        """Appends tokens up to the first EOS, the end of a constrained text or the length limit; marks the request
+        finished there."""
+        kept = []
+        for token in new:
+            kept.append(token)
+            if token in self.eos or (self.logits is not None and self.logits.ends_text(token)):
+                self.finished = "stop"
+                break
+            if len(self.generated) + len(kept) >= self.config.max_new_tokens:
+                self.finished = "length"
+                break
+        self.tokens.extend(kept)
+        if self.logits is not None:
+            self.logits.extend(kept)
+        return kept
+
+    # ---- text and the end -----------------------------------------------------------------------------
+    def take_text(self, new: list[int]) -> tuple[str, bool]:
+        """(text delta of a step's new tokens, whether a stop string ended the request there): the one place stop
+        strings end a request (the tokens after one are dropped)."""
+        delta, kept = self.text.add(new)
+        if kept is not None:
+            dropped = len(new) - kept
+            if dropped:
+                del self.tokens[-dropped:]
+                if self.logprobs is not None:
+                    del self.logprobs[-dropped:]
+            self.finished = "stop"
+        return delta, kept is not None
+
+    def flush_text(self) -> str:
+        """The text held back (a possible start of a stop string) once the request has ended."""
+        return self.text.flush()
+
+    def finish(self, reason: str) -> None:
+        """Records the end of the request: its total time, and why it ended (its own reason, else `reason`)."""
+        self.metrics.total_time_s = time.perf_counter() - self.started_at
+        self.metrics.finish_reason = self.finished or reason
+
+
+def count_step(m: GenerationMetrics, drafted: int, accepted: int, emitted: int, source: str | None = None) -> None:
+    """Counts one verify step into m: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens
+    output; source: the drafter a selector chose for it."""
+    m.steps += 1
+    m.drafting_steps += drafted > 0
+    if source is not None:
+        m.drafter_steps[source] = m.drafter_steps.get(source, 0) + 1
+    m.step_tokens += emitted
+    m.drafted_tokens += drafted
+    m.accepted_tokens += accepted
+    grow = drafted - len(m.drafted_per_position)
+    if grow > 0:
+        m.drafted_per_position.extend([0] * grow)
+        m.accepted_per_position.extend([0] * grow)
+    for i in range(drafted):
+        m.drafted_per_position[i] += 1
+    for i in range(accepted):
+        m.accepted_per_position[i] += 1
+
+
+# ---- tokens to text ------------------------------------------------------------------------------------
+class IncrementalDetokenizer:
+    """Decodes one token at a time without splitting multi-byte characters or losing leading spaces.
+
+    Keeps a short window of earlier tokens (prefix) so that tokenizers whose pieces depend on the
+    previous token decode as they would in the full text.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+        new_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return new_text[len(prefix_text):]
+        return ""
+
+
+class StopStrings:
+    """Finds the first stop string in growing text; tells how much text is safe to release."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.holdback = max((len(s) for s in stops), default=1) - 1
+
+    def find(self, text: str, new_from: int) -> int:
+        """Index where the earliest stop string starts, searching only matches that end after new_from; -1 if none."""
+        start = max(0, new_from - self.holdback)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def safe_length(self, text: str) -> int:
+        """Characters that cannot be the start of a stop string still being completed."""
+        return len(text) - self.holdback if self.stops else len(text)
+
+
+class TextAssembler:
+    """Generated tokens in, text deltas out: never splits a character, cuts at the first stop string.
+
+    add() returns the text that is safe to show now and, once a stop string appears, how many of the
+    given tokens were kept (the token that completed the stop string is the last one kept).
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
+        if tokenizer is None and stops:
+            raise ConfigError("stop strings need the model's tokenizer")
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.stops = StopStrings(stops)
+        self.text = ""
+        self.released = 0
+        self.stopped = False
+
+    def add(self, tokens: list[int]) -> tuple[str, int | None]:
+        kept = None
+        if self.detok is None:  # token-level use without a tokenizer: no text
+            return "", None
+        for i, token in enumerate(tokens):
+            before = len(self.text)
+            self.text += self.detok.add(token)
+            if self.stops.stops and (cut := self.stops.find(self.text, before)) >= 0:
+                self.text = self.text[:cut]
+                self.stopped = True
+                kept = i + 1
+                break
+        safe = len(self.text) if self.stopped else self.stops.safe_length(self.text)
+        delta = self.text[self.released:safe] if safe > self.released else ""
+        self.released = max(self.released, safe)
+        return delta, kept
+
+    def flush(self) -> str:
+        """Whatever text was held back (a possible stop-string start) once generation has ended."""
+        delta = self.text[self.released:]
+        self.released = len(self.text)
+        return delta

@@ -1,0 +1,290 @@
+"""The scheduler: admits requests, prefills them, and runs the step every running request takes at once.
+
+The step: propose -> forward -> verify -> roll back -> observe. Each request with a drafter gets a draft length
+(policy.py, allocated jointly from the measured cost curve so that speculation shrinks as the batch grows; a
+request without one drafts nothing and the policy is not asked); its drafter proposes; one target pass scores
+every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch scores
+chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache is
+cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
+A request alone is a batch of one: SpecDecoder.generate and stream run this same step.
+
+Requests join and leave between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix
+restored from the prefix cache; parked there or freed at its end), drafter and random streams. Above
+SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .config import GenerationConfig, SpeculationConfig
+from .drafters.base import Budget, Drafter, DraftRequest
+from .policy import CostModel, choose_lengths, draft_length
+from .request import Request
+from .sampling import make_generator
+from .verify import Draft, tree_mask, verify
+
+
+@dataclass
+class StepEvent:
+    """What one step did for one request."""
+
+    request_id: object
+    new_tokens: list[int]
+    finished: str = ""  # "", "stop" or "length"
+    state: Request | None = field(default=None, repr=False)
+
+
+class BatchEngine:
+    """Owns a set of running requests over one backend; not thread-safe (one step at a time)."""
+
+    def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
+                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None):
+        """tokenizer: the target's, for text and structured-output constraints; tracer: a TraceWriter that records
+        every request when it ends."""
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.tracer = tracer
+        self.drafter_factory = drafter_factory
+        self.speculation = speculation
+        self.costs = costs
+        self.max_batch = max_batch
+        self.waiting: list[tuple[object, Request]] = []  # admitted, not yet prefilled
+        self.running: dict[object, Request] = {}
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self)
+
+    def add(self, request_id, prompt_ids: list[int], config: GenerationConfig,
+            speculation: SpeculationConfig | None = None, drafter: Drafter | None | str = "default") -> Request:
+        """Admits a request; it is prefilled at the next step. Raises if the batch is full."""
+        if self.free_slots <= 0:
+            raise RuntimeError("the batch is full")
+        made = self.drafter_factory() if drafter == "default" else drafter
+        request = Request(prompt_ids, config, self.backend.info, made, speculation or self.speculation, self.costs,
+                          tokenizer=self.tokenizer, tracer=self.tracer)
+        open_request(self.backend, request)
+        return self.admit(request_id, request)
+
+    def admit(self, request_id, request: Request) -> Request:
+        """Admits a request opened elsewhere (SpecDecoder.start); it is prefilled at the next step."""
+        if self.free_slots <= 0:
+            raise RuntimeError("the batch is full")
+        self.waiting.append((request_id, request))
+        return request
+
+    def cancel(self, request_id) -> None:
+        """Drops a request at once and frees its slot."""
+        for i, (rid, request) in enumerate(self.waiting):
+            if rid == request_id:
+                close_request(self.backend, request, "cancelled")
+                del self.waiting[i]
+                return
+        request = self.running.pop(request_id, None)
+        if request is not None:
+            close_request(self.backend, request, "cancelled")
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[StepEvent]:
+        """Prefills newcomers, and runs one step for every request that was running before them: a step reports
+        each request once (a newcomer's first decoding step is the next one)."""
+        ready = list(self.running.items())
+        events = self._prefill()
+        if not ready:
+            return events
+        ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
+        solo = len(requests) == 1  # alone, a request may draft a tree (the batched pass scores chains only)
+        drafts = [self._propose(r, Budget(k, tree=solo)) for r, k in zip(requests, self._draft_lengths(requests, solo))]
+        inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
+        t0 = time.perf_counter()
+        if solo:
+            mask = tree_mask(drafts[0].parents) if drafts[0].parents is not None else None  # (1 + k, 1 + k)
+            outputs = [self.backend.forward(requests[0].cache, inputs[0], tree_mask=mask,
+                                            output_hidden=requests[0].needs_features)]
+        else:
+            outputs = self.backend.forward_batch([r.cache for r in requests], inputs,
+                                                 output_hidden=any(r.needs_features for r in requests))
+        seconds = time.perf_counter() - t0
+        if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
+            self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
+        for rid, request, draft, out in zip(ids, requests, drafts, outputs):
+            new = self._verify(request, draft, out.logits, out.hidden, seconds)
+            events.append(self._event(rid, request, new))
+        return events
+
+    def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
+        """Each request's draft length this step: 0 without a drafter, and for every request when the batch is over
+        the engine's limit for drafting (the engine's SpeculationConfig decides it, not a request's own)."""
+        limit = self.speculation.max_batch_for_drafting
+        if all(r.drafter is None for r in requests) or (limit is not None and len(requests) > limit):
+            return [0] * len(requests)  # no drafter runs, no policy probes or counts down its pause
+        if solo:
+            r = requests[0]
+            return [draft_length(r.policy, self.costs, r.draft_cap(), r.drafter.sizes_itself, r.drafter.decides_itself)]
+        return choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests])
+
+    def _propose(self, request: Request, budget: Budget) -> Draft:
+        """Up to budget.k drafts for the request: the tokens its constraint forces next, else its drafter's."""
+        if budget.k <= 0:
+            return Draft.empty()
+        if request.logits is not None and (forced := request.logits.forced(budget.k)):
+            return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
+        t0 = time.perf_counter()
+        # the verify pass caches every draft for a moment: a tree larger than the context's room is cut to fit
+        draft = request.drafter.propose(request.tokens, budget).head(request.max_context - len(request.tokens))
+        seconds = time.perf_counter() - t0
+        request.metrics.draft_time_s += seconds
+        request.costs.observe_draft(draft.positions, seconds)
+        return draft
+
+    def _verify(self, request: Request, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,
+                seconds: float) -> list[int]:
+        """Verifies the target's logits (1 + k, V) of a request's scored rows, rolls its cache back to the accepted
+        path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H): the kept
+        rows' features) and policy observe, and hands the outcome to the request: the tokens it emitted."""
+        processed = request.logits.rows(logits, draft) if request.logits is not None else logits
+        path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
+        rows = [0] + [i + 1 for i in path]
+        if draft.parents is not None:
+            self.backend.compact(request.cache, len(request.tokens) - 1, rows)
+        else:
+            self.backend.truncate(request.cache, len(request.tokens) + len(path))
+        if request.needs_features:
+            request.drafter.observe(hidden[rows])
+            if request.features is not None:
+                request.features.append(hidden[rows])
+        if request.policy is not None:
+            request.policy.observe(len(draft), len(path))
+        return request.take_step(draft, path, token, logits, processed, seconds)
+
+    # ---- prefill ----------------------------------------------------------------------------------
+    def _prefill(self) -> list[StepEvent]:
+        if not self.waiting:
+            return []
+        batch, self.waiting = self.waiting, []
+        events = []
+        copy = getattr(self.backend, "copy_cache", None)
+        for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
+            groups: dict = {}  # the same prompt (n choices, repeated requests) is prefilled once, then copied
+            for i, (rid, r) in enumerate(batch):
+                if r.prefill_all_logits == every_row:
+                    groups.setdefault(tuple(r.tokens) if copy else i, []).append((rid, r))
+            if not groups:
+                continue
+            leads = [members[0][1] for members in groups.values()]
+            t0 = time.perf_counter()
+            outputs = self.backend.forward_batch([r.cache for r in leads],  # after the prefix the cache restored
+                                                 [torch.tensor(r.tokens[r.cache.length:]) for r in leads],
+                                                 output_hidden=any(r.needs_features for members in groups.values()
+                                                                   for _, r in members),
+                                                 last_only=not every_row)
+            seconds = time.perf_counter() - t0
+            for members, lead, out in zip(groups.values(), leads, outputs):
+                for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
+                    copy(lead.cache, request.cache)
+                for rid, request in members:
+                    new = self._first_token(request, out.logits, out.hidden, seconds)
+                    self.running[rid] = request
+                    events.append(self._event(rid, request, new))
+        return events
+
+    def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
+                     seconds: float) -> list[int]:
+        """Chooses a request's first token from its prefill's logits, (1, V) for the last prompt token or (prompt
+        length, V) when it asked for prompt logprobs; hidden: the prompt's rows (prompt length, H), for drafters that
+        read features."""
+        if request.prefill_all_logits:
+            request.take_prompt_logprobs(logits)
+        last = logits[-1:]
+        if request.needs_features:
+            if request.features is not None:  # restored rows first, then the prefill's (prompt length, H) in all
+                features = request.features
+                hidden = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden
+                request.features = [hidden]
+            request.drafter.observe(hidden)
+        draft = Draft.empty()
+        processed = request.logits.rows(last, draft) if request.logits is not None else last
+        _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
+        return request.take_first(token, last, processed, seconds)
+
+    def _event(self, rid, request: Request, new: list[int]) -> StepEvent:
+        if request.finished:
+            self.running.pop(rid, None)
+            close_request(self.backend, request)
+        return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request)
+
+
+# ---- a request's KV cache and drafter, from its start to its end ------------------------------------------
+def open_request(backend, request: Request) -> Request:
+    """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request
+    began as this one does, else a fresh slot; and starts its drafter."""
+    prefix = getattr(backend, "prefix_cache", None)
+    if request.needs_features and prefix is not None:
+        request.features = []  # the hidden rows, which a drafter reading features needs from a restored prefix
+    request.cache = _claim_prefix(prefix, request) or backend.new_cache()
+    request.metrics.cached_prompt_tokens = request.cache.length
+    if request.drafter is not None:
+        request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
+                                           sampling=request.config.sampling,
+                                           generator=None if request.generator is None else make_generator(
+                                               request.seed + 1),  # its draws when sampling
+                                           noise=request.noise if request.coupled else None, costs=request.costs,
+                                           adaptive=request.adaptive))
+    return request
+
+
+def close_request(backend, request: Request, reason: str = "cancelled") -> None:
+    """Ends a request: its drafter learns the output and ends, its cache goes to the prefix cache or is freed, and
+    the trace records it. Idempotent."""
+    if request.cache is None:
+        return
+    request.finish(reason)
+    drafter = request.drafter
+    if drafter is not None:
+        if request.learn:
+            drafter.learn(request.generated)
+        drafter.end()
+    _park_or_release(backend, request)
+    request.cache = None
+    if request.tracer is not None and request.generated:
+        request.tracer.write(request)
+
+
+def _claim_prefix(prefix, request: Request):
+    """The cache of an earlier request that began as this prompt does, from the prefix cache (for a drafter that
+    reads features, one that kept its hidden states, handed on with the prefill's); None when there is none, or
+    when the request asks for every prompt row's logprobs."""
+    if prefix is None or request.prefill_all_logits:
+        return None
+    claimed = prefix.claim(request.tokens, features=request.needs_features)
+    if claimed is None:
+        return None
+    cache, features = claimed
+    if features is not None:
+        request.features = [features]  # the restored rows' hidden states, for the drafter at the prefill
+    return cache
+
+
+def _park_or_release(backend, request: Request) -> None:
+    """Hands the cache to the prefix cache (its rows that a later prefill would compute identically), or frees its
+    slot."""
+    prefix = getattr(backend, "prefix_cache", None)
+    if prefix is not None:
+        rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
+        # none where the request ended before its prefill, or where a drafter built meanwhile asked the target for
+        # more feature layers (CausalLM.add_feature_layers): its rows have two widths
+        features = request.features
+        same_width = features and len({f.shape[-1] for f in features}) == 1
+        features = torch.cat(features) if same_width else None
+        if features is not None and features.shape[0] < rows:
+            features = None
+        if prefix.park(request.tokens[:rows], request.cache, features):
+            return
+    backend.release(request.cache)
