@@ -194,3 +194,17 @@ def test_eagle_drafts_with_the_requests_penalties(target_model, tree):
         got, metrics = decoder.generate_ids(PROMPT, config)
         assert got == SpecDecoder(target, None).generate_ids(PROMPT, config)[0]
         assert metrics.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-40])
+def test_a_tiny_temperature_samples_the_best_token(target_model, temperature):
+    from specdec.sampling import probs_from_logits
+
+    probs = probs_from_logits(torch.tensor([[3.0, 2.0, -1.0], [-5.0, -7.0, -6.0]]),
+                              SamplingConfig(temperature=temperature))
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    decoder = SpecDecoder(loaded(target_model), NgramDrafter())
+    sampled, _ = decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=6, temperature=temperature,
+                                                                      seed=1))
+    greedy, _ = decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=6))
+    assert sampled == greedy
