@@ -59,6 +59,7 @@ class Request:
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None
         self.needs_features = drafter is not None and drafter.needs_features
+        self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
         self.cache = None  # the KV cache the scheduler holds for it, None once it ended
         self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len)

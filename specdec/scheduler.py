@@ -156,6 +156,8 @@ class BatchEngine:
             self.backend.compact(request.cache, len(request.tokens) - 1, rows)
         else:
             self.backend.truncate(request.cache, len(request.tokens) + len(path))
+        if request.needs_scores:  # every row's choice, rejected drafts included (lookahead's Jacobi window)
+            request.drafter.scored(draft, processed.argmax(-1).cpu(), path)
         if request.needs_features:
             request.drafter.observe(hidden[rows])
             if request.features is not None:

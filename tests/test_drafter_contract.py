@@ -12,8 +12,8 @@ from specdec.drafters.options import (DraftModelOptions, EagleOptions, LayerSkip
                                       SelectOptions, SuffixOptions)
 from specdec.errors import ConfigError
 
-MEMBERS = ("name", "needs_features", "sizes_itself", "decides_itself", "begin", "propose", "observe", "learn", "end",
-           "fork")
+MEMBERS = ("name", "needs_features", "needs_scores", "sizes_itself", "decides_itself", "begin", "propose", "observe",
+           "scored", "learn", "end", "fork")
 
 
 def test_every_built_in_drafter_declares_the_protocol():

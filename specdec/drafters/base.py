@@ -53,6 +53,8 @@ class Drafter(Protocol):
     name: str = ""  # its name in the registry; costs and metrics are kept per name
     #: True for drafters that read the target's hidden states (observe() receives them)
     needs_features: bool = False
+    #: True for drafters that read the target's choice at every scored row, rejected drafts included (scored())
+    needs_scores: bool = False
     #: True for drafters that size their own draft, a tree, from the measured costs where a step allows a tree:
     #: the engine then gives them the most drafts allowed whenever its policy says drafting pays
     sizes_itself: bool = False
@@ -70,6 +72,12 @@ class Drafter(Protocol):
 
     def observe(self, features: torch.Tensor) -> None:
         """The target's hidden states (m, H) of the positions it just processed and kept, in order."""
+
+    def scored(self, draft: Draft, choices: torch.Tensor, path: list[int]) -> None:
+        """After the step that verified `draft`: the target's greedy choice (1 + len(draft),) int64, on the CPU, at
+        the root (row 0) and at every drafted node (row i + 1), rejected ones included, from the logits the step
+        verified with (penalties and constraints applied); `path`, the accepted nodes from the root down. For
+        drafters that draft from what the target predicts at positions it has not accepted (lookahead decoding)."""
 
     def learn(self, output: list[int]) -> None:
         """The tokens the target generated for a request that ended, for drafters that learn from past outputs."""

@@ -122,6 +122,7 @@ class SelectingDrafter(Drafter):
             raise ConfigError(f"drafter 'select' got the same candidate twice: {', '.join(names)}")
         self.candidates = {c.name: c for c in candidates}
         self.needs_features = any(c.needs_features for c in candidates)
+        self.needs_scores = any(c.needs_scores for c in candidates)
         self.history = history if history is not None else SelectionHistory()
         self.request: DraftRequest | None = None
 
@@ -153,13 +154,21 @@ class SelectingDrafter(Drafter):
             if candidate.needs_features:
                 candidate.observe(features)
 
+    def scored(self, draft: Draft, choices, path: list[int]) -> None:
+        """To the candidate that drafted the step, where it reads every row's choice (lookahead)."""
+        candidate = self.candidates.get(draft.source)
+        if candidate is not None and candidate.needs_scores:
+            candidate.scored(draft, choices, path)
+
     def learn(self, output: list[int]) -> None:
         for candidate in self.candidates.values():
             candidate.learn(output)
 
     def shadowed(self, name: str) -> bool:
-        """Whether a candidate also drafts in the shadow when not chosen: one that reads only the context."""
-        return not self.candidates[name].needs_features
+        """Whether a candidate also drafts in the shadow when not chosen: one that reads only the context (not the
+        target's features, nor its choices at the drafted rows)."""
+        candidate = self.candidates[name]
+        return not (candidate.needs_features or candidate.needs_scores)
 
     # ---- a step -----------------------------------------------------------------------------------
     def propose(self, context: list[int], budget: Budget) -> Draft:
