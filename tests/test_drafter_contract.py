@@ -8,8 +8,8 @@ import pytest
 
 from specdec.drafters import _FACTORIES, drafter_options
 from specdec.drafters.base import Drafter
-from specdec.drafters.options import (DraftModelOptions, EagleOptions, LayerSkipOptions, MedusaOptions, NgramOptions,
-                                      SelectOptions, SuffixOptions)
+from specdec.drafters.options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions,
+                                      MedusaOptions, NgramOptions, SelectOptions, SuffixOptions)
 from specdec.errors import ConfigError
 
 MEMBERS = ("name", "needs_features", "needs_scores", "sizes_itself", "decides_itself", "begin", "propose", "observe",
@@ -17,7 +17,7 @@ MEMBERS = ("name", "needs_features", "needs_scores", "sizes_itself", "decides_it
 
 
 def test_every_built_in_drafter_declares_the_protocol():
-    for module in ("cross_tokenizer", "draft_model", "eagle", "medusa", "ngram", "select", "suffix"):
+    for module in ("cross_tokenizer", "draft_model", "eagle", "lookahead", "medusa", "ngram", "select", "suffix"):
         importlib.import_module(f"specdec.drafters.{module}")
     classes = [c for c in _all_subclasses(Drafter) if c.__module__.startswith("specdec.")]
     assert len(classes) >= 7
@@ -46,6 +46,7 @@ def test_options_are_frozen_dataclasses_and_every_field_is_a_known_option():
     (lambda: EagleOptions(tree_nodes=0), "tree nodes must be an integer >= 1"),
     (lambda: MedusaOptions(tree_width=2.5), "tree width must be an integer >= 1"),
     (lambda: SelectOptions(select_from="ngram,none"), "--select-from"),
+    (lambda: LookaheadOptions(lookahead_guesses=33), "lookahead_guesses"),
 ])
 def test_bad_option_values_are_refused_when_made(make, message):
     with pytest.raises(ConfigError, match=message):

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import add_tree_options, check_minimums, draft_p_min, require_extra
+from .common import (add_lookahead_options, add_tree_options, check_minimums, draft_p_min, lookahead_options,
+                     require_extra)
 
 
 def register(sub) -> None:
@@ -31,6 +32,7 @@ def register(sub) -> None:
                         "(default: 0, off)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     add_tree_options(p)
+    add_lookahead_options(p)
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
@@ -72,6 +74,7 @@ def run(args) -> int:
     if args.report:  # before the run, not after it
         require_extra("matplotlib", "bench", "--report")
     check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
+    lookahead = lookahead_options(args)  # refused before anything loads
     if args.llama_cpp:  # a missing tool or model is refused before anything loads
         if args.repetition_penalty != 1.0:
             raise ConfigError("--llama-cpp compares plain greedy decoding only: leave --repetition-penalty at 1")
@@ -116,7 +119,7 @@ def run(args) -> int:
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
                                      layerskip_layers=args.layerskip_layers, select_from=args.select_from,
                                      draft_p_min=args.draft_p_min, tree_width=args.tree_width,
-                                     tree_nodes=args.tree_nodes, calibrate_trees=args.calibrate_trees)
+                                     tree_nodes=args.tree_nodes, calibrate_trees=args.calibrate_trees, **lookahead)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
             decoder.warm_up()
@@ -137,7 +140,8 @@ def run(args) -> int:
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
-            "specdec_backend": first_backend, "verify_costs_s": first_costs.table, "machine": machine_info(),
+            **lookahead, "specdec_backend": first_backend, "verify_costs_s": first_costs.table,
+            "machine": machine_info(),
             "reference_dtype": args.reference_dtype, "repetition_penalty": penalty}
     if args.llama_cpp:
         meta["llama_cpp"] = llamacpp.describe(args.llama_cpp, llama_gguf, threads=torch.get_num_threads(),

@@ -30,8 +30,8 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, suffix, draft-model, eagle, eagle3, medusa, layerskip, select (default: "
-                        "auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
+                   help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, select "
+                        "(default: auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
                         "else ngram); "
                         "select: each step, whichever of --select-from is predicted to be fastest")
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
@@ -49,6 +49,7 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
                         "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")
     p.add_argument("--chain", action="store_true", help="EAGLE and Medusa draft a chain instead of a tree")
     add_tree_options(p)
+    add_lookahead_options(p)
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
     p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
                    help="draft-model and layerskip stop drafting after a token they give a probability below P, in "
@@ -71,6 +72,25 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate-trees", action="store_true",
                    help="EAGLE trees are scored by the acceptance observed for the head's confidences, per draft "
                         "depth and confidence bucket, instead of the raw confidences (docs/drafters.md)")
+
+
+def add_lookahead_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookahead-window", type=int, default=None, metavar="W",
+                   help="lookahead drafter: parallel Jacobi iterations, one n-gram each per step (default: 4)")
+    p.add_argument("--lookahead-ngram", type=int, default=None, metavar="N",
+                   help="lookahead drafter: n-gram size, the window's depth plus one (default: 3)")
+    p.add_argument("--lookahead-guesses", type=int, default=None, metavar="G",
+                   help="lookahead drafter: most pooled n-grams verified per step (default: 6)")
+
+
+def lookahead_options(args) -> dict:
+    """The lookahead drafter's W, N and G (None: its defaults), refused before any model loads where out of range."""
+    from ..drafters.options import LookaheadOptions
+
+    options = {"lookahead_window": args.lookahead_window, "lookahead_ngram": args.lookahead_ngram,
+               "lookahead_guesses": args.lookahead_guesses}
+    LookaheadOptions(**options)
+    return options
 
 
 def check_minimums(args, minimums: dict[str, float]) -> None:
@@ -135,7 +155,8 @@ def drafter_options(args) -> dict:
     return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
             "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
-            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees}
+            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
+            **lookahead_options(args)}
 
 
 def require_extra(module: str, extra: str, what: str) -> None:

@@ -10,8 +10,8 @@ from typing import Callable
 
 from ..errors import ConfigError
 from .base import Budget, Draft, Drafter, DraftRequest
-from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, MedusaOptions, NgramOptions, SelectOptions,
-                      SuffixOptions, bad_select_from)
+from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions, MedusaOptions, NgramOptions,
+                      SelectOptions, SuffixOptions, bad_select_from)
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,14 @@ def _suffix(target, options: SuffixOptions) -> Drafter:
     shared = SuffixIndex.open(options.suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
                               model=target.name) if options.suffix_index else None
     return SuffixDrafter(shared=shared)
+
+
+@register("lookahead", LookaheadOptions)
+def _lookahead(target, options: LookaheadOptions) -> Drafter:
+    """Lookahead decoding: window W, n-gram size N, guess set G (None: the defaults, options.LOOKAHEAD_DEFAULTS)."""
+    from .lookahead import LookaheadDrafter
+
+    return LookaheadDrafter(*options.sizes())
 
 
 @register("draft-model", DraftModelOptions)

@@ -152,3 +152,32 @@ class SelectOptions:
 
 def bad_select_from(value) -> ConfigError:
     return ConfigError(f"--select-from takes drafter names other than select, auto and none, got {value!r}")
+
+
+LOOKAHEAD_DEFAULTS = {"lookahead_window": 4, "lookahead_ngram": 3, "lookahead_guesses": 6}
+LOOKAHEAD_LIMITS = {"lookahead_window": ("W", 2, 32), "lookahead_ngram": ("N", 2, 8), "lookahead_guesses": ("G", 1, 32)}
+
+
+@dataclass(frozen=True)
+class LookaheadOptions:
+    """Lookahead decoding: the Jacobi window's width W (lookahead_window), the n-gram size N (lookahead_ngram, the
+    window's depth plus one) and the most pooled n-grams verified per step G (lookahead_guesses); None: the
+    default (LOOKAHEAD_DEFAULTS)."""
+
+    lookahead_window: int | None = None
+    lookahead_ngram: int | None = None
+    lookahead_guesses: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, (letter, low, high) in LOOKAHEAD_LIMITS.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not low <= value <= high):
+                raise ConfigError(f"{name} (--{name.replace('_', '-')}, {letter}) must be an integer in "
+                                  f"[{low}, {high}], got {value!r}")
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(W, N, G), the defaults where not given."""
+        w, n, g = (LOOKAHEAD_DEFAULTS[name] if getattr(self, name) is None else getattr(self, name)
+                   for name in LOOKAHEAD_LIMITS)
+        return w, n, g
