@@ -29,7 +29,8 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         sorted_p = sorted_x.softmax(-1)
         mass_before = sorted_p.cumsum(-1) - sorted_p  # (..., V): probability of strictly better tokens
-        drop_sorted = mass_before >= cfg.top_p  # never drops the first token
+        drop_sorted = mass_before >= cfg.top_p
+        drop_sorted[..., 0] = False  # the best token stays, also for a top_p that is 0 in float32 (5e-324)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     if cfg.min_p > 0.0:  # drops tokens less likely than min_p times the likeliest one

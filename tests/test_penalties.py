@@ -196,15 +196,15 @@ def test_eagle_drafts_with_the_requests_penalties(target_model, tree):
         assert metrics.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("temperature", [5e-324, 1e-40])
-def test_a_tiny_temperature_samples_the_best_token(target_model, temperature):
+@pytest.mark.parametrize("temperature, top_p", [(5e-324, 1.0), (1e-40, 1.0), (1.0, 5e-324)])
+def test_a_tiny_temperature_or_top_p_samples_the_best_token(target_model, temperature, top_p):
     from specdec.sampling import probs_from_logits
 
     probs = probs_from_logits(torch.tensor([[3.0, 2.0, -1.0], [-5.0, -7.0, -6.0]]),
-                              SamplingConfig(temperature=temperature))
+                              SamplingConfig(temperature=temperature, top_p=top_p))
     assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
     decoder = SpecDecoder(loaded(target_model), NgramDrafter())
     sampled, _ = decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=6, temperature=temperature,
-                                                                      seed=1))
+                                                                      top_p=top_p, seed=1))
     greedy, _ = decoder.generate_ids(PROMPT, GenerationConfig.create(max_new_tokens=6))
     assert sampled == greedy
