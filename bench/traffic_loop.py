@@ -32,8 +32,8 @@ CHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "train_chat.jso
 
 
 def workload(path: Path, family: str, traffic: int, held_back: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    prompts = sorted({json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").split("\n")
-                      if line.strip() and json.loads(line).get("source", "").split(":")[0] == family})
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    prompts = sorted({row["prompt"] for row in rows if row.get("source", "").split(":")[0] == family})
     random.Random(seed).shuffle(prompts)
     if len(prompts) < traffic + held_back:
         sys.exit(f"traffic_loop: the family {family!r} has {len(prompts)} prompts, fewer than asked for")

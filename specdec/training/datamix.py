@@ -111,12 +111,13 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
                 continue
             try:
                 row = json.loads(line)
-                model = row.get("model", model) if row.get("type") == "header" else model
+                if row.get("type") == "header":
+                    model = row.get("model", model)
+                    continue
                 item = _item(row, model)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"{path}:{number}: not a training record ({exc})") from None
-            if item is not None:
-                by_family.setdefault(item.source.split(":")[0], []).append(item)
+            by_family.setdefault(item.source.split(":")[0], []).append(item)
     if not by_family:
         raise ConfigError(f"{data.path} holds no training records")
     for family, items in by_family.items():
@@ -132,11 +133,9 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
     return out
 
 
-def _item(row: dict, model: str | None) -> Item | None:
-    """A training record, or a trace's request record (None for a trace's header), its source naming the traced
-    model: "trace:MODEL"."""
-    if row.get("type") == "header":
-        return None
+def _item(row: dict, model: str | None) -> Item:
+    """A training record, or a trace's request record, its source naming the traced model ("trace:MODEL", from
+    the trace's header)."""
     if row.get("type") == "request":
         prompt, output = row["prompt_ids"], row["output_ids"]
         if not all(isinstance(t, int) and t >= 0 for t in prompt + output) or not prompt or not output:
