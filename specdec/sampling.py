@@ -11,17 +11,24 @@ import torch
 from .config import SamplingConfig
 
 
+def tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature in float32, shifted so the best logit is 0: (..., V) -> (..., V).
+
+    The shift comes before the division: a tiny temperature then sends the others to -inf, not the best ones to
+    +inf, whose differences (inf - inf) would make softmax NaN. A temperature below float32's smallest normal
+    number (5e-324 is 0 there: 0 / 0) divides as that number, with the same limit.
+    """
+    x = logits.float()
+    return (x - x.amax(-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
+
+
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Applies temperature, then top-k, top-p and min-p, in float32; filtered entries become -inf.
 
     logits: (..., V). Returns (..., V) float32.
     Example: logits [2, 1, 0], temperature 1, top_k 2 -> [2, 1, -inf].
     """
-    x = logits.float()
-    # shifted so the best logit is 0 before dividing: a tiny temperature then sends the others to -inf, not the
-    # best ones to +inf, whose differences (inf - inf) would make softmax NaN; and a temperature below float32's
-    # smallest normal number (5e-324 is 0 there: 0 / 0) divides as that number, with the same limit
-    x = (x - x.amax(-1, keepdim=True)) / max(cfg.temperature, torch.finfo(torch.float32).tiny)
+    x = tempered_logits(logits, cfg.temperature)
     if cfg.top_k and cfg.top_k < x.shape[-1]:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -45,6 +45,18 @@ def test_self_distillation_records_features_and_choices(data):
     assert s["labels"][prompt_len - 1:].tolist() == s["tokens"][prompt_len:].tolist()
 
 
+def test_sampled_answers_at_a_tiny_temperature_are_the_greedy_ones(data):
+    """Sampling at a temperature far below float32's range is greedy decoding, not NaN probabilities."""
+    from specdec.training.extract import decode_batch
+    target = data[0]
+    prompts = [target.tokenizer.encode(p) for p in PROMPTS[:2]]
+    eos = (target.tokenizer.eos_token_id,)
+    greedy = [out[0] for out in decode_batch(target.backend, prompts, 12, eos, keep_features=False)]
+    tiny = [out[0] for out in decode_batch(target.backend, prompts, 12, eos, temperature=5e-324, seeds=[1, 2],
+                                           keep_features=False)]
+    assert tiny == greedy
+
+
 def test_unrolled_mask_reproduces_drafting_context():
     m = unrolled_mask(4, 3).view(3, 4, 3, 4)
     # step 1 is causal over true pairs

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..sampling import tempered_logits
 from .datamix import Item
 from .shards import TOPK, ShardWriter
 
@@ -36,7 +37,7 @@ def decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tu
     def choose(i: int, logits: torch.Tensor) -> int:
         if temperature <= 0:
             return int(logits.argmax())
-        probs = torch.softmax(logits.float() / temperature, -1)
+        probs = tempered_logits(logits, temperature).softmax(-1)
         return int(torch.multinomial(probs, 1, generator=generators[i]))
 
     caches = [backend.new_cache() for _ in prompts]
