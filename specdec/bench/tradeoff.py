@@ -1,0 +1,113 @@
+"""What a LOSSY acceptance rule costs and gains, measured against exact decoding on the same prompts.
+
+Figures (each over a set of prompts, one output per prompt from each side):
+  token_mismatch_share: position by position, the share of positions where the two outputs differ, over the
+      longer output's length (a position only one of them reaches counts as a difference);
+  diverged_share: 1 - (tokens before the first difference) / (the longer output's length), summed over prompts:
+      how much of the text comes after the two part ways (a lossy rule's first change shifts all that follows);
+  identical: prompts whose outputs are token for token the same;
+  final_number_agreement: for maths questions (GSM8K), the share of questions whose answer's last number equals the
+      last number of exact decoding's answer. It is agreement with the exact model, not accuracy: the questions
+      come without reference answers here.
+Speed figures (MAT, tokens/s and their ratio to exact decoding with the same drafter) come from the benchmark run.
+"""
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def method_name(prefix: str, drafter: str, acceptance: str) -> str:
+    """A benchmark method's name: "specdec:eagle" for exact acceptance, "specdec:eagle[top-k:4]" for a lossy rule."""
+    return f"{prefix}:{drafter}" if acceptance == "exact" else f"{prefix}:{drafter}[{acceptance}]"
+
+
+def differences(outputs: list[list[int]], exact: list[list[int]]) -> dict:
+    """token_mismatch_share, diverged_share and identical (module docstring) of outputs against exact decoding's,
+    prompt i against prompt i."""
+    if len(outputs) != len(exact):
+        raise ValueError(f"{len(outputs)} outputs against {len(exact)} exact ones")
+    positions = mismatched = prefix = identical = 0
+    for got, want in zip(outputs, exact):
+        longest = max(len(got), len(want))
+        common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        positions += longest
+        mismatched += longest - sum(a == b for a, b in zip(got, want))
+        prefix += common
+        identical += got == want
+    return {"token_mismatch_share": mismatched / positions if positions else 0.0,
+            "diverged_share": 1 - prefix / positions if positions else 0.0, "identical": identical,
+            "prompts": len(outputs)}
+
+
+def final_number(text: str) -> str | None:
+    """The last number in a text, written canonically ("1,200.50" -> "1200.5", "18.00" -> "18"); None if none."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        value = Decimal(found[-1].replace(",", ""))
+    except InvalidOperation:
+        return None
+    return format(value.normalize(), "f") if value != value.to_integral() else str(int(value))
+
+
+def final_number_agreement(answers: list[str], exact_answers: list[str]) -> dict:
+    """How many answers end on the number exact decoding's answer to the same question ends on, over the
+    questions where exact decoding's answer holds a number (share: None where none does)."""
+    pairs = [(final_number(a), final_number(e)) for a, e in zip(answers, exact_answers)]
+    judged = [(a, e) for a, e in pairs if e is not None]
+    agree = sum(a == e for a, e in judged)
+    return {"agree": agree, "questions": len(judged), "share": agree / len(judged) if judged else None}
+
+
+MODES = ("top-k", "threshold", "typical")
+PANELS = (("mean_accepted_tokens", "MAT (tokens per step)"), ("speed_over_exact", "tokens/s / exact's"),
+          ("token_mismatch_share", "tokens differing from exact"),
+          ("final_number_agreement", "GSM8K final number = exact's"))
+
+
+def tradeoff_chart(result: dict, path: str | Path) -> Path:
+    """One column per lossy mode, one row per figure (PANELS), each against the mode's parameter; exact decoding
+    with the same drafter is the dashed line. result: the trade-off JSON (bench/lossy_tradeoff.py)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = result["methods"]
+    drafters = sorted({m["drafter"] for m in methods.values() if m["drafter"] != "none"})
+    fig, axes = plt.subplots(len(PANELS), len(MODES), figsize=(4 * len(MODES), 2.6 * len(PANELS)), squeeze=False)
+    for row, (key, label) in enumerate(PANELS):
+        for col, mode in enumerate(MODES):
+            ax = axes[row][col]
+            for j, drafter in enumerate(drafters):
+                color = f"C{j}"
+                points = sorted((m["parameter"], m[key]) for m in methods.values()
+                                if m["drafter"] == drafter and m["mode"] == mode and m[key] is not None)
+                if points:
+                    ax.plot(*zip(*points), "o-", color=color, label=drafter)
+                exact = next((m[key] for m in methods.values() if m["drafter"] == drafter and not m["lossy"]), None)
+                if exact is not None:
+                    ax.axhline(exact, color=color, linestyle="--", linewidth=0.8)
+            if mode != "top-k":
+                ax.set_xscale("log")
+            if row == 0:
+                ax.set_title(f"{mode} (dashed: exact)")
+            if row == len(PANELS) - 1:
+                ax.set_xlabel({"top-k": "K", "threshold": "P", "typical": "EPS"}[mode])
+            if col == 0:
+                ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"LOSSY acceptance trade-off: {result['model']} ({result['dtype']}), {result['max_new_tokens']} tokens, "
+                 f"{sum(result['prompt_sets'].values())} prompts")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
