@@ -36,3 +36,38 @@ def test_final_number_agreement_judges_only_questions_exact_answered_with_a_numb
 def test_method_names_mark_the_lossy_rule():
     assert method_name("specdec", "eagle", "exact") == "specdec:eagle"
     assert method_name("specdec", "eagle", "top-k:4") == "specdec:eagle[top-k:4]"
+
+
+def test_the_tradeoff_script_runs_every_rule_against_exact_decoding(tmp_path, tiny_folder):
+    """bench/lossy_tradeoff.py on a tiny model: each rule is a labelled method; exact speculation equals plain
+    decoding; the plot is written (matplotlib is the bench extra's)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "lossy_tradeoff.py"
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps({"source": s, "prompt": t}) for s, t in [
+        ("self-instruct", "the sky"), ("gsm8k-train", "the cat sat on the mat the cat"),
+        ("gsm8k-train", "a red dog ran to a red dog"), ("gsm8k-train", "the sun and the moon")]))
+    out, plot = tmp_path / "t.json", tmp_path / "t.png"
+    proc = subprocess.run([sys.executable, str(script), "--gsm8k", str(questions), "--gsm8k-count", "2", "--model",
+                           str(tiny_folder), "--max-new-tokens", "10", "-k", "3", "--drafters", "ngram",
+                           "--acceptance", "top-k:8,threshold:0.05,typical:0.5", "--out-json", str(out),
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    methods = result["methods"]
+    assert list(methods) == ["specdec:none", "specdec:ngram", "specdec:ngram[top-k:8]",
+                             "specdec:ngram[threshold:0.05]", "specdec:ngram[typical:0.5]"]
+    assert result["prompt_sets"] == {"gsm8k": 2}
+    exact = methods["specdec:ngram"]
+    assert exact["lossy"] is False and exact["token_mismatch_share"] == 0 and exact["identical"] == 2
+    assert exact["speed_over_exact"] == 1.0
+    for name in list(methods)[2:]:
+        m = methods[name]
+        assert m["lossy"] is True and m["mode"] in name and m["parameter"] is not None
+        assert 0 <= m["token_mismatch_share"] <= m["diverged_share"] <= 1
+        assert m["by_set"]["gsm8k"]["prompts"] == 2
+    assert plot.stat().st_size > 1000

@@ -64,6 +64,51 @@ def final_number_agreement(answers: list[str], exact_answers: list[str]) -> dict
     return {"agree": agree, "questions": len(judged), "share": agree / len(judged) if judged else None}
 
 
+def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_set: dict[str, str],
+                       texts: dict[str, dict[str, str]], plain: str = "specdec:none", maths: str = "gsm8k") -> dict:
+    """Per method, the trade-off figures against exact decoding (the `plain` method: the target's own greedy output).
+
+    results: the runner's {method: MethodResult}; rules: method -> (drafter, acceptance spec), "none" for plain;
+    prompt_set: question id -> its set ("gsm8k", "specbench"); texts: method -> question id -> decoded output.
+    Each method gets MAT, tokens/s, speed_over_exact (tokens/s over its drafter's exact method), speed_over_plain,
+    differences from exact decoding (overall and per set) and, on the `maths` set, final_number_agreement.
+    """
+    from functools import reduce
+
+    from ..config import Acceptance
+    from ..metrics import GenerationMetrics
+
+    ids = list(results[plain].runs)
+    sets = sorted(set(prompt_set.values()))
+
+    def speed(name: str) -> float:
+        runs = results[name].runs.values()
+        return sum(len(r.tokens) for r in runs) / sum(r.seconds for r in runs)
+
+    def outputs(name: str, qs: list[str]) -> list[list[int]]:
+        return [results[name].runs[q].tokens for q in qs]
+
+    exact_of = {drafter: name for name, (drafter, rule) in rules.items() if rule == "exact"}
+    out = {}
+    for name, (drafter, rule) in rules.items():
+        acceptance = Acceptance.parse(rule)
+        metrics = reduce(GenerationMetrics.merge, [r.metrics for r in results[name].runs.values()])
+        maths_ids = [q for q in ids if prompt_set[q] == maths]
+        out[name] = {
+            "drafter": drafter, "acceptance": str(acceptance), "lossy": acceptance.lossy, "mode": acceptance.mode,
+            "parameter": acceptance.value, "mean_accepted_tokens": metrics.mean_accepted_tokens,
+            "acceptance_rate": metrics.acceptance_rate, "tokens_per_s": speed(name),
+            "speed_over_exact": speed(name) / speed(exact_of[drafter]) if drafter in exact_of else None,
+            "speed_over_plain": speed(name) / speed(plain),
+            **differences(outputs(name, ids), outputs(plain, ids)),
+            "by_set": {s: differences(outputs(name, [q for q in ids if prompt_set[q] == s]),
+                                      outputs(plain, [q for q in ids if prompt_set[q] == s])) for s in sets},
+            "final_number_agreement": final_number_agreement([texts[name][q] for q in maths_ids],
+                                                             [texts[plain][q] for q in maths_ids])["share"],
+        }
+    return out
+
+
 MODES = ("top-k", "threshold", "typical")
 PANELS = (("mean_accepted_tokens", "MAT (tokens per step)"), ("speed_over_exact", "tokens/s / exact's"),
           ("token_mismatch_share", "tokens differing from exact"),
@@ -93,8 +138,9 @@ def tradeoff_chart(result: dict, path: str | Path) -> Path:
                 exact = next((m[key] for m in methods.values() if m["drafter"] == drafter and not m["lossy"]), None)
                 if exact is not None:
                     ax.axhline(exact, color=color, linestyle="--", linewidth=0.8)
-            if mode != "top-k":
-                ax.set_xscale("log")
+            ax.set_xscale("log", base=2 if mode == "top-k" else 10)
+            if key in ("token_mismatch_share", "final_number_agreement"):
+                ax.set_ylim(-0.03, 1.03)  # shares
             if row == 0:
                 ax.set_title(f"{mode} (dashed: exact)")
             if row == len(PANELS) - 1:
