@@ -116,3 +116,25 @@ def test_a_bad_acceptance_in_a_request_is_a_400_naming_the_field(served, value, 
                                                     "speculation": {"acceptance": value}})
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == "speculation.acceptance" and error["code"] == kind
+
+
+def test_traces_record_the_rule_and_replays_leave_lossy_requests_out(tmp_path):
+    """A replay judges drafts by exact agreement with the output: a lossy request's logged steps are not that."""
+    from specdec.config import GenerationConfig, SpeculationConfig
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine import SpecDecoder
+    from specdec.policy import CostModel
+    from specdec.replay import replayable
+    from specdec.trace import read_trace
+    from tiny import loaded, tiny_llama
+
+    target = loaded(tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2))
+    path = tmp_path / "trace.jsonl"
+    for rule in ("exact", "top-k:4"):
+        decoder = SpecDecoder(target, NgramDrafter(1, 3), SpeculationConfig(num_speculative_tokens=3, acceptance=rule),
+                              costs=CostModel({1: 0.01, 4: 0.012}))
+        decoder.trace_to(path)
+        decoder.generate_ids([5, 6, 7, 5, 6, 7, 5, 6], GenerationConfig(max_new_tokens=6, ignore_eos=True))
+    _, records = read_trace(path)
+    assert [r["acceptance"] for r in records] == ["exact", "top-k:4"]
+    assert [r["acceptance"] for r in replayable(records)] == ["exact"]
