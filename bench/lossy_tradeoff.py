@@ -42,6 +42,15 @@ def gsm8k_prompts(path: str, count: int) -> list[BenchPrompt]:
     raise ConfigError(f"{path} holds {len(found)} GSM8K questions, fewer than {count}")
 
 
+def greedy_choices(hf_model, prompt_ids: list[int], output: list[int]) -> list[int]:
+    """The target's argmax before each output token, the output read back in one pass: (len(output),) ids."""
+    import torch
+
+    with torch.inference_mode():
+        logits = hf_model(input_ids=torch.tensor([prompt_ids + output], device=hf_model.device)).logits[0]
+    return logits[len(prompt_ids) - 1: -1].argmax(-1).tolist()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gsm8k", required=True, help="JSONL of {source, prompt}; its gsm8k* lines are used")
@@ -57,6 +66,8 @@ def main() -> None:
                    help="draft k every step (a tree drafter sizes its own tree), so that MAT and speed compare the "
                         "rules alone, not what the draft-length policy made of each one's measured costs")
     p.add_argument("--drafters", default="eagle", help="comma-separated drafters, each run under every rule")
+    p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
+                   help="EAGLE and Medusa trees of N nodes whatever the measured costs (default: sized from them)")
     p.add_argument("--acceptance", type=acceptance_list, default=["exact", "top-k:2", "threshold:0.3", "typical:0.2"],
                    help="comma-separated rules; exact is always run too (the speed reference)")
     p.add_argument("--out-json", required=True)
@@ -83,7 +94,8 @@ def main() -> None:
     methods, named = [SpecdecMethod("specdec:none", plain)], {"specdec:none": ("none", "exact")}
     for drafter in [d for d in args.drafters.split(",") if d]:
         for rule in rules:
-            decoder = SpecDecoder(target, create_drafter(drafter, target), replace(speculation, acceptance=rule),
+            made = create_drafter(drafter, target, tree_nodes=args.tree_nodes)
+            decoder = SpecDecoder(target, made, replace(speculation, acceptance=rule),
                                   costs=CostModel(costs.table))  # each its own drafting costs and policy
             decoder.warm_up()
             name = method_name("specdec", drafter, rule)
@@ -95,19 +107,23 @@ def main() -> None:
     decode = target.tokenizer.decode
     texts = {name: {q: decode(run.tokens, skip_special_tokens=True) for q, run in result.runs.items()}
              for name, result in results.items()}
+    ids_of = {q.question_id: ids for q, ids in encoded}
+    greedy = {name: {q: greedy_choices(target.hf_model, ids_of[q], run.tokens) for q, run in result.runs.items()}
+              for name, result in results.items()}
     summary = {"model": target.name, "dtype": args.dtype, "backend": type(target.backend).__name__,
                "max_new_tokens": args.max_new_tokens, "num_speculative_tokens": args.num_speculative_tokens,
-               "adaptive": not args.no_adaptive,
+               "adaptive": not args.no_adaptive, "tree_nodes": args.tree_nodes,
                "prompt_sets": {s: list(prompt_set.values()).count(s) for s in sorted(set(prompt_set.values()))},
                "machine": machine_info(), "load_average_before_after": [load_before[0], os.getloadavg()[0]],
-               "methods": summarize_tradeoff(results, named, prompt_set, texts),
+               "methods": summarize_tradeoff(results, named, prompt_set, texts, greedy),
                "outputs": {name: {q: run.tokens for q, run in r.runs.items()} for name, r in results.items()}}
-    print(f"{'method':<32} {'MAT':>5} {'tok/s':>6} {'/exact':>6} {'differ':>7} {'after':>6} {'same':>6} {'GSM8K=':>6}")
+    print(f"{'method':<32} {'MAT':>5} {'tok/s':>6} {'/exact':>6} {'differ':>7} {'after':>6} {'same':>6} {'GSM8K=':>6} "
+          f"{'!greedy':>7}")
     for name, m in summary["methods"].items():
         gsm = m["final_number_agreement"]
         print(f"{name:<32} {m['mean_accepted_tokens']:>5.2f} {m['tokens_per_s']:>6.1f} {m['speed_over_exact']:>6.2f} "
               f"{m['token_mismatch_share']:>7.1%} {m['diverged_share']:>6.1%} {m['identical']:>3}/{m['prompts']:<2} "
-              f"{'-' if gsm is None else f'{gsm:.0%}':>6}")
+              f"{'-' if gsm is None else f'{gsm:.0%}':>6} {m['off_greedy_share']:>7.1%}")
     Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_json).write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(f"wrote {args.out_json}", file=sys.stderr)

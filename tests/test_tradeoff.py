@@ -1,7 +1,7 @@
 """The figures that measure what a lossy rule costs (specdec/bench/tradeoff.py), on hand-made outputs."""
 import pytest
 
-from specdec.bench.tradeoff import differences, final_number, final_number_agreement, method_name
+from specdec.bench.tradeoff import differences, final_number, final_number_agreement, method_name, off_greedy_share
 
 
 def test_differences_count_positions_and_the_common_prefix():
@@ -12,6 +12,12 @@ def test_differences_count_positions_and_the_common_prefix():
     assert figures == {"token_mismatch_share": pytest.approx(3 / 10), "diverged_share": pytest.approx(1 - 6 / 10),
                        "identical": 1, "prompts": 3}
     assert differences(exact, exact)["token_mismatch_share"] == differences(exact, exact)["diverged_share"] == 0
+
+
+def test_off_greedy_share_counts_tokens_that_are_not_the_targets_choice():
+    assert off_greedy_share([[1, 2, 3], [4]], [[1, 9, 3], [5]]) == 2 / 4
+    with pytest.raises(ValueError):  # a choice per output token
+        off_greedy_share([[1, 2]], [[1]])
 
 
 def test_differences_refuse_unpaired_outputs():
@@ -65,9 +71,12 @@ def test_the_tradeoff_script_runs_every_rule_against_exact_decoding(tmp_path, ti
     exact = methods["specdec:ngram"]
     assert exact["lossy"] is False and exact["token_mismatch_share"] == 0 and exact["identical"] == 2
     assert exact["speed_over_exact"] == 1.0
+    assert exact["off_greedy_share"] == methods["specdec:none"]["off_greedy_share"] == 0  # the target's own choices
     for name in list(methods)[2:]:
         m = methods[name]
         assert m["lossy"] is True and m["mode"] in name and m["parameter"] is not None
         assert 0 <= m["token_mismatch_share"] <= m["diverged_share"] <= 1
+        # an output that differs from exact decoding's departs from the greedy choice where they part
+        assert (m["off_greedy_share"] > 0) == (m["identical"] < m["prompts"])
         assert m["by_set"]["gsm8k"]["prompts"] == 2
     assert plot.stat().st_size > 1000

@@ -6,6 +6,9 @@ Figures (each over a set of prompts, one output per prompt from each side):
   diverged_share: 1 - (tokens before the first difference) / (the longer output's length), summed over prompts:
       how much of the text comes after the two part ways (a lossy rule's first change shifts all that follows);
   identical: prompts whose outputs are token for token the same;
+  off_greedy_share: the share of output tokens that are not the target's greedy choice after the same text (the
+      output read back by the target in one pass): how often the rule itself departs, before the cascade that the
+      two figures above also count (after one change, exact decoding's text no longer lines up);
   final_number_agreement: for maths questions (GSM8K), the share of questions whose answer's last number equals the
       last number of exact decoding's answer. It is agreement with the exact model, not accuracy: the questions
       come without reference answers here.
@@ -43,6 +46,12 @@ def differences(outputs: list[list[int]], exact: list[list[int]]) -> dict:
             "prompts": len(outputs)}
 
 
+def off_greedy_share(outputs: list[list[int]], greedy: list[list[int]]) -> float:
+    """Share of the tokens in outputs that differ from greedy[i][j], the target's argmax before output token j."""
+    tokens = sum(len(o) for o in outputs)
+    return sum(a != b for o, g in zip(outputs, greedy) for a, b in zip(o, g, strict=True)) / tokens if tokens else 0.0
+
+
 def final_number(text: str) -> str | None:
     """The last number in a text, written canonically ("1,200.50" -> "1200.5", "18.00" -> "18"); None if none."""
     found = _NUMBER.findall(text)
@@ -65,13 +74,15 @@ def final_number_agreement(answers: list[str], exact_answers: list[str]) -> dict
 
 
 def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_set: dict[str, str],
-                       texts: dict[str, dict[str, str]], plain: str = "specdec:none", maths: str = "gsm8k") -> dict:
+                       texts: dict[str, dict[str, str]], greedy: dict[str, dict[str, list[int]]],
+                       plain: str = "specdec:none", maths: str = "gsm8k") -> dict:
     """Per method, the trade-off figures against exact decoding (the `plain` method: the target's own greedy output).
 
     results: the runner's {method: MethodResult}; rules: method -> (drafter, acceptance spec), "none" for plain;
-    prompt_set: question id -> its set ("gsm8k", "specbench"); texts: method -> question id -> decoded output.
-    Each method gets MAT, tokens/s, speed_over_exact (tokens/s over its drafter's exact method), speed_over_plain,
-    differences from exact decoding (overall and per set) and, on the `maths` set, final_number_agreement.
+    prompt_set: question id -> its set ("gsm8k", "specbench"); texts: method -> question id -> decoded output;
+    greedy: method -> question id -> the target's argmax before each output token. Each method gets MAT,
+    tokens/s, speed_over_exact (tokens/s over its drafter's exact method), speed_over_plain, differences from exact
+    decoding (overall and per set), off_greedy_share and, on the `maths` set, final_number_agreement.
     """
     from functools import reduce
 
@@ -101,6 +112,7 @@ def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_
             "speed_over_exact": speed(name) / speed(exact_of[drafter]) if drafter in exact_of else None,
             "speed_over_plain": speed(name) / speed(plain),
             **differences(outputs(name, ids), outputs(plain, ids)),
+            "off_greedy_share": off_greedy_share(outputs(name, ids), [greedy[name][q] for q in ids]),
             "by_set": {s: differences(outputs(name, [q for q in ids if prompt_set[q] == s]),
                                       outputs(plain, [q for q in ids if prompt_set[q] == s])) for s in sets},
             "final_number_agreement": final_number_agreement([texts[name][q] for q in maths_ids],
@@ -111,7 +123,7 @@ def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_
 
 MODES = ("top-k", "threshold", "typical")
 PANELS = (("mean_accepted_tokens", "MAT (tokens per step)"), ("speed_over_exact", "tokens/s / exact's"),
-          ("token_mismatch_share", "tokens differing from exact"),
+          ("token_mismatch_share", "tokens differing from exact"), ("off_greedy_share", "tokens not the greedy choice"),
           ("final_number_agreement", "GSM8K final number = exact's"))
 
 
@@ -139,7 +151,7 @@ def tradeoff_chart(result: dict, path: str | Path) -> Path:
                 if exact is not None:
                     ax.axhline(exact, color=color, linestyle="--", linewidth=0.8)
             ax.set_xscale("log", base=2 if mode == "top-k" else 10)
-            if key in ("token_mismatch_share", "final_number_agreement"):
+            if key in ("token_mismatch_share", "final_number_agreement", "off_greedy_share"):
                 ax.set_ylim(-0.03, 1.03)  # shares
             if row == 0:
                 ax.set_title(f"{mode} (dashed: exact)")
