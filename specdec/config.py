@@ -208,7 +208,8 @@ class Acceptance:
     def __str__(self) -> str:
         if self.value is None:
             return self.mode
-        return f"{self.mode}:{self.value:g}" if _number_in(self.value, -math.inf, math.inf) else f"{self.mode}:{self.value}"
+        number = _number_in(self.value, -math.inf, math.inf)  # else a bad value, printed as given
+        return f"{self.mode}:{self.value:g}" if number else f"{self.mode}:{self.value}"
 
     @classmethod
     def parse(cls, text: "str | Acceptance") -> "Acceptance":

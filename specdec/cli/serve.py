@@ -97,8 +97,8 @@ def run(args) -> int:
                               logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
-          f"{'' if args.acceptance == 'exact' else f'LOSSY acceptance {args.acceptance} (labelled in every response), '}"
-          f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
+          + ("" if args.acceptance == "exact" else f"LOSSY acceptance {args.acceptance} (labelled in responses), ")
+          + f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
           f"http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
           file=sys.stderr, flush=True)
     serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)
