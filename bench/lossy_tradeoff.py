@@ -68,6 +68,9 @@ def main() -> None:
     p.add_argument("--drafters", default="eagle", help="comma-separated drafters, each run under every rule")
     p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="EAGLE and Medusa trees of N nodes whatever the measured costs (default: sized from them)")
+    p.add_argument("--tree-width", type=int, default=None, metavar="W",
+                   help="EAGLE and Medusa trees keep W candidates per level (default: chosen each step from the "
+                        "measured costs, which a busy machine moves, and MAT with them)")
     p.add_argument("--acceptance", type=acceptance_list, default=["exact", "top-k:2", "threshold:0.3", "typical:0.2"],
                    help="comma-separated rules; exact is always run too (the speed reference)")
     p.add_argument("--out-json", required=True)
@@ -94,7 +97,7 @@ def main() -> None:
     methods, named = [SpecdecMethod("specdec:none", plain)], {"specdec:none": ("none", "exact")}
     for drafter in [d for d in args.drafters.split(",") if d]:
         for rule in rules:
-            made = create_drafter(drafter, target, tree_nodes=args.tree_nodes)
+            made = create_drafter(drafter, target, tree_nodes=args.tree_nodes, tree_width=args.tree_width)
             decoder = SpecDecoder(target, made, replace(speculation, acceptance=rule),
                                   costs=CostModel(costs.table))  # each its own drafting costs and policy
             decoder.warm_up()
@@ -112,7 +115,7 @@ def main() -> None:
               for name, result in results.items()}
     summary = {"model": target.name, "dtype": args.dtype, "backend": type(target.backend).__name__,
                "max_new_tokens": args.max_new_tokens, "num_speculative_tokens": args.num_speculative_tokens,
-               "adaptive": not args.no_adaptive, "tree_nodes": args.tree_nodes,
+               "adaptive": not args.no_adaptive, "tree_nodes": args.tree_nodes, "tree_width": args.tree_width,
                "prompt_sets": {s: list(prompt_set.values()).count(s) for s in sorted(set(prompt_set.values()))},
                "machine": machine_info(), "load_average_before_after": [load_before[0], os.getloadavg()[0]],
                "methods": summarize_tradeoff(results, named, prompt_set, texts, greedy),
