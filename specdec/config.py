@@ -14,6 +14,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "torch", "hf")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLING_VERIFIERS = ("rejection", "coupled")
+ACCEPTANCE_FORMS = "exact, top-k:K (K >= 1), threshold:P (0 < P <= 1) or typical:EPS (0 < EPS < 1)"
 MAX_TOP_LOGPROBS = 20  # alternatives listed per token, as OpenAI's top_logprobs
 LOGPROBS_MODES = ("raw", "processed")  # logprobs of the raw logits, or of the distribution sampled from (vLLM's)
 
@@ -173,6 +174,62 @@ class GenerationConfig:
 
 
 @dataclass(frozen=True)
+class Acceptance:
+    """Which drafted tokens the target accepts (verify/). "exact" (the default) is lossless: the output is the
+    target's own greedy text or sampling distribution. The others are LOSSY: they also accept a draft the target
+    finds plausible without choosing it, trading fidelity for longer accepted runs (verify/lossy.py):
+      "top-k" (value K): the draft is among the K most probable tokens of the target's row;
+      "threshold" (value P): the target gives the draft probability >= P;
+      "typical" (value EPS): Medusa's typical acceptance, p(draft) > min(EPS, sqrt(EPS) * exp(-entropy)).
+    `parse` reads the spec string ("exact", "top-k:4", "threshold:0.3", "typical:0.2"); str() writes it back.
+    """
+
+    mode: str = "exact"
+    value: float | None = None  # K, P or EPS; None for exact
+
+    def __post_init__(self) -> None:
+        v = self.value
+        if self.mode == "exact":
+            ok = v is None
+        elif self.mode == "top-k":
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        elif self.mode == "threshold":
+            ok = _number_in(v, 0.0, 1.0) and v > 0
+        elif self.mode == "typical":
+            ok = _number_in(v, 0.0, 1.0) and 0 < v < 1
+        else:
+            ok = False
+        _check(ok, f"acceptance must be {ACCEPTANCE_FORMS}, got {str(self)!r}")
+
+    @property
+    def lossy(self) -> bool:
+        return self.mode != "exact"
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return self.mode
+        number = _number_in(self.value, -math.inf, math.inf)  # else a bad value, printed as given
+        return f"{self.mode}:{self.value:g}" if number else f"{self.mode}:{self.value}"
+
+    @classmethod
+    def parse(cls, text: "str | Acceptance") -> "Acceptance":
+        """"exact" | "top-k:K" | "threshold:P" | "typical:EPS" -> an Acceptance; anything else raises ConfigError."""
+        if isinstance(text, Acceptance):
+            return text
+        mode, _, number = str(text).strip().partition(":")
+        try:
+            value = None if not number else int(number) if mode == "top-k" else float(number)
+        except ValueError:
+            value = number  # refused below, in the same words as any other bad spec
+        if mode != "exact" and value is None:
+            raise ConfigError(f"acceptance must be {ACCEPTANCE_FORMS}, got {text!r}")
+        return cls(mode, value)
+
+
+EXACT = Acceptance()
+
+
+@dataclass(frozen=True)
 class SpeculationConfig:
     """How drafts are proposed and checked.
 
@@ -187,14 +244,17 @@ class SpeculationConfig:
     max_batch_for_drafting (vLLM's disable_by_batch_size): in batched decoding, a step that verifies more
     sequences than this drafts for none of them (k = 0, no probes, drafters not called) until the batch
     shrinks; None: no limit, the cost model alone decides.
+    acceptance: exact (lossless, the default) or a LOSSY rule (Acceptance); a spec string is parsed.
     """
 
     num_speculative_tokens: int = 8
     adaptive: bool = True
     sampling_verifier: str = "rejection"
     max_batch_for_drafting: int | None = None
+    acceptance: Acceptance = EXACT
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "acceptance", Acceptance.parse(self.acceptance))  # "top-k:4" -> Acceptance
         _check(isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
                f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
         _check(self.sampling_verifier in SAMPLING_VERIFIERS,

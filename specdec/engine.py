@@ -40,7 +40,8 @@ class GenerationResult:
 
 
 class SpecDecoder:
-    """Lossless speculative decoding over one target model and one drafter."""
+    """Speculative decoding over one target model and one drafter: lossless, unless its SpeculationConfig asks for
+    a lossy acceptance rule (config.Acceptance)."""
 
     learn_outputs = True  # finished outputs go to the drafter (Drafter.learn); warm-up runs turn it off
     warmed_up = False  # after warm_up(): drafters built later by name are warmed up too
@@ -61,16 +62,17 @@ class SpecDecoder:
              dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
              sampling_verifier: str = "rejection", chat: bool = True, trust_remote_code: bool = False,
              backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
-             **drafter_options) -> "SpecDecoder":
+             acceptance: str = "exact", **drafter_options) -> "SpecDecoder":
         """Loads a target (default: the built-in smollm2-135m) and a drafter by name. max_batch_for_drafting: see
-        SpeculationConfig (batched decoding drafts nothing in steps with more sequences than this)."""
+        SpeculationConfig (batched decoding drafts nothing in steps with more sequences than this). acceptance:
+        "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or "typical:EPS" (config.Acceptance)."""
         from .drafters import create_drafter
         from .models.loading import load_model
         from .models.registry import DEFAULT_MODEL
 
         speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
                                         sampling_verifier=sampling_verifier,
-                                        max_batch_for_drafting=max_batch_for_drafting)
+                                        max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance)
         target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype,
                             trust_remote_code=trust_remote_code, backend=backend)
         made = create_drafter(drafter, target, draft_model=draft_model, trust_remote_code=trust_remote_code,

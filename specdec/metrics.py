@@ -15,6 +15,8 @@ class GenerationMetrics:
     over all verify steps, including those where the adaptive policy drafted nothing (k = 0);
     mean_acceptance_length is over drafting steps only (1 + accepted / drafting steps), the figure vLLM
     reports as "mean acceptance length" and the EAGLE papers as tau, so it compares across engines.
+    acceptance is the rule that accepted the drafts (config.Acceptance's spec): "exact" (lossless) unless a LOSSY
+    rule was asked for, in which case `lossy` is true and every report of these metrics says so.
     """
 
     prompt_tokens: int = 0
@@ -33,6 +35,12 @@ class GenerationMetrics:
     verify_time_s: float = 0.0
     total_time_s: float = 0.0
     finish_reason: str = ""
+    acceptance: str = "exact"  # "exact", or a lossy rule's spec ("top-k:4"); "mixed" for sums over several rules
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a lossy acceptance rule made this output (it may then differ from the target's own)."""
+        return self.acceptance != "exact"
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -64,13 +72,14 @@ class GenerationMetrics:
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.drafted_per_position = [a + b for a, b in zip(pad(self.drafted_per_position), pad(other.drafted_per_position))]
         out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
+        out.acceptance = self.acceptance if self.acceptance == other.acceptance else "mixed"
         out.drafter_steps = {name: self.drafter_steps.get(name, 0) + other.drafter_steps.get(name, 0)
                              for name in {**self.drafter_steps, **other.drafter_steps}}
         return out
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_tokens=self.mean_accepted_tokens,
+        d.update(lossy=self.lossy, acceptance_rate=self.acceptance_rate, mean_accepted_tokens=self.mean_accepted_tokens,
                  mean_acceptance_length=self.mean_acceptance_length,
                  per_position_acceptance=self.per_position_acceptance, tokens_per_s=self.tokens_per_s)
         return d
@@ -86,4 +95,6 @@ class GenerationMetrics:
                 f"prefill {self.prefill_time_s * 1e3:.0f} ms, draft {self.draft_time_s:.2f}s, verify {self.verify_time_s:.2f}s"
                 f" | finish {self.finish_reason}"
                 + (" | drafted by " + ", ".join(f"{name} {n}" for name, n in sorted(self.drafter_steps.items()))
-                   if self.drafter_steps else ""))
+                   if self.drafter_steps else "")
+                + (f" | LOSSY acceptance {self.acceptance}: the output may differ from the model's own" if self.lossy
+                   else ""))

@@ -60,8 +60,10 @@ class ReplayResult:
 
 
 def replayable(requests: list[dict]) -> list[dict]:
-    """The requests a replay can reproduce: greedy, unconstrained, with at least one generated token."""
-    return [r for r in requests if r.get("greedy", True) and not r.get("constrained") and r["output_ids"]]
+    """The requests a replay can reproduce: greedy, unconstrained, exact acceptance (a lossy rule's steps accepted
+    what an exact replay would not), with at least one generated token."""
+    return [r for r in requests if r.get("greedy", True) and not r.get("constrained") and r["output_ids"]
+            and r.get("acceptance", "exact") == "exact"]
 
 
 def replay_plain(requests: list[dict], costs: CostModel) -> ReplayResult:

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .config import GenerationConfig, SpeculationConfig
+from .config import EXACT, GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter
 from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
@@ -62,7 +62,8 @@ class Request:
         self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
         self.cache = None  # the KV cache the scheduler holds for it, None once it ended
-        self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len)
+        self.acceptance = speculation.acceptance if drafter is not None else EXACT  # nothing drafted: exact
+        self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len, acceptance=str(self.acceptance))
         self.finished = ""  # "stop" (EOS, a stop string, a complete constrained text) or "length"
         self.started_at = time.perf_counter()
         self.learn = learn

@@ -150,7 +150,8 @@ class BatchEngine:
         path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H): the kept
         rows' features) and policy observe, and hands the outcome to the request: the tokens it emitted."""
         processed = request.logits.rows(logits, draft) if request.logits is not None else logits
-        path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
+        path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead(),
+                             request.acceptance)
         rows = [0] + [i + 1 for i in path]
         if draft.parents is not None:
             self.backend.compact(request.cache, len(request.tokens) - 1, rows)

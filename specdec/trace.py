@@ -49,7 +49,7 @@ class TraceWriter:
                     "constrained": config.constraint is not None, "max_new_tokens": config.max_new_tokens,
                     "finish_reason": state.finished or m.finish_reason, "prompt_ids": state.tokens[: state.prompt_len],
                     "output_ids": state.generated, "steps": state.step_log, "prefill_s": m.prefill_time_s,
-                    "draft_s": m.draft_time_s, "verify_s": m.verify_time_s})
+                    "draft_s": m.draft_time_s, "verify_s": m.verify_time_s, "acceptance": m.acceptance})
 
     def _line(self, record: dict) -> None:
         """Appends one record; a failed write (a full disk) is cut back to the last complete record, logged once

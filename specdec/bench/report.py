@@ -11,18 +11,22 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(result: dict) -> str:
     """Fixed-width table: one row per method."""
     ref = result.get("reference_dtype")
-    head = f"{'method':<28} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=plain':>6}"
+    head = f"{'method':<30} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=plain':>6}"
     if ref:
         head += f" {'=' + ref:>9}"
     lines = [f"model {result['model']} | dtype {result['dtype']} | {result['prompts']} prompts | "
              f"max_new_tokens {result['max_new_tokens']}", head, "-" * len(head)]
     for name, m in result["methods"].items():
         same_none = m.get("identical_to_specdec_none")
-        line = (f"{name:<28} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
+        line = (f"{name:<30} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
                 f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
                 f"{'-' if same_none is None else same_none:>6}")
         if ref:
             line += f" {m['identical_to_reference']:>9}"
+        if m.get("lossy"):  # its output may differ from the model's own: say so on its row
+            differs = m.get("differs_from_plain")
+            share = "" if differs is None else f": {differs['token_mismatch_share']:.1%} of tokens differ from plain"
+            line += f"  LOSSY ({m['acceptance']}{share})"
         lines.append(line)
     return "\n".join(lines)
 
@@ -36,7 +40,8 @@ def markdown(result: dict) -> str:
            "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s. MAT: tokens per "
            "verify step, plain steps included; MAL: mean acceptance length, 1 + accepted drafts per drafting step "
            "(vLLM's figure, EAGLE's tau). = plain: identical to the same engine's plain decoding (specdec:none, or "
-           "llamacpp for llamacpp_lookup).", "",
+           "llamacpp for llamacpp_lookup). Methods named [RULE] use a LOSSY acceptance rule: their output may differ "
+           "from the model's own (docs/acceptance.md).", "",
            "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = plain |"
            + (f" = {result['reference_dtype']} reference |" if result.get("reference_dtype") else ""),
            "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else "")]

@@ -15,6 +15,7 @@ from ..config import GenerationConfig
 from ..metrics import GenerationMetrics
 from ..tokens import first_difference
 from .prompts import BenchPrompt
+from .tradeoff import differences
 
 BASELINE = "hf_generate"
 
@@ -99,9 +100,10 @@ def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max
 
 def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt, list[int]]], hf_model,
               meta: dict, reference: dict[str, list[int]] | None = None, plain_of: dict[str, str] | None = None) -> dict:
-    """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences.
-    identical_to_specdec_none counts prompts equal to the same engine's plain decoding: specdec:none for specdec's
-    methods, and plain_of[name] for other engines' (e.g. llamacpp for llamacpp_lookup)."""
+    """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences, and its
+    acceptance rule ("lossy": true for a lossy one). identical_to_specdec_none counts prompts equal to the same
+    engine's plain decoding: specdec:none for specdec's methods, and plain_of[name] for other engines' (e.g.
+    llamacpp for llamacpp_lookup); differs_from_plain measures how far the outputs are from it (tradeoff.py)."""
     base = results[BASELINE]
     by_id = {p.question_id: (p, ids) for p, ids in prompts}
     categories = sorted({p.category for p, _ in prompts})
@@ -149,8 +151,12 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             "per_position_acceptance": totals.per_position_acceptance or None,
             "identical": identical,
             "total": len(all_ids),
+            "acceptance": totals.acceptance,
+            "lossy": totals.lossy,
             "identical_to_specdec_none": None if none is None else sum(  # same backend's plain decoding
                 result.runs[q].tokens == none.runs[q].tokens for q in all_ids),
+            "differs_from_plain": None if none is None else differences(
+                [result.runs[q].tokens for q in all_ids], [none.runs[q].tokens for q in all_ids]),
             "identical_to_reference": None if reference is None else sum(
                 result.runs[q].tokens == reference[q] for q in all_ids),
             "steps": totals.steps,

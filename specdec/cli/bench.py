@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import (add_lookahead_options, add_tree_options, check_minimums, draft_p_min, lookahead_options,
-                     require_extra)
+from .common import (add_acceptance_option, add_lookahead_options, add_tree_options, check_minimums, draft_p_min,
+                     lookahead_options, require_extra)
 
 
 def register(sub) -> None:
@@ -34,6 +35,7 @@ def register(sub) -> None:
     add_tree_options(p)
     add_lookahead_options(p)
     p.add_argument("--no-adaptive", action="store_true")
+    add_acceptance_option(p, sweep=True)
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     p.add_argument("--backends", default="auto", help="comma-separated specdec backends to compare (auto, kernels, "
@@ -68,6 +70,7 @@ def run(args) -> int:
     from ..bench.prompts import load_prompts
     from ..bench.report import table, write_report
     from ..bench.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
+    from ..bench.tradeoff import method_name
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
@@ -113,7 +116,7 @@ def run(args) -> int:
         prefix = "specdec" if i == 0 else f"specdec@{backend_name}"
         costs = CostModel(measure_verify_costs(backend))
         methods.append(SpecdecMethod(f"{prefix}:none", SpecDecoder(view, None, speculation), penalty))
-        for name in drafters:
+        for name, rule in [(name, rule) for name in drafters for rule in args.acceptance]:
             kind = name.removesuffix("-chain")
             drafter = create_drafter(kind, view, draft_model=draft, eagle_head=args.eagle_head,
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
@@ -121,9 +124,9 @@ def run(args) -> int:
                                      draft_p_min=args.draft_p_min, tree_width=args.tree_width,
                                      tree_nodes=args.tree_nodes, calibrate_trees=args.calibrate_trees, **lookahead)
             # each drafter learns its own drafting cost; the measured verify curve is shared
-            decoder = SpecDecoder(view, drafter, speculation, costs=CostModel(costs.table))
+            decoder = SpecDecoder(view, drafter, replace(speculation, acceptance=rule), costs=CostModel(costs.table))
             decoder.warm_up()
-            methods.append(SpecdecMethod(f"{prefix}:{name}", decoder, penalty))
+            methods.append(SpecdecMethod(method_name(prefix, name, rule), decoder, penalty))
         if i == 0:
             first_costs, first_backend = costs, type(backend).__name__
 
@@ -142,7 +145,7 @@ def run(args) -> int:
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
             **lookahead, "specdec_backend": first_backend, "verify_costs_s": first_costs.table,
             "machine": machine_info(),
-            "reference_dtype": args.reference_dtype, "repetition_penalty": penalty}
+            "reference_dtype": args.reference_dtype, "repetition_penalty": penalty, "acceptance": args.acceptance}
     if args.llama_cpp:
         meta["llama_cpp"] = llamacpp.describe(args.llama_cpp, llama_gguf, threads=torch.get_num_threads(),
                                               draft_max=args.num_speculative_tokens)

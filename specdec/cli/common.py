@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import BACKENDS, DTYPES, GenerationConfig
+from ..config import ACCEPTANCE_FORMS, BACKENDS, DTYPES, Acceptance, GenerationConfig
 from ..errors import ConfigError
 
 
@@ -60,6 +60,33 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
                                                         "read at start when it exists, written back as outputs arrive "
                                                         "and at exit")
+
+
+def add_acceptance_option(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """--acceptance: exact (lossless, the default) or a LOSSY rule; with sweep, a comma-separated list of them."""
+    what = "comma-separated acceptance rules, each run as its own method" if sweep else "which drafts are accepted"
+    p.add_argument("--acceptance", default="exact", type=acceptance_list if sweep else acceptance_spec,
+                   metavar="RULES" if sweep else "RULE",
+                   help=f"{what}: exact (default: lossless), or LOSSY top-k:K (the draft is among the target's K "
+                        "likeliest tokens), threshold:P (the target gives it probability >= P) or typical:EPS "
+                        "(Medusa's typical acceptance); lossy output may differ from the model's own and is "
+                        "labelled lossy everywhere (docs/acceptance.md)")
+
+
+def acceptance_spec(text: str) -> str:
+    """One --acceptance rule, refused while parsing (before any model loads) unless it is one of ACCEPTANCE_FORMS."""
+    try:
+        return str(Acceptance.parse(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def acceptance_list(text: str) -> list[str]:
+    """A comma-separated list of --acceptance rules, each checked; duplicates dropped, order kept."""
+    rules = [acceptance_spec(t) for t in text.split(",") if t.strip()]
+    if not rules:
+        raise argparse.ArgumentTypeError(f"give at least one acceptance rule: {ACCEPTANCE_FORMS}")
+    return list(dict.fromkeys(rules))
 
 
 def add_tree_options(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..config import LOGPROBS_MODES, Constraint
 from ..errors import ConfigError
 
-from .common import add_model_options, add_sampling_options, add_speculation_options, drafter_options, generation_config
+from .common import (add_acceptance_option, add_model_options, add_sampling_options, add_speculation_options,
+                     drafter_options, generation_config)
 
 
 def register(sub) -> None:
@@ -17,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
     add_model_options(p)
     add_speculation_options(p)
+    add_acceptance_option(p)
     add_sampling_options(p)
     p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--stats", action="store_true", help="print speculation metrics to stderr")
@@ -66,10 +68,18 @@ def run(args) -> int:
         raise ConfigError("the prompt is empty")
     config = replace(generation_config(args), logprobs=args.logprobs, constraint=constraint_option(args),
                      logprobs_mode=args.logprobs_mode)
+    lossy = args.acceptance != "exact"
+    if lossy and args.drafter == "none":
+        raise ConfigError(f"--acceptance {args.acceptance} decides which drafts to accept, and --drafter none drafts "
+                          "nothing (plain decoding is exact): pick a drafter or leave --acceptance at exact")
+    if lossy:
+        print(f"specdec generate: note: LOSSY acceptance {args.acceptance}: the output may differ from the model's "
+              "own", file=sys.stderr)
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
-                               trust_remote_code=args.trust_remote_code, backend=args.backend, **drafter_options(args))
+                               trust_remote_code=args.trust_remote_code, backend=args.backend,
+                               acceptance=args.acceptance, **drafter_options(args))
     if args.trace:
         decoder.trace_to(args.trace)
     stream = decoder.stream(prompt, config)

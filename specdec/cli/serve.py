@@ -5,13 +5,14 @@ import os
 import sys
 
 from ..config import LOGPROBS_MODES
-from .common import add_model_options, add_speculation_options, check_minimums, drafter_options
+from .common import add_acceptance_option, add_model_options, add_speculation_options, check_minimums, drafter_options
 
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics)")
     add_model_options(p)
     add_speculation_options(p)
+    add_acceptance_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="default: 8000")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
@@ -84,7 +85,7 @@ def run(args) -> int:
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           max_batch_for_drafting=args.speculation_max_batch, **options)
+                           max_batch_for_drafting=args.speculation_max_batch, acceptance=args.acceptance, **options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)
@@ -96,7 +97,8 @@ def run(args) -> int:
                               logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
-          f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
+          + ("" if args.acceptance == "exact" else f"LOSSY acceptance {args.acceptance} (labelled in responses), ")
+          + f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
           f"http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
           file=sys.stderr, flush=True)
     serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)

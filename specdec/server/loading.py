@@ -10,10 +10,11 @@ from __future__ import annotations
 def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: str | None = None,
                  device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
                  adaptive: bool = True, sampling_verifier: str = "rejection", trust_remote_code: bool = False,
-                 max_batch_for_drafting: int | None = None, **drafter_options):
+                 max_batch_for_drafting: int | None = None, acceptance: str = "exact", **drafter_options):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
-    with more running sequences than this draft nothing (SpeculationConfig)."""
+    with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
+    LOSSY rule for every request that drafts (config.Acceptance)."""
     from ..policy import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
     from ..drafters import create_drafter
@@ -21,7 +22,8 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     from ..models.loading import load_model
 
     speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
-                                    sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting)
+                                    sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting,
+                                    acceptance=acceptance)
     target = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend,
                         slots=slots)
     draft = None

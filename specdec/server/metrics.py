@@ -46,6 +46,10 @@ class ServerMetrics:
         self.accepted_at = Counter("specdec_accepted_tokens_per_position", "Draft tokens accepted at each draft "
                                    "position (acceptance at position i: accepted / drafted there)", ["position"],
                                    registry=r)
+        self.by_acceptance = Counter("specdec_generation_tokens_by_acceptance", "Tokens generated, by the acceptance "
+                                     "rule that made them: acceptance=\"exact\" (lossless) or a lossy rule "
+                                     "(lossy=\"true\", the text may differ from the model's own)",
+                                     ["acceptance", "lossy"], registry=r)
         self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
         self.mat = Gauge("specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)",
                          registry=r)
@@ -68,6 +72,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(m.prompt_tokens)
         self.cached_prompt_tokens.inc(m.cached_prompt_tokens)
         self.generation_tokens.inc(m.new_tokens)
+        self.by_acceptance.labels(m.acceptance, str(m.lossy).lower()).inc(m.new_tokens)
         self.drafted.inc(m.drafted_tokens)
         self.accepted.inc(m.accepted_tokens)
         self.steps.inc(m.steps)

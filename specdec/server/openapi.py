@@ -11,13 +11,16 @@ What JSON Schema cannot say is in the descriptions: a logit_bias key must be a t
 """
 from __future__ import annotations
 
-from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS
+from ..config import ACCEPTANCE_FORMS, MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS
 from .fields import MAX_LOGIT_BIAS, MAX_STOPS
 from .messages import ROLES
 from .schemas import FIELDS, IGNORED, NEUTRAL, Limits
 
 INT64_MAX = 2**63 - 1
 MAX_TOKENS = 10**7
+_FRACTION = r"0?\.[0-9]*[1-9][0-9]*"  # a decimal in (0, 1)
+# what config.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
+ACCEPTANCE_PATTERN = rf"^(exact|top-k:[1-9][0-9]{{0,17}}|threshold:({_FRACTION}|1(\.0*)?)|typical:{_FRACTION})$"
 
 
 def _integer(lo: int, hi: int, description: str = "") -> dict:
@@ -74,7 +77,9 @@ def _common(limits: Limits) -> dict:
             "drafter": {"type": "string", "enum": list(limits.drafters)},
             "num_speculative_tokens": _integer(0, 64),
             "sampling_verifier": {"type": "string", "enum": list(SAMPLING_VERIFIERS)},
-            "adaptive": BOOLEAN}),
+            "adaptive": BOOLEAN,
+            "acceptance": {"type": "string", "pattern": ACCEPTANCE_PATTERN,
+                           "description": f"{ACCEPTANCE_FORMS}; all but exact are LOSSY (default: the server's)"}}),
     }
 
 

@@ -5,7 +5,9 @@ on the streamed chunk that carries a choice's finish_reason, in a top-level `spe
 {"drafter", "num_speculative_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
  "mean_accepted_tokens", "verify_steps", "drafting_steps", "mean_acceptance_length"}, and "drafter_steps"
 ({name: steps}) for the select drafter; acceptance_rate, MAT (over all verify steps) and the mean acceptance
-length (1 + accepted / drafting steps, vLLM's figure) are null when nothing was drafted/verified.
+length (1 + accepted / drafting steps, vLLM's figure) are null when nothing was drafted/verified; "acceptance"
+(the rule: "exact", or a lossy one such as "top-k:4") and "lossy" (true when a lossy rule made the text, which may
+then differ from the model's own; false for exact speculation and for requests that drafted nothing).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def speculation(fins: Finished | list[Finished]) -> dict:
             "acceptance_rate": total.acceptance_rate, "mean_accepted_tokens": total.mean_accepted_tokens,
             "verify_steps": total.steps, "drafting_steps": total.drafting_steps,
             "mean_acceptance_length": total.mean_acceptance_length,
+            "acceptance": total.acceptance, "lossy": total.lossy,
             # steps drafted by each drafter the select drafter chose
             **({"drafter_steps": total.drafter_steps} if total.drafter_steps else {})}
 

@@ -8,13 +8,14 @@ calling by `tools` and `tool_choice` (chat; see tools.py).
 Extensions (as in vLLM): `top_k` (0 or -1: off), `min_p`, `repetition_penalty`, `ignore_eos`, `guided_json`,
 `guided_regex`, `guided_grammar` (Lark), and `speculation`: {"enabled": false} drafts nothing; {"drafter": NAME,
 "num_speculative_tokens": k} picks the drafter (one of Limits.drafters) and the most tokens drafted per step for
-this request.
+this request; {"acceptance": "exact" | "top-k:K" | "threshold:P" | "typical:EPS"} its acceptance rule (the last
+three are LOSSY, and labelled so in usage.speculation).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS, Constraint, GenerationConfig, SamplingConfig
+from ..config import MAX_TOP_LOGPROBS, SAMPLING_VERIFIERS, Acceptance, Constraint, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from ..structured import check
 from .errors import APIError, bad_request, model_not_found, unsupported
@@ -58,6 +59,7 @@ class SpeculationChoice:
     num_speculative_tokens: int | None = None  # None: the server's k
     sampling_verifier: str | None = None  # None: the server's ("rejection" or "coupled")
     adaptive: bool | None = None  # None: the server's; False drafts num_speculative_tokens every step
+    acceptance: str | None = None  # None: the server's; else "exact" or a lossy rule (config.Acceptance)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
     if not isinstance(value, dict):
         raise bad_request("'speculation' must be an object", "speculation", "invalid_type")
     for key in value:
-        if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier", "adaptive"):
+        if key not in ("enabled", "drafter", "num_speculative_tokens", "sampling_verifier", "adaptive", "acceptance"):
             raise unsupported(f"speculation.{key}")
     enabled = boolean(value, "enabled", True, "speculation.enabled")
     drafter = value.get("drafter", limits.default_drafter)
@@ -241,6 +243,19 @@ def _speculation(value, limits: Limits) -> SpeculationChoice:
         raise bad_request(f"'speculation.sampling_verifier' must be one of {', '.join(SAMPLING_VERIFIERS)}, got "
                           f"{verifier!r}", "speculation.sampling_verifier", "invalid_value")
     adaptive = boolean(value, "adaptive", None, "speculation.adaptive")
-    return SpeculationChoice(drafter if enabled else "none", k, verifier, adaptive)
+    return SpeculationChoice(drafter if enabled else "none", k, verifier, adaptive, _acceptance(value))
+
+
+def _acceptance(speculation: dict) -> str | None:
+    """speculation.acceptance as its canonical spec ("top-k:4"), None when absent; a bad one is a 400."""
+    value = speculation.get("acceptance")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request("'speculation.acceptance' must be a string", "speculation.acceptance", "invalid_type")
+    try:
+        return str(Acceptance.parse(value))
+    except ConfigError as exc:
+        raise bad_request(f"'speculation.acceptance': {exc}", "speculation.acceptance", "invalid_value") from None
 
 

@@ -66,7 +66,8 @@ class ServerState:
         w = self.worker
         status = "draining" if self.draining else "ok" if w.alive else "engine stopped"
         return {"status": status, "model": self.settings.model_name,
-                "drafter": w.default_drafter, "max_batch": self.settings.max_batch,
+                "drafter": w.default_drafter, "acceptance": str(w.engine.speculation.acceptance),
+                "lossy": w.engine.speculation.acceptance.lossy, "max_batch": self.settings.max_batch,
                 "prefix_cache": w.prefix_cache_entries, "max_context": w.decoder.target.info.max_context,
                 "running": w.running, "queued": w.queued, "free_slots": self.settings.max_batch - w.running,
                 "inflight": self.inflight, "capacity": self.capacity}

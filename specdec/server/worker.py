@@ -189,6 +189,8 @@ class EngineWorker:
             speculation = replace(speculation, sampling_verifier=request.speculation.sampling_verifier)
         if request.speculation.adaptive is not None:
             speculation = replace(speculation, adaptive=request.speculation.adaptive)
+        if request.speculation.acceptance is not None:  # a lossy one labels the response (usage.speculation)
+            speculation = replace(speculation, acceptance=request.speculation.acceptance)
         config = request.config
         if not request.max_tokens_given:  # a default length: clip it to the context left
             k = 0 if name == "none" else speculation.num_speculative_tokens

@@ -7,11 +7,17 @@ predicts the token after the context extended by d_0..d_{i-1}. A rule returns (n
   recovered - when n < k, `token` replaces the rejected d_n, drawn from the target alone;
   bonus     - when n == k, `token` is one more draw from row k, free of charge.
 Each step therefore emits n + 1 tokens. A step without drafts (k = 0, plain decoding) is the same rule: its
-one row gives the bonus token, the target's argmax or sample. Every rule in this package is lossless: the
-emitted tokens follow exactly the target's greedy choice or sampling distribution. (None is lossy.)
+one row gives the bonus token, the target's argmax or sample.
 
-`verify` picks the rule: greedy (temperature 0), coupled sampling or rejection sampling (SpeculationConfig's
-sampling_verifier), for a chain (here) or a tree (tree.py). The rules are pure functions of tensors.
+Lossless rules (the default, acceptance "exact"): the emitted tokens follow exactly the target's greedy choice or
+sampling distribution. Those here and in tree.py are all lossless.
+LOSSY rules (lossy.py, opt-in through SpeculationConfig.acceptance: top-k, threshold, typical) also accept drafts
+the target finds plausible without choosing them: faster, but the text is no longer the target's own, and every
+output made so is labelled lossy (metrics, CLI, bench JSON, server responses).
+
+`verify` picks the rule: a lossy one where asked; else greedy (temperature 0), coupled sampling or rejection
+sampling (SpeculationConfig's sampling_verifier), for a chain (here) or a tree (tree.py). The rules are pure
+functions of tensors.
 """
 from __future__ import annotations
 
@@ -20,8 +26,9 @@ from typing import Callable
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import EXACT, Acceptance, SamplingConfig
 from ..sampling import draw, probs_from_logits
+from .lossy import acceptable, lossy_verify
 from .tree import (tree_children, tree_coupled_verify, tree_depths, tree_greedy_verify, tree_mask,
                    tree_rejection_verify)
 
@@ -58,16 +65,20 @@ class Draft:
 
 
 def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
-           noise: Callable[[list[int]], torch.Tensor] | None = None) -> tuple[list[int], int]:
+           noise: Callable[[list[int]], torch.Tensor] | None = None,
+           acceptance: Acceptance = EXACT) -> tuple[list[int], int]:
     """(accepted path, next token) for a draft the target scored.
 
     draft: k tokens, a chain or a tree (k = 0: a plain step); logits: (k + 1, V), the target's logits of the scored
     rows after the request's penalties and constraint (logits.py); sampling: temperature 0 is greedy, else the
     sampler chain that forms p; generator: the request's random stream, for rejection sampling; noise: for coupled
     sampling, depths -> (len(depths), V) Gumbel noise of the rows that many tokens past the context (None:
-    rejection sampling). path: the accepted drafts' indices from the first on (a chain's: 0..n-1).
+    rejection sampling); acceptance: exact (lossless), or a LOSSY rule (lossy.py). path: the accepted drafts'
+    indices from the first on (a chain's: 0..n-1).
     Example (greedy): draft [5, 7, 9], argmax rows [5, 7, 2, 4] -> ([0, 1], 2).
     """
+    if acceptance.lossy and len(draft):  # without drafts every rule emits what the exact one does
+        return lossy_verify(draft.tokens, draft.parents, logits, sampling, acceptance, generator, noise)
     if draft.parents is not None:
         if sampling.greedy:
             return tree_greedy_verify(draft.tokens, draft.parents, logits)
@@ -148,5 +159,6 @@ def _longest_match(draft: torch.Tensor, choice: torch.Tensor) -> tuple[int, int]
     return n, int(choice[n])
 
 
-__all__ = ["Draft", "coupled_verify", "greedy_verify", "rejection_verify", "tree_children", "tree_coupled_verify",
-           "tree_depths", "tree_greedy_verify", "tree_mask", "tree_rejection_verify", "verify"]
+__all__ = ["Draft", "acceptable", "coupled_verify", "greedy_verify", "lossy_verify", "rejection_verify",
+           "tree_children", "tree_coupled_verify", "tree_depths", "tree_greedy_verify", "tree_mask",
+           "tree_rejection_verify", "verify"]

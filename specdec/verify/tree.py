@@ -3,7 +3,7 @@
 A tree draft: tokens (N,) and parents (N,) with parents[i] < i, -1 for children of the root. The target scores
 N + 1 rows: row 0 is the root (the last emitted token), row i + 1 is node i. A rule returns (path, token): the
 accepted nodes from the root down, and the token emitted after them (the p / q convention is the package's,
-specdec/verify/__init__.py). Every rule here is lossless.
+specdec/verify/__init__.py). Every rule here is lossless (lossy acceptance over trees: lossy.py).
 """
 from __future__ import annotations
 
