@@ -89,7 +89,7 @@ def run(args) -> int:
     if args.trace:
         decoder.trace_to(args.trace)
     name = args.served_model_name or model
-    settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
+    settings = ServerSettings(model_name=name, aliases=tuple(sorted({model, decoder.target.name} - {name})),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
                               default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
                               drafter_options=options, tool_parser=args.tool_call_parser,
