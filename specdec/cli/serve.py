@@ -22,6 +22,11 @@ def register(sub) -> None:
                         "shrinks, as vLLM's disable_by_batch_size (default: no limit; the draft-length policy decides)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a batch slot; beyond that the server answers 429 (default: 64)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="the most tokens one sequence holds (prompt, output and drafts), at most the model's context: "
+                        "each batch slot's KV cache holds N rows (reserved at start); a prompt that does not fit, or "
+                        "a max_tokens that does not fit with it, gets a 400 naming N (default: the model's context; "
+                        "in float32, smollm2-135m's 8192 take 377 MB a slot)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model, "
                                                              "or smollm2-135m)")
     p.add_argument("--default-max-tokens", type=int, default=256,
@@ -61,7 +66,7 @@ def run(args) -> int:
     from ..errors import ConfigError
 
     minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0,
-                "prefix_cache": 0, "speculation_max_batch": 1}
+                "prefix_cache": 0, "speculation_max_batch": 1, "max_context": 256}
     check_minimums(args, minimums)
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
@@ -84,7 +89,7 @@ def run(args) -> int:
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           max_batch_for_drafting=args.speculation_max_batch, **options)
+                           max_batch_for_drafting=args.speculation_max_batch, max_context=args.max_context, **options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)
@@ -96,7 +101,8 @@ def run(args) -> int:
                               logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
-          f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
+          f"max batch {args.max_batch}, context {decoder.target.info.max_context} tokens, prefix cache "
+          f"{args.prefix_cache if cached else 'off'}, "
           f"http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
           file=sys.stderr, flush=True)
     serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)

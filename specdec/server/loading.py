@@ -10,24 +10,29 @@ from __future__ import annotations
 def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: str | None = None,
                  device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
                  adaptive: bool = True, sampling_verifier: str = "rejection", trust_remote_code: bool = False,
-                 max_batch_for_drafting: int | None = None, **drafter_options):
+                 max_batch_for_drafting: int | None = None, max_context: int | None = None, **drafter_options):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
-    with more running sequences than this draft nothing (SpeculationConfig)."""
+    with more running sequences than this draft nothing (SpeculationConfig). max_context: the most tokens a sequence
+    holds (prompt, output, drafts), at most the model's context (default: the model's)."""
     from ..policy import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
     from ..drafters import create_drafter
     from ..engine import SpecDecoder
+    from ..errors import ConfigError
     from ..models.loading import load_model
 
     speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
                                     sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting)
     target = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend,
-                        slots=slots)
+                        slots=slots, max_context=max_context)
+    if max_context and max_context > target.info.max_context:
+        raise ConfigError(f"--max-context {max_context} is beyond the model's context of {target.info.max_context} "
+                          "tokens")
     draft = None
     if draft_model:
         draft = load_model(draft_model, device=str(target.info.device), dtype=str(target.info.dtype).split(".")[-1],
-                           trust_remote_code=trust_remote_code, slots=slots)
+                           trust_remote_code=trust_remote_code, slots=slots, max_context=max_context)
     made = create_drafter(drafter, target, draft_model=draft, trust_remote_code=trust_remote_code, **drafter_options)
     costs = CostModel(measure_verify_costs(target.backend))
     decoder = SpecDecoder(target, made, speculation, costs=costs)
