@@ -50,7 +50,9 @@ def register(sub) -> None:
                         "--data`; it holds the requests' text, so keep it private (docs/serving.md)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
+                   help="after SIGTERM, seconds the requests already admitted may take to finish (the server answers "
+                        "503 to new ones and /health says draining) before those left are ended with a 503 "
+                        "(default: 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.set_defaults(run=run)
