@@ -99,7 +99,10 @@ class FastLlama(PooledCaches, CausalLM):
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
         lengths = [ids.numel() for ids in input_ids]
         groups = _fitting_groups([c.length for c in caches], lengths, self.max_context)
-        if len(groups) > 1:  # padded to the longest row, the rows together would run past the cache's end
+        if len(groups) == 1:
+            groups = _padding_groups(lengths)
+        if len(groups) > 1:  # padded to the longest row, the rows together would run past the cache's end, or
+            # would mostly compute padding (prompts of unequal lengths)
             outs = {i: out for group in groups for i, out in zip(group, self.forward_batch(
                 [caches[i] for i in group], [input_ids[i] for i in group], output_hidden=output_hidden,
                 last_only=last_only, layers=layers))}
@@ -212,6 +215,25 @@ def _fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> lis
             groups.append(current)
             current = []
         current.append(i)
+    return groups + [current]
+
+
+PAD_WASTE_TOKENS = 32  # about what one more pass costs on a CPU (its weights read again), in token rows
+
+
+def _padding_groups(lengths: list[int], waste: int = PAD_WASTE_TOKENS) -> list[list[int]]:
+    """Rows in groups, by length, such that padding each group to its longest row adds at most `waste` token rows
+    per row that joins it: a batch pass over prompts of unequal lengths computes every row at the longest length,
+    and its attention takes the masked path (measured on a 2-core CPU, smollm2-135m: prompts of 100, 100 and 780
+    tokens took 20.6 s together and 6.8 s in passes apart). Verify passes (1 + k tokens a row) stay one group.
+    Example: lengths [780, 100, 9, 100] -> [[2], [1, 3], [0]]."""
+    groups, current, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if current and len(current) * (lengths[i] - longest) > waste:
+            groups.append(current)
+            current = []
+        current.append(i)
+        longest = lengths[i]
     return groups + [current]
 
 
