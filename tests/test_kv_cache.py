@@ -253,3 +253,29 @@ def test_prompts_of_unequal_lengths_are_prefilled_in_passes_apart_and_scored_as_
     passes.clear()
     backend.forward_batch(caches, [torch.randint(0, 60, (5,), generator=gen) for _ in caches])
     assert passes == [(3, 5)]
+
+
+def test_rows_in_scattered_slots_attend_over_their_own_cache_as_alone():
+    """Rows whose slots are not contiguous attend one by one over their own slot's cache, read in place (gathering
+    the slots copied every row's cache up to the longest row's end in each layer, half the soak's decode time); each
+    row's logits are those of its pass alone (to rounding: the matrix products see another batch size), for one
+    token and for a chain of drafts."""
+    from specdec.models.loading import make_backend
+    from specdec.models.loading import model_info as info_of
+
+    model = tiny_llama(seed=4, hidden=64, heads=4, kv_heads=2)
+    info = info_of("tiny", model, None, torch.device("cpu"), torch.float32)
+    backend = make_backend(model, info, "torch", slots=6, max_context=128)
+    gen = torch.Generator().manual_seed(2)
+    caches = [backend.new_cache() for _ in range(6)]
+    for cache, n in zip(caches, (7, 40, 3, 90, 12, 25)):
+        backend.forward(cache, torch.randint(0, 60, (n,), generator=gen))
+    rows = [caches[4], caches[1], caches[3]]  # scattered, out of order
+    for T in (1, 4):
+        inputs = [torch.randint(0, 60, (T,), generator=gen) for _ in rows]
+        outs = backend.forward_batch(rows, inputs)
+        for cache, ids, out in zip(rows, inputs, outs):
+            alone = backend.new_cache()
+            backend.copy_cache(cache, alone, cache.length - T)
+            torch.testing.assert_close(out.logits, backend.forward(alone, ids).logits, atol=1e-5, rtol=1e-5)
+            backend.release(alone)

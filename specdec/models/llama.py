@@ -137,6 +137,8 @@ class FastLlama(PooledCaches, CausalLM):
         contiguous = slots == list(range(slots[0], slots[0] + B))
         slot_t = torch.tensor(slots, device=device)
         mask = self._attention_mask(starts, T, end, tree_mask)  # (B, 1, T, end) or None
+        # rows in scattered slots attend one at a time, each as its pass alone would (_attention_by_row)
+        row_masks = None if contiguous else [self._attention_mask([s], T, s + T, None) for s in starts]
         cos = self.cos[positions].unsqueeze(1)  # (B, 1, T, hd)
         sin = self.sin[positions].unsqueeze(1)
         write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
@@ -162,10 +164,10 @@ class FastLlama(PooledCaches, CausalLM):
                 vc[slot_t[:, None], :, write_at] = v
             if contiguous:
                 keys, values = kc[slots[0]:slots[0] + B, :, :end], vc[slots[0]:slots[0] + B, :, :end]
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
+                                                      is_causal=mask is None and T > 1, enable_gqa=nkv != nh)
             else:
-                keys, values = kc[slot_t, :, :end], vc[slot_t, :, :end]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
-                                                  is_causal=mask is None and T > 1, enable_gqa=nkv != nh)
+                attn = _attention_by_row(q, kc, vc, slots, starts, row_masks, hd ** -0.5, nkv != nh)
             x = x + layer.o(attn.transpose(1, 2).reshape(B, T, nh * hd))
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h)
@@ -216,6 +218,19 @@ def _fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> lis
             current = []
         current.append(i)
     return groups + [current]
+
+
+def _attention_by_row(q, keys, values, slots: list[int], starts: list[int], masks: list, scale: float,
+                      gqa: bool) -> torch.Tensor:
+    """Attention (B, nh, T, hd) of each row of q (B, nh, T, hd) over its own slot's cached keys and values (S, nkv,
+    P, hd), read in place up to that row's end. Gathering scattered slots into one tensor would copy every row's
+    cache up to the longest row's end, in each layer (for 32 rows of 1k tokens in float32, 1.5 GB a step: half the
+    soak's decode time); each row's small pass here reads views and equals its pass alone."""
+    T = q.shape[2]
+    return torch.cat([F.scaled_dot_product_attention(
+        q[b:b + 1], keys[slot:slot + 1, :, :start + T], values[slot:slot + 1, :, :start + T], attn_mask=mask,
+        scale=scale, is_causal=mask is None and T > 1, enable_gqa=gqa)
+        for b, (slot, start, mask) in enumerate(zip(slots, starts, masks))])
 
 
 PAD_WASTE_TOKENS = 32  # about what one more pass costs on a CPU (its weights read again), in token rows
