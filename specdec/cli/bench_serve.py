@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help="prompts per run, round-robin across categories (default: 48, three waves at concurrency 16, "
                         "so that requests join and leave a running batch)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="max_tokens of every request (default: 128; --soak: 32, which a small CPU serves at 32 at once)")
+                   help="max_tokens of every request (default: 128; --soak: 16, which a small CPU serves at 32 at once)")
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
@@ -59,7 +59,7 @@ def register(sub) -> None:
 
 
 MODE_DEFAULTS = {  # (max_tokens, timeout, max_context) where not given
-    "load": (128, 600.0, None), "fuzz": (128, 30.0, None), "soak": (32, 120.0, 1024)}
+    "load": (128, 600.0, None), "fuzz": (128, 30.0, None), "soak": (16, 120.0, 1024)}
 
 
 def _fill_defaults(args, mode: str) -> None:
@@ -204,7 +204,7 @@ def _soak(args) -> int:
     from ..bench.prompts import load_prompts
     from ..bench.runner import machine_info
     from ..errors import ConfigError
-    from ..server.soak import long_prompt_words, soak
+    from ..server.soak import long_prompt_words, ordinary_prompts, soak
     from ..server.soak_report import plot, summarize
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -215,16 +215,19 @@ def _soak(args) -> int:
     context = server.health["max_context"]  # the server's real limit, --max-context or the model's
     try:
         long_words = asyncio.run(long_prompt_words(server.url, server.model, context, args.max_tokens, args.api_key))
-        results, memory = asyncio.run(soak(server.url, server.model, prompts, args.soak, levels[0], args.max_tokens,
-                                           long_words, args.api_key, args.timeout, args.seed))
+        ordinary = ordinary_prompts(prompts, long_words)
+        ramp_s = min(30.0, args.soak * 6)  # the client loops start over this many seconds
+        results, memory = asyncio.run(soak(server.url, server.model, ordinary, args.soak, levels[0], args.max_tokens,
+                                           long_words, args.api_key, args.timeout, args.seed, ramp_s=ramp_s))
     finally:
         server.stop()
     summary = summarize(results, memory, args.soak, warmup_s=min(60.0, args.soak * 60 / 4))
     summary["meta"] = {"url": server.where, "model": server.model, "drafter": server.health.get("drafter"),
                        "concurrency": levels[0], "max_tokens": args.max_tokens, "long_prompt_words": long_words,
-                       "client_timeout_s": args.timeout, "max_context": context,
+                       "client_timeout_s": args.timeout, "max_context": context, "ramp_s": ramp_s,
                        "max_batch": server.health.get("max_batch"), "capacity": server.health.get("capacity"),
-                       "prefix_cache": server.health.get("prefix_cache"), "prompts": len(prompts),
+                       "prefix_cache": server.health.get("prefix_cache"), "prompts": len(ordinary),
+                       "prompts_left_out_as_long": len(prompts) - len(ordinary),
                        "server_exit_status": server.exit_status, "client_machine": machine_info(),
                        "load_average_after": os.getloadavg()}
     totals = summary["totals"]

@@ -138,9 +138,12 @@ async def _attempt(client, url: str, kind: str, body: dict, stream: bool, t0: fl
 
 async def soak(url: str, model: str, prompts: list[str], minutes: float, concurrency: int, max_tokens: int = 32,
                long_words: int = 400, api_key: str | None = None, timeout: float = 120.0, seed: int = 0,
-               sample_every_s: float = 5.0) -> tuple[list[SoakResult], list[dict]]:
+               sample_every_s: float = 5.0, ramp_s: float | None = None) -> tuple[list[SoakResult], list[dict]]:
     """Runs the soak; returns (every request's result, memory samples {"t_s", "rss_bytes"}). timeout: the client's,
-    per request (see `one_request`)."""
+    per request (see `one_request`). ramp_s: the client loops start one after another over this many seconds
+    (default: a tenth of the run, at most 30 s), as load generators ramp up, rather than all in the same
+    instant: a first wave of `concurrency` prompts all prefilled at once would measure that instant, not the
+    steady load."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -150,8 +153,11 @@ async def soak(url: str, model: str, prompts: list[str], minutes: float, concurr
     t_start = time.perf_counter()
     end = t_start + minutes * 60
 
+    ramp_s = min(30.0, minutes * 6) if ramp_s is None else ramp_s
+
     async def client_loop(client, index: int):
         rng = random.Random(seed * 1000 + index)
+        await asyncio.sleep(ramp_s * index / concurrency)
         while time.perf_counter() < end:
             kind = rng.choice(KINDS)
             body, stream = request_body(kind, model, prompts, rng, max_tokens, long_words)
@@ -190,6 +196,19 @@ async def long_prompt_words(url: str, model: str, context: int, max_tokens: int,
     per_word = max(0.1, (counts[116] - counts[16]) / 100)
     overhead = counts[16] - 16 * per_word
     return max(16, int((fill * (context - max_tokens - margin) - overhead) / per_word))
+
+
+def ordinary_prompts(prompts: list[str], long_words: int) -> list[str]:
+    """The prompts the mix draws for every kind but "long": those of at most half a long prompt's words, so that
+    prompts near the context limit come as often as the mix says ("long", one kind in nine), not also with every
+    long document of the prompt file (Spec-Bench's summarization and RAG prompts fill 1k tokens too)."""
+    from ..errors import ConfigError
+
+    kept = [p for p in prompts if len(p.split()) <= long_words // 2]
+    if not kept:
+        raise ConfigError(f"no prompt of the prompt file has at most {long_words // 2} words (half of a long prompt "
+                          "at this context): give shorter prompts or a larger --max-context")
+    return kept
 
 
 async def resident_memory(client, url: str) -> int | None:
