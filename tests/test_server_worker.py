@@ -176,3 +176,49 @@ def test_a_request_may_ask_for_seed_stable_coupled_verification(decoder, verifie
         worker.stop()
     assert drafted > 0
     assert all(same) if verifier == "coupled" else not all(same)
+
+
+@pytest.mark.parametrize("cancelled,when", [("first", "before the prefill"), ("second", "before the prefill"),
+                                            ("second", "after the prefill")])
+def test_identical_prompts_together_with_one_cancelled_never_fail_the_others(decoder, cancelled, when):
+    """The issue that began the soak: identical prompts arriving together share one prefill (the first admitted
+    leads, the others copy its KV cache); one client disconnecting, and the lead ending in its first token (one
+    token asked), must never fail another request (the batch prefill used to copy the cache of a lead already
+    released, and the whole batch failed with a 500). Every request not cancelled gets its own greedy text."""
+    worker = EngineWorker(SpecDecoder(decoder.target, NgramDrafter(1, 3)), max_batch=4)
+    prompt = "the cat sat on the mat and the dog ran to the house"
+    lengths = {"first": 1, "second": 8, "third": 12, "fourth": 1}  # "first" leads; it and "fourth" end at once
+    events = {rid: submit(worker, rid, request(prompt, n)) for rid, n in lengths.items()}
+
+    def step():
+        worker._drain(block=False)
+        worker._admit()
+        if len(worker.engine):
+            worker._step()
+
+    worker._drain(block=False)
+    worker._admit()  # all four wait in the engine for one shared prefill
+    assert len(worker.engine.waiting) == 4
+    if when == "after the prefill":
+        worker._step()
+    worker.cancel(cancelled)
+    for _ in range(100):
+        step()
+        if not len(worker.engine) and not worker.pending:
+            break
+    got = {}
+    while True:
+        try:
+            rid, event = next((rid, q.get_nowait()) for rid, q in events.items() if not q.empty())
+        except StopIteration:
+            break
+        got.setdefault(rid, []).append(event)
+    assert not any(isinstance(e, Failed) for es in got.values() for e in es), got
+    alone = SpecDecoder(decoder.target, None, chat=False)
+    for rid, n in lengths.items():
+        if rid == cancelled:
+            assert not any(isinstance(e, Finished) for e in got.get(rid, [])) or when == "after the prefill"
+            continue
+        assert isinstance(got[rid][-1], Finished), (rid, got[rid])
+        text = "".join(e.text for e in got[rid] if isinstance(e, Delta))
+        assert text == alone.generate(prompt, max_new_tokens=n, ignore_eos=True).text, rid
