@@ -144,7 +144,8 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
     from specdec.server.state import ServerSettings, ServerState
 
     def limits(model: str) -> tuple:
-        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64, eos_token_ids=(1,)), tokenizer=None)
+        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64, eos_token_ids=(1,), max_context=512),
+                                 tokenizer=None)
         worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
         return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
 
@@ -222,3 +223,36 @@ def test_identical_prompts_together_with_one_cancelled_never_fail_the_others(dec
         assert isinstance(got[rid][-1], Finished), (rid, got[rid])
         text = "".join(e.text for e in got[rid] if isinstance(e, Delta))
         assert text == alone.generate(prompt, max_new_tokens=n, ignore_eos=True).text, rid
+
+
+def test_a_request_whose_constraint_cannot_go_on_fails_alone_with_a_400(tmp_path_factory):
+    """The fuzzer's 500 on smollm2-135m: a guided_regex needing a byte the vocabulary has no token for. It used to
+    raise in the batch's step, and the worker failed every request of the batch with a 500; now that request
+    alone gets a 400 (constraint_unsatisfiable) and the others in its batch their own text."""
+    from specdec.config import Constraint
+    from specdec.server.errors import APIError
+    from tiny import write_tiny_bpe_folder
+
+    folder = write_tiny_bpe_folder(tmp_path_factory.mktemp("gap") / "bpe", seed=0, missing="Ą")  # no byte 0x04
+    target = load_model(str(folder), dtype="float32", backend="torch")
+    worker = EngineWorker(SpecDecoder(target, NgramDrafter(1, 3)), max_batch=4)
+    prompt = "the cat sat on the mat"
+    plain = request(prompt, 8)
+    bad = GenerationRequest(endpoint="completions", model="tiny", prompt=prompt, max_tokens_given=True,
+                            config=GenerationConfig(max_new_tokens=8, constraint=Constraint("regex", "\x04x")),
+                            speculation=SpeculationChoice("ngram"), stream=False, include_usage=False)
+    events = {"before": submit(worker, "before", plain), "bad": submit(worker, "bad", bad),
+              "after": submit(worker, "after", request("the dog ran", 6))}
+    worker.start()
+    try:
+        got = {rid: until_end(q) for rid, q in events.items()}
+    finally:
+        worker.stop()
+    failure = got["bad"][-1]
+    assert isinstance(failure, Failed) and isinstance(failure.error, APIError)
+    assert failure.error.status == 400 and failure.error.code == "constraint_unsatisfiable"
+    alone = SpecDecoder(target, None, chat=False)
+    for rid, (text, n) in {"before": (prompt, 8), "after": ("the dog ran", 6)}.items():
+        assert isinstance(got[rid][-1], Finished), got[rid]
+        assert "".join(e.text for e in got[rid] if isinstance(e, Delta)) == alone.generate(
+            text, max_new_tokens=n, ignore_eos=True).text

@@ -239,6 +239,11 @@ class EngineWorker:
         live = self.live.get(event.request_id)
         if live is None:
             return
+        if event.error:  # its own step failed (its constraint cannot go on): it alone ends, with a 400
+            del self.live[event.request_id]
+            self._observe(event.state)
+            live.job.emit(Failed(bad_request(event.error, code="constraint_unsatisfiable")))
+            return
         state, new = event.state, event.new_tokens
         text, stopped = state.take_text(new)
         if stopped:  # free its slot now
