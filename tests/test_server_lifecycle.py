@@ -43,11 +43,11 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_folder):
 
 
 def test_a_drain_answers_503_to_newcomers_and_ends_what_outlives_the_timeout(tiny_folder):
-    """One batch slot, ten 500-token streams (about six seconds of work), SIGTERM once the first streams, a two-second
-    --shutdown-timeout: while draining the server still listens, /health answers 503 "draining" and a new request a
-    503 OpenAI error; by the deadline the requests admitted have either finished or been ended with a 503 (an HTTP
-    503, or an error event and [DONE] in a stream already begun), none is cut off without an answer, and the process
-    exits 0 soon after the deadline."""
+    """One batch slot, twenty 500-token streams (five to twelve seconds of work here), SIGTERM once the first
+    streams, a two-second --shutdown-timeout: while draining the server still listens, /health answers 503
+    "draining" and a new request a 503 OpenAI error; by the deadline the requests admitted have either finished or
+    been ended with a 503 (an HTTP 503, or an error event and [DONE] in a stream already begun), none is cut off
+    without an answer, and the process exits 0 soon after the deadline."""
     import asyncio
     import time
 
@@ -55,7 +55,8 @@ def test_a_drain_answers_503_to_newcomers_and_ends_what_outlives_the_timeout(tin
 
     timeout = 2.0
     server = ServerProcess(["--model", str(tiny_folder), "--dtype", "float32", "--threads", "1", "--served-model-name",
-                            "tiny", "--max-batch", "1", "--max-queue", "16", "--shutdown-timeout", str(timeout)]).start()
+                            "tiny", "--max-batch", "1", "--max-queue", "24",
+                            "--shutdown-timeout", str(timeout)]).start()
     body = {"model": "tiny", "prompt": "the", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True,
             "speculation": {"enabled": False}}
 
@@ -76,8 +77,8 @@ def test_a_drain_answers_503_to_newcomers_and_ends_what_outlives_the_timeout(tin
             first = asyncio.Event()
             streams = [asyncio.create_task(stream(client, first))]
             await asyncio.wait_for(first.wait(), 30)
-            streams += [asyncio.create_task(stream(client, first)) for _ in range(9)]
-            await asyncio.sleep(0.3)  # the nine are admitted and queue
+            streams += [asyncio.create_task(stream(client, first)) for _ in range(19)]
+            await asyncio.sleep(0.3)  # the others are admitted and queue
             signalled = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)

@@ -19,7 +19,8 @@ def register(sub) -> None:
                    help="prompts per run, round-robin across categories (default: 48, three waves at concurrency 16, "
                         "so that requests join and leave a running batch)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="max_tokens of every request (default: 128; --soak: 16, which a small CPU serves at 32 at once)")
+                   help="max_tokens of every request (default: 128; --soak: 16, which a small CPU serves at 32 "
+                        "at once)")
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
@@ -39,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="serve --max-context of the server started here (default: the model's; --soak: 1024)")
     p.add_argument("--max-batch", type=int, default=None, metavar="N",
-                   help="serve --max-batch of the server started here (default: the highest --concurrency)")
+                   help="serve --max-batch of the server started here (default: the highest --concurrency; --fuzz: 4)")
     p.add_argument("--max-queue", type=int, default=None, metavar="N",
                    help="serve --max-queue of the server started here (default: serve's, 64)")
     p.add_argument("--fuzz", type=int, default=0, metavar="N",
@@ -178,7 +179,7 @@ def _fuzz(args) -> int:
     require_extra("schemathesis", "dev", "--fuzz")
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
-    server = _Server(args, 4)
+    server = _Server(args, args.max_batch or 4)
     started = time.perf_counter()
     try:
         report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
