@@ -10,7 +10,7 @@ from typing import Iterator
 
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter
-from .errors import ConfigError
+from .errors import ConfigError, ConstraintError
 from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
 from .policy import CostModel, measure_verify_costs
@@ -216,6 +216,8 @@ class SpecDecoder:
                 i, ids = pending.pop(0)
                 engine.add(i, ids, cfg)
             for event in engine.step():
+                if event.error:
+                    raise ConstraintError(event.error)
                 state = event.state
                 _, stopped = state.take_text(event.new_tokens)
                 if stopped:  # free its slot now (a no-op when the engine already ended it)
@@ -253,6 +255,8 @@ class SpecDecoder:
         try:
             while not state.finished:
                 for event in engine.step():
+                    if event.error:
+                        raise ConstraintError(event.error)
                     yield event.new_tokens
         finally:
             self.end(state)

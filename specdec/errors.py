@@ -25,3 +25,8 @@ class IncompatibleDraftError(SpecdecError):
 
 class ContextLengthError(SpecdecError, ValueError):
     """The prompt plus the requested tokens do not fit the model's context."""
+
+
+class ConstraintError(SpecdecError):
+    """A structured-output constraint that cannot go on with this model's tokenizer: the matcher refused a token its
+    own mask allowed (a text that needs a byte the vocabulary has no token for). It ends that request alone."""

@@ -42,8 +42,9 @@ class Request:
             raise ConfigError("the prompt is empty")
         if self.prompt_len + config.max_new_tokens + self.k_max + 1 > info.max_context:
             room = f" and room for {self.k_max + 1} draft tokens" if self.k_max else ""
-            raise ContextLengthError(f"prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens})"
-                                     f"{room} exceeds the model's context of {info.max_context} tokens")
+            what = f"the prompt ({self.prompt_len} tokens)" if self.prompt_len + 2 > info.max_context else \
+                f"the prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}){room}"
+            raise ContextLengthError(f"{what} exceeds the context of {info.max_context} tokens")
         sampling = config.sampling
         if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
             raise ConfigError(f"logit_bias names a token id outside the vocabulary [0, {info.vocab_size})")

@@ -22,6 +22,7 @@ import torch
 
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Budget, Drafter, DraftRequest
+from .errors import ConstraintError
 from .policy import CostModel, choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
@@ -34,8 +35,9 @@ class StepEvent:
 
     request_id: object
     new_tokens: list[int]
-    finished: str = ""  # "", "stop" or "length"
+    finished: str = ""  # "", "stop", "length", or "error" (the request's own step failed: see `error`)
     state: Request | None = field(default=None, repr=False)
+    error: str = ""  # why a request ended in error (a ConstraintError), for it alone
 
 
 class BatchEngine:
@@ -114,10 +116,8 @@ class BatchEngine:
         seconds = time.perf_counter() - t0
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
-        for rid, request, draft, out in zip(ids, requests, drafts, outputs):
-            new = self._verify(request, draft, out.logits, out.hidden, seconds)
-            events.append(self._event(rid, request, new))
-        return events
+        return events + [self._outcome(rid, r, lambda: self._verify(r, draft, out.logits, out.hidden, seconds))
+                         for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
 
     def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
         """Each request's draft length this step: 0 without a drafter, and for every request when the batch is over
@@ -193,9 +193,9 @@ class BatchEngine:
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
                     copy(lead.cache, request.cache)
                 for rid, request in members:
-                    new = self._first_token(request, out.logits, out.hidden, seconds)
                     self.running[rid] = request
-                    events.append(self._event(rid, request, new))
+                    events.append(self._outcome(rid, request, lambda: self._first_token(request, out.logits,
+                                                                                        out.hidden, seconds)))
         return events
 
     def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
@@ -217,11 +217,20 @@ class BatchEngine:
         _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
         return request.take_first(token, last, processed, seconds)
 
-    def _event(self, rid, request: Request, new: list[int]) -> StepEvent:
+    def _outcome(self, rid, request: Request, take: Callable[[], list[int]]) -> StepEvent:
+        """The step's event for one request, whose new tokens take() chooses; a ConstraintError there ends that
+        request alone (finished "error"), never the batch."""
+        try:
+            return self._event(rid, request, take())
+        except ConstraintError as exc:
+            request.finished = "error"
+            return self._event(rid, request, [], str(exc))
+
+    def _event(self, rid, request: Request, new: list[int], error: str = "") -> StepEvent:
         if request.finished:
             self.running.pop(rid, None)
             close_request(self.backend, request)
-        return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request)
+        return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request, error=error)
 
 
 # ---- a request's KV cache and drafter, from its start to its end ------------------------------------------

@@ -14,7 +14,7 @@ from functools import lru_cache
 import torch
 
 from .config import Constraint
-from .errors import ConfigError
+from .errors import ConfigError, ConstraintError
 
 # JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), unless the schema's "x-guidance" says otherwise: with any
 # whitespace allowed, small models tend to fill objects with runs of spaces and newlines.
@@ -117,7 +117,8 @@ class ConstraintState:
         """Consumes an emitted token (one its row's mask allowed); True once the text is complete (nothing but the
         end of the sequence may follow)."""
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the constraint refused an emitted token: {self.matcher.get_error()}")
+            error = next((line for line in self.matcher.get_error().splitlines() if line.strip()), "")
+            raise ConstraintError(f"the output constraint cannot be followed with this model's tokenizer: {error}")
         return self.matcher.is_stopped()
 
 

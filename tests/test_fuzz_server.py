@@ -1,12 +1,19 @@
 """Fuzzing the server: hundreds of requests hypothesis writes, valid, invalid and hostile, against a real server
 process; every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error, never a 5xx or a hang, and the server
-keeps serving. (`specdec bench-serve --fuzz N` runs thousands.)"""
+keeps serving. (`specdec bench-serve --fuzz N` runs thousands.) A seed writes the same requests in every run, so
+that a new edge case fails a change that brings it, not a later run that happens to draw it."""
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("hypothesis")
+httpx = pytest.importorskip("httpx")
 
-from specdec.bench.fuzz import FuzzRequest, fuzz, problem  # noqa: E402
+from specdec.bench.fuzz import FuzzRequest, digest, drawn, fuzz, problem  # noqa: E402
+from specdec.server.openapi import document  # noqa: E402
+from specdec.server.schemas import Limits  # noqa: E402
 from specdec.server.process import ServerProcess  # noqa: E402
 from tiny import write_tiny_model_folder  # noqa: E402
 
@@ -23,7 +30,39 @@ def server(tmp_path_factory):
 def test_hundreds_of_fuzzed_requests_get_only_2xx_or_4xx_answers(server):
     report = fuzz(server.url, "tiny", count=300, seed=1, timeout=60, stop_at_first=True)
     assert report.requests == 300 and not report.problems, report.problems
+    served = httpx.get(server.url + "/openapi.json").json()
+    assert report.as_dict()["requests_digest"] == digest(drawn(served, 300, seed=1))  # what it drew, and no more
     assert report.by_status.get("2xx", 0) > 30 and report.by_status.get("4xx", 0) > 30  # both kinds exercised
+
+
+DRAW = """
+import sys
+for module in sys.argv[2:]:
+    __import__(module)
+from specdec.bench.fuzz import digest, drawn
+from specdec.server.openapi import document
+from specdec.server.schemas import Limits
+limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
+print(digest(drawn(document(limits, "test"), 200, int(sys.argv[1]))))
+"""
+
+
+def _drawn_in_a_new_process(seed: int, *imported: str) -> str:
+    out = subprocess.run([sys.executable, "-c", DRAW, str(seed), *imported], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_a_seed_draws_the_same_requests_in_every_process():
+    """hypothesis also draws constants it finds in the source of the modules a process has loaded: a process that
+    has imported more of specdec (a pytest-xdist worker that ran other tests first) drew other requests from the same
+    seed. Now it draws the same ones as a bare process; another seed draws others. (The fuzz test above checks that
+    what a run sent is what `drawn` draws.)"""
+    bare = _drawn_in_a_new_process(1)
+    assert _drawn_in_a_new_process(1, "specdec.server.app", "specdec.server.soak", "specdec.cli.train") == bare
+    limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
+    assert digest(drawn(document(limits, "test"), 200, 2)) != bare  # the digest tells seeds apart
 
 
 def test_the_checks_catch_what_they_are_for():

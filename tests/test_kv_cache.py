@@ -214,3 +214,68 @@ def test_ragged_rows_that_fit_alone_fit_in_one_batched_call():
         backend.copy_cache(cache, alone, cache.length - len(ids))
         torch.testing.assert_close(out.logits, backend.forward(alone, ids).logits, atol=1e-5, rtol=1e-5)
         backend.release(alone)
+
+
+@pytest.mark.parametrize("lengths", [[780, 100, 9, 100], [9] * 8, [1, 9, 5, 9, 2], [60, 90, 400, 780, 61], [5]])
+def test_padding_groups_keep_each_row_once_and_bound_the_padding(lengths):
+    from specdec.models.llama import PAD_WASTE_TOKENS, _padding_groups
+
+    groups = _padding_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:  # each row that joined a group padded the rows before it by at most the allowance
+        ordered = sorted(lengths[i] for i in group)
+        assert all(j * (ordered[j] - ordered[j - 1]) <= PAD_WASTE_TOKENS for j in range(1, len(ordered)))
+    for earlier, later in zip(groups, groups[1:]):  # a group is split off only where joining would pad too much
+        assert len(earlier) * (min(lengths[i] for i in later) - max(lengths[i] for i in earlier)) > PAD_WASTE_TOKENS
+
+
+def test_prompts_of_unequal_lengths_are_prefilled_in_passes_apart_and_scored_as_alone():
+    """A batched prefill of a short and a long prompt would compute the short one at the long one's length (3x the
+    time on a CPU); the torch backend runs them in two passes, each scored as alone; equal verify rows stay one."""
+    from specdec.models.loading import make_backend
+    from specdec.models.loading import model_info as info_of
+
+    model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
+    info = info_of("tiny", model, None, torch.device("cpu"), torch.float32)
+    backend = make_backend(model, info, "torch", slots=4, max_context=256)
+    passes = []
+    forward = backend._forward
+    backend._forward = lambda caches, ids, *a, **kw: passes.append(tuple(ids.shape)) or forward(caches, ids, *a, **kw)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 60, (n,), generator=gen) for n in (12, 150, 13)]
+    caches = [backend.new_cache() for _ in prompts]
+    outs = backend.forward_batch(caches, prompts)
+    assert sorted(passes) == [(1, 150), (2, 13)]
+    for ids, out in zip(prompts, outs):
+        alone = backend.new_cache()
+        torch.testing.assert_close(out.logits, backend.forward(alone, ids).logits, atol=1e-5, rtol=1e-5)
+        backend.release(alone)
+    passes.clear()
+    backend.forward_batch(caches, [torch.randint(0, 60, (5,), generator=gen) for _ in caches])
+    assert passes == [(3, 5)]
+
+
+def test_rows_in_scattered_slots_attend_over_their_own_cache_as_alone():
+    """Rows whose slots are not contiguous attend one by one over their own slot's cache, read in place (gathering
+    the slots copied every row's cache up to the longest row's end in each layer, half the soak's decode time); each
+    row's logits are those of its pass alone (to rounding: the matrix products see another batch size), for one
+    token and for a chain of drafts."""
+    from specdec.models.loading import make_backend
+    from specdec.models.loading import model_info as info_of
+
+    model = tiny_llama(seed=4, hidden=64, heads=4, kv_heads=2)
+    info = info_of("tiny", model, None, torch.device("cpu"), torch.float32)
+    backend = make_backend(model, info, "torch", slots=6, max_context=128)
+    gen = torch.Generator().manual_seed(2)
+    caches = [backend.new_cache() for _ in range(6)]
+    for cache, n in zip(caches, (7, 40, 3, 90, 12, 25)):
+        backend.forward(cache, torch.randint(0, 60, (n,), generator=gen))
+    rows = [caches[4], caches[1], caches[3]]  # scattered, out of order
+    for T in (1, 4):
+        inputs = [torch.randint(0, 60, (T,), generator=gen) for _ in rows]
+        outs = backend.forward_batch(rows, inputs)
+        for cache, ids, out in zip(rows, inputs, outs):
+            alone = backend.new_cache()
+            backend.copy_cache(cache, alone, cache.length - T)
+            torch.testing.assert_close(out.logits, backend.forward(alone, ids).logits, atol=1e-5, rtol=1e-5)
+            backend.release(alone)

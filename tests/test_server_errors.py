@@ -40,7 +40,8 @@ CASES = [  # (path, body: dict merged into a valid one, or raw bytes; status, er
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, BAD, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 10**6]}, 400, BAD, "prompt"),
     ("/v1/completions", {"prompt": LONG}, 400, BAD, "prompt"),
-    ("/v1/completions", {"max_tokens": 10_000}, 400, BAD, "prompt"),
+    ("/v1/completions", {"max_tokens": 10_000}, 400, BAD, "max_tokens"),  # beyond any prompt's room: refused at once
+    ("/v1/completions", {"max_tokens": 505}, 400, BAD, "prompt"),  # with this prompt and the drafts
     ("/v1/completions", {"max_tokens": 0}, 400, BAD, "max_tokens"),
     ("/v1/completions", {"max_tokens": "8"}, 400, BAD, "max_tokens"),
     ("/v1/completions", {"max_tokens": 2.5}, 400, BAD, "max_tokens"),
@@ -149,4 +150,5 @@ def test_a_full_server_answers_429_and_recovers(server):
 
     second, third = asyncio.run(scenario())
     assert second.status_code == 429 and second.json()["error"]["type"] == "rate_limit_error"
+    assert int(second.headers["retry-after"]) >= 1
     assert third.status_code == 200

@@ -144,7 +144,8 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
     from specdec.server.state import ServerSettings, ServerState
 
     def limits(model: str) -> tuple:
-        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64, eos_token_ids=(1,)), tokenizer=None)
+        target = SimpleNamespace(name=model, info=SimpleNamespace(vocab_size=64, eos_token_ids=(1,), max_context=512),
+                                 tokenizer=None)
         worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
         return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
 
@@ -176,3 +177,82 @@ def test_a_request_may_ask_for_seed_stable_coupled_verification(decoder, verifie
         worker.stop()
     assert drafted > 0
     assert all(same) if verifier == "coupled" else not all(same)
+
+
+@pytest.mark.parametrize("cancelled,when", [("first", "before the prefill"), ("second", "before the prefill"),
+                                            ("second", "after the prefill")])
+def test_identical_prompts_together_with_one_cancelled_never_fail_the_others(decoder, cancelled, when):
+    """The issue that began the soak: identical prompts arriving together share one prefill (the first admitted
+    leads, the others copy its KV cache); one client disconnecting, and the lead ending in its first token (one
+    token asked), must never fail another request (the batch prefill used to copy the cache of a lead already
+    released, and the whole batch failed with a 500). Every request not cancelled gets its own greedy text."""
+    worker = EngineWorker(SpecDecoder(decoder.target, NgramDrafter(1, 3)), max_batch=4)
+    prompt = "the cat sat on the mat and the dog ran to the house"
+    lengths = {"first": 1, "second": 8, "third": 12, "fourth": 1}  # "first" leads; it and "fourth" end at once
+    events = {rid: submit(worker, rid, request(prompt, n)) for rid, n in lengths.items()}
+
+    def step():
+        worker._drain(block=False)
+        worker._admit()
+        if len(worker.engine):
+            worker._step()
+
+    worker._drain(block=False)
+    worker._admit()  # all four wait in the engine for one shared prefill
+    assert len(worker.engine.waiting) == 4
+    if when == "after the prefill":
+        worker._step()
+    worker.cancel(cancelled)
+    for _ in range(100):
+        step()
+        if not len(worker.engine) and not worker.pending:
+            break
+    got = {}
+    while True:
+        try:
+            rid, event = next((rid, q.get_nowait()) for rid, q in events.items() if not q.empty())
+        except StopIteration:
+            break
+        got.setdefault(rid, []).append(event)
+    assert not any(isinstance(e, Failed) for es in got.values() for e in es), got
+    alone = SpecDecoder(decoder.target, None, chat=False)
+    for rid, n in lengths.items():
+        if rid == cancelled:
+            assert not any(isinstance(e, Finished) for e in got.get(rid, [])) or when == "after the prefill"
+            continue
+        assert isinstance(got[rid][-1], Finished), (rid, got[rid])
+        text = "".join(e.text for e in got[rid] if isinstance(e, Delta))
+        assert text == alone.generate(prompt, max_new_tokens=n, ignore_eos=True).text, rid
+
+
+def test_a_request_whose_constraint_cannot_go_on_fails_alone_with_a_400(tmp_path_factory):
+    """The fuzzer's 500 on smollm2-135m: a guided_regex needing a byte the vocabulary has no token for. It used to
+    raise in the batch's step, and the worker failed every request of the batch with a 500; now that request
+    alone gets a 400 (constraint_unsatisfiable) and the others in its batch their own text."""
+    from specdec.config import Constraint
+    from specdec.server.errors import APIError
+    from tiny import write_tiny_bpe_folder
+
+    folder = write_tiny_bpe_folder(tmp_path_factory.mktemp("gap") / "bpe", seed=0, missing="Ą")  # no byte 0x04
+    target = load_model(str(folder), dtype="float32", backend="torch")
+    worker = EngineWorker(SpecDecoder(target, NgramDrafter(1, 3)), max_batch=4)
+    prompt = "the cat sat on the mat"
+    plain = request(prompt, 8)
+    bad = GenerationRequest(endpoint="completions", model="tiny", prompt=prompt, max_tokens_given=True,
+                            config=GenerationConfig(max_new_tokens=8, constraint=Constraint("regex", "\x04x")),
+                            speculation=SpeculationChoice("ngram"), stream=False, include_usage=False)
+    events = {"before": submit(worker, "before", plain), "bad": submit(worker, "bad", bad),
+              "after": submit(worker, "after", request("the dog ran", 6))}
+    worker.start()
+    try:
+        got = {rid: until_end(q) for rid, q in events.items()}
+    finally:
+        worker.stop()
+    failure = got["bad"][-1]
+    assert isinstance(failure, Failed) and isinstance(failure.error, APIError)
+    assert failure.error.status == 400 and failure.error.code == "constraint_unsatisfiable"
+    alone = SpecDecoder(target, None, chat=False)
+    for rid, (text, n) in {"before": (prompt, 8), "after": ("the dog ran", 6)}.items():
+        assert isinstance(got[rid][-1], Finished), got[rid]
+        assert "".join(e.text for e in got[rid] if isinstance(e, Delta)) == alone.generate(
+            text, max_new_tokens=n, ignore_eos=True).text

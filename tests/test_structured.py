@@ -233,3 +233,26 @@ def test_server_response_format_and_guided_fields(server, target):
     assert error({"guided_regex": "[a-"}) == (400, "guided_regex")
     assert error({"guided_regex": "a", "guided_json": SCHEMA}) == (400, "guided_regex")
     assert error({"guided_grammar": 7}) == (400, "guided_grammar")
+
+
+GAP = "Ą"  # byte 0x04 as byte-level BPE writes it; SmolLM2's vocabulary has no token for it
+UNFOLLOWABLE = "\x04\u00ca"  # a regex (a literal) whose first byte no token of such a vocabulary spells
+
+
+@pytest.fixture(scope="module")
+def gap_folder(tmp_path_factory):
+    from tiny import write_tiny_bpe_folder
+
+    return write_tiny_bpe_folder(tmp_path_factory.mktemp("gap") / "bpe", seed=0, missing=GAP)
+
+
+def test_a_constraint_the_vocabulary_cannot_spell_is_a_one_line_error(gap_folder):
+    """The fuzzer's 500 on smollm2-135m: a regex needing byte 0x04, which the vocabulary has no token for;
+    llguidance's mask still allows a token, then refuses it. It ends the request with a ConstraintError, one line."""
+    from specdec.errors import ConstraintError
+
+    decoder = SpecDecoder(load_model(str(gap_folder), dtype="float32", backend="torch"), NgramDrafter(1, 3), chat=False)
+    with pytest.raises(ConstraintError, match="cannot be followed with this model's tokenizer") as caught:
+        decoder.generate("the cat", max_new_tokens=4, regex=UNFOLLOWABLE)
+    assert "\n" not in str(caught.value)
+    assert decoder.generate("the cat", max_new_tokens=3, ignore_eos=True).token_ids  # the decoder goes on

@@ -103,9 +103,10 @@ def write_tiny_model_folder(folder: Path, seed: int = 0, words: list[str] = WORD
     return folder
 
 
-def write_tiny_bpe_folder(folder: Path, seed: int = 0, hidden: int = 64) -> Path:
+def write_tiny_bpe_folder(folder: Path, seed: int = 0, hidden: int = 64, missing: str = "") -> Path:
     """Like write_tiny_model_folder, with a byte-level BPE tokenizer (as GPT-2's, Llama 3's and SmolLM2's) trained on
-    a few sentences and JSON snippets: the kind structured output (llguidance) reads token bytes from."""
+    a few sentences and JSON snippets: the kind structured output (llguidance) reads token bytes from. missing: the
+    byte-level characters its vocabulary lacks (SmolLM2's lacks some control bytes, such as 0x04, "Ą")."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -115,8 +116,9 @@ def write_tiny_bpe_folder(folder: Path, seed: int = 0, hidden: int = 64) -> Path
     core.decoder = decoders.ByteLevel()
     corpus = [" ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(12)) + f' {{"name": "{WORDS[i % 40]}", '
               f'"age": {i}, "tags": ["a", "b"]}}' for i in range(300)]
+    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in missing]
     core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+                                                         initial_alphabet=alphabet))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                                "{% if add_generation_prompt %}<|assistant|> {% endif %}")

@@ -7,13 +7,17 @@ bodies that are not JSON objects at all, every GET path it names, and paths and 
 each answer must keep (`problem`): a 2xx in OpenAI's shape (a stream of well-formed events ending in [DONE]), or a
 4xx with an OpenAI error object; never a 5xx, a malformed body, or no answer within the timeout; and the server
 serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
+
+A seed writes the same requests in every process (`drawn`; the report's digest): see bench/seeded.py.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from .seeded import run_seeded
 
 GENERATION = ("/v1/completions", "/v1/chat/completions")
 
@@ -30,9 +34,11 @@ class FuzzReport:
     requests: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)  # the first ones, with their requests
+    hash: object = field(default_factory=hashlib.sha256, repr=False)  # of every request sent, in order
 
     def add(self, request: FuzzRequest, status: int | None, issue: str | None) -> None:
         self.requests += 1
+        self.hash.update(_identity(request))
         key = "no answer" if status is None else f"{status // 100}xx"
         self.by_status[key] = self.by_status.get(key, 0) + 1
         if issue and len(self.problems) < 20:
@@ -40,8 +46,20 @@ class FuzzReport:
                                   "body": (request.body or b"")[:500].decode("utf-8", "replace")})
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "by_status": self.by_status, "problems": len(self.problems),
-                "first_problems": self.problems}
+        return {"requests": self.requests, "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status,
+                "problems": len(self.problems), "first_problems": self.problems}
+
+
+def _identity(request: FuzzRequest) -> bytes:
+    return json.dumps([request.method, request.path, (request.body or b"").hex()]).encode() + b"\n"
+
+
+def digest(requests: list[FuzzRequest]) -> str:
+    """A short digest of requests in order: equal for the same requests (FuzzReport's requests_digest)."""
+    out = hashlib.sha256()
+    for request in requests:
+        out.update(_identity(request))
+    return out.hexdigest()[:16]
 
 
 # the fuzzer keeps generations short and bodies small: the schema's ranges are the server's, these are the run's
@@ -94,7 +112,8 @@ def requests(document: dict):
         return st.tuples(bodies, changes).map(lambda pair: {**pair[0], **dict(pair[1])})
 
     document = fuzz_document(document)
-    schema = schemathesis.openapi.from_dict(document)
+    # the default configuration, not a schemathesis.toml found above the working directory
+    schema = schemathesis.openapi.from_dict(document, config=schemathesis.config.SchemathesisConfig())
     posts = []
     for path, operations in document["paths"].items():
         if "post" not in operations:
@@ -180,13 +199,19 @@ def _stream_problem(body: bytes) -> str | None:
     return None
 
 
+def drawn(document: dict, count: int, seed: int = 0) -> list[FuzzRequest]:
+    """The `count` requests that fuzz() sends a server with this OpenAPI document for `seed` (without one)."""
+    out: list[FuzzRequest] = []
+    run_seeded(requests(document), count, seed, False, out.append)
+    return out
+
+
 def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = None, timeout: float = 60.0,
          stop_at_first: bool = False) -> FuzzReport:
-    """Sends `count` requests hypothesis writes (seeded) to the server at `url`, one at a time; with
-    stop_at_first, the first problem raises AssertionError (hypothesis then shrinks it to a smallest request)."""
+    """Sends `count` requests hypothesis writes (seeded: the same in every run) to the server at `url`, one at a
+    time; with stop_at_first, the first problem raises AssertionError (hypothesis then shrinks it to a smallest
+    request)."""
     import httpx
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
 
     report = FuzzReport()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -198,10 +223,6 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
         raise ConfigError(f"{url}/openapi.json answered {document.status_code}: the fuzzer writes its requests "
                            "from the server's OpenAPI document")
 
-    @hypothesis_seed(seed)
-    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck),
-              phases=list(Phase) if stop_at_first else [Phase.generate])
-    @given(requests(document.json()))
     def one(request: FuzzRequest) -> None:
         try:
             answer = client.request(request.method, request.path, content=request.body,
@@ -215,7 +236,7 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
             raise AssertionError(f"{request.method} {request.path} {request.body!r}: {issue}")
 
     try:
-        one()
+        run_seeded(requests(document.json()), count, seed, stop_at_first, one)
         alive = client.get("/health")
         if alive.status_code != 200:
             report.problems.append({"problem": f"/health answered {alive.status_code} after the run"})

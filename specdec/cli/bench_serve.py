@@ -18,7 +18,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=48,
                    help="prompts per run, round-robin across categories (default: 48, three waves at concurrency 16, "
                         "so that requests join and leave a running batch)")
-    p.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request (default: 128)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="max_tokens of every request (default: 128; --soak: 16, which a small CPU serves at 32 "
+                        "at once)")
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
@@ -32,7 +34,15 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")
     p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
                    help="prefix cache entries of the server started here (0: off; default: 16, as `specdec serve`)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before it counts as failed")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="the client's seconds per request: a request with no answer by then is failed (--soak: lost; "
+                        "from its first attempt, 429 retries included) (default: 600; --fuzz: 30; --soak: 120)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="serve --max-context of the server started here (default: the model's; --soak: 1024)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="serve --max-batch of the server started here (default: the highest --concurrency; --fuzz: 4)")
+    p.add_argument("--max-queue", type=int, default=None, metavar="N",
+                   help="serve --max-queue of the server started here (default: serve's, 64)")
     p.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="instead of the load test, send N requests hypothesis writes from the server's OpenAPI "
                         "document (valid, invalid and hostile) one at a time, and check every answer is a 2xx in OpenAI's shape or a 4xx OpenAI error "
@@ -49,12 +59,24 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+MODE_DEFAULTS = {  # (max_tokens, timeout, max_context) where not given
+    "load": (128, 600.0, None), "fuzz": (128, 30.0, None), "soak": (16, 120.0, 1024)}
+
+
+def _fill_defaults(args, mode: str) -> None:
+    max_tokens, timeout, max_context = MODE_DEFAULTS[mode]
+    args.max_tokens = max_tokens if args.max_tokens is None else args.max_tokens
+    args.timeout = timeout if args.timeout is None else args.timeout
+    args.max_context = max_context if args.max_context is None else args.max_context
+
+
 def _server_args(args, max_batch: int) -> list[str]:
     out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
            args.device, "--backend", args.backend, "--max-batch", str(max_batch), "--prefix-cache",
            str(args.prefix_cache), "--log-level", "warning"]
-    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads)):
-        if value:
+    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads),
+                        ("--max-context", args.max_context), ("--max-queue", args.max_queue)):
+        if value is not None:
             out += [flag, str(value)]
     return out
 
@@ -95,6 +117,8 @@ def run(args) -> int:
     from ..server.bench_report import markdown
     from ..server.loadgen import MODES, floors, run_level, summarize
 
+    mode = "fuzz" if args.fuzz else "soak" if args.soak else "load"
+    _fill_defaults(args, mode)
     if args.fuzz:
         return _fuzz(args)
     if args.soak:
@@ -105,7 +129,7 @@ def run(args) -> int:
         raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
-    server = _Server(args, max(levels))
+    server = _Server(args, args.max_batch or max(levels))
     url, model, health = server.url, server.model, server.health
     try:
         common = dict(max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
@@ -155,7 +179,7 @@ def _fuzz(args) -> int:
     require_extra("schemathesis", "dev", "--fuzz")
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
-    server = _Server(args, 4)
+    server = _Server(args, args.max_batch or 4)
     started = time.perf_counter()
     try:
         report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
@@ -176,33 +200,43 @@ def _fuzz(args) -> int:
 
 def _soak(args) -> int:
     import asyncio
+    import os
 
     from ..bench.prompts import load_prompts
     from ..bench.runner import machine_info
     from ..errors import ConfigError
-    from ..server.soak import plot, soak, summarize
+    from ..server.soak import long_prompt_words, ordinary_prompts, soak
+    from ..server.soak_report import plot, summarize
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if args.soak <= 0 or len(levels) != 1 or levels[0] < 1 or args.max_tokens < 1:
         raise ConfigError("--soak takes minutes > 0 and one --concurrency level >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
-    server = _Server(args, levels[0])
-    context = server.health.get("max_context") or 2048
-    long_words = max(16, int(0.7 * (context - args.max_tokens)))
+    server = _Server(args, args.max_batch or levels[0])
+    context = server.health["max_context"]  # the server's real limit, --max-context or the model's
     try:
-        results, memory = asyncio.run(soak(server.url, server.model, prompts, args.soak, levels[0], args.max_tokens,
-                                           long_words, args.api_key, args.timeout, args.seed))
+        long_words = asyncio.run(long_prompt_words(server.url, server.model, context, args.max_tokens, args.api_key))
+        ordinary = ordinary_prompts(prompts, long_words)
+        ramp_s = min(30.0, args.soak * 6)  # the client loops start over this many seconds
+        results, memory = asyncio.run(soak(server.url, server.model, ordinary, args.soak, levels[0], args.max_tokens,
+                                           long_words, args.api_key, args.timeout, args.seed, ramp_s=ramp_s))
     finally:
         server.stop()
     summary = summarize(results, memory, args.soak, warmup_s=min(60.0, args.soak * 60 / 4))
     summary["meta"] = {"url": server.where, "model": server.model, "drafter": server.health.get("drafter"),
                        "concurrency": levels[0], "max_tokens": args.max_tokens, "long_prompt_words": long_words,
-                       "server_exit_status": server.exit_status, "client_machine": machine_info()}
+                       "client_timeout_s": args.timeout, "max_context": context, "ramp_s": ramp_s,
+                       "max_batch": server.health.get("max_batch"), "capacity": server.health.get("capacity"),
+                       "prefix_cache": server.health.get("prefix_cache"), "prompts": len(ordinary),
+                       "prompts_left_out_as_long": len(prompts) - len(ordinary),
+                       "server_exit_status": server.exit_status, "client_machine": machine_info(),
+                       "load_average_after": os.getloadavg()}
     totals = summary["totals"]
     print(f"soak {args.soak:g} min at concurrency {levels[0]}: {totals['requests']} requests, ok {totals['ok']}, "
           f"dropped on purpose {totals['dropped']}, failed {totals['failed']} (4xx {totals['http_4xx']}, "
-          f"5xx {totals['http_5xx']}), lost {totals['lost']}; memory growth after warm-up "
-          f"{summary['rss_growth_after_warmup']}", file=sys.stderr)
+          f"5xx {totals['http_5xx']}), lost {totals['lost']} (client timeout {args.timeout:g} s), 429s retried "
+          f"{totals['http_429_retried']}; TTFT p50 {summary['ttft_s']['p50']} s, p99 {summary['ttft_s']['p99']} s; "
+          f"memory growth after warm-up {summary['rss_growth_after_warmup']}", file=sys.stderr)
     for error in summary["errors"]:
         print(f"  error: {error}", file=sys.stderr)
     if args.out_json:

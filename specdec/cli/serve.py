@@ -23,6 +23,11 @@ def register(sub) -> None:
                         "shrinks, as vLLM's disable_by_batch_size (default: no limit; the draft-length policy decides)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a batch slot; beyond that the server answers 429 (default: 64)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="the most tokens one sequence holds (prompt, output and drafts), at most the model's context: "
+                        "each batch slot's KV cache holds N rows (reserved at start); a prompt that does not fit, or "
+                        "a max_tokens that does not fit with it, gets a 400 naming N (default: the model's context; "
+                        "in float32, smollm2-135m's 8192 take 377 MB a slot)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model, "
                                                              "or smollm2-135m)")
     p.add_argument("--default-max-tokens", type=int, default=256,
@@ -46,7 +51,9 @@ def register(sub) -> None:
                         "--data`; it holds the requests' text, so keep it private (docs/serving.md)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may take to finish after SIGTERM before they are cancelled")
+                   help="after SIGTERM, seconds the requests already admitted may take to finish (the server answers "
+                        "503 to new ones and /health says draining) before those left are ended with a 503 "
+                        "(default: 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.set_defaults(run=run)
@@ -62,7 +69,7 @@ def run(args) -> int:
     from ..errors import ConfigError
 
     minimums = {"max_batch": 1, "max_queue": 0, "default_max_tokens": 1, "max_prefill_tokens": 1, "port": 0,
-                "prefix_cache": 0, "speculation_max_batch": 1}
+                "prefix_cache": 0, "speculation_max_batch": 1, "max_context": 256}
     check_minimums(args, minimums)
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
@@ -85,12 +92,13 @@ def run(args) -> int:
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
-                           max_batch_for_drafting=args.speculation_max_batch, acceptance=args.acceptance, **options)
+                           max_batch_for_drafting=args.speculation_max_batch, acceptance=args.acceptance,
+                           max_context=args.max_context, **options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)
     name = args.served_model_name or model
-    settings = ServerSettings(model_name=name, aliases=tuple({model, decoder.target.name} - {name}),
+    settings = ServerSettings(model_name=name, aliases=tuple(sorted({model, decoder.target.name} - {name})),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
                               default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
                               drafter_options=options, tool_parser=args.tool_call_parser,
@@ -98,7 +106,8 @@ def run(args) -> int:
     drafter = decoder.drafter.name if decoder.drafter else "none"
     print(f"specdec serve: model {name} ({decoder.target.info.dtype}, {decoder.target.info.device}), drafter {drafter}, "
           + ("" if args.acceptance == "exact" else f"LOSSY acceptance {args.acceptance} (labelled in responses), ")
-          + f"max batch {args.max_batch}, prefix cache {args.prefix_cache if cached else 'off'}, "
+          + f"max batch {args.max_batch}, context {decoder.target.info.max_context} tokens, prefix cache "
+            f"{args.prefix_cache if cached else 'off'}, "
           f"http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
           file=sys.stderr, flush=True)
     serve(create_app(decoder, settings), args.host, args.port, args.shutdown_timeout, args.log_level, args.access_log)

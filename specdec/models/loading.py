@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -79,7 +79,9 @@ def locate(spec: str) -> tuple[str, str | None]:
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
                backend: str = "auto", slots: int = 1, max_context: int | None = None) -> LoadedModel:
-    """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model."""
+    """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model. max_context:
+    sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
+    holds that many rows a slot, and info.max_context, which every length check reads, says it."""
     check_device_dtype(device, dtype)
     check_backend(backend)
     folder, gguf = locate(spec)
@@ -88,6 +90,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     hf_model, tokenizer = _load_transformers(folder, gguf, torch_dtype, trust_remote_code)
     hf_model.to(dev).eval()
     info = model_info(spec, hf_model, tokenizer, dev, torch_dtype)
+    if max_context:
+        info = replace(info, max_context=min(max_context, info.max_context))
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
                        backend=make_backend(hf_model, info, backend, slots, max_context))
 

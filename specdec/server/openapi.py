@@ -17,7 +17,6 @@ from .messages import ROLES
 from .schemas import FIELDS, IGNORED, NEUTRAL, Limits
 
 INT64_MAX = 2**63 - 1
-MAX_TOKENS = 10**7
 _FRACTION = r"0?\.[0-9]*[1-9][0-9]*"  # a decimal in (0, 1)
 # what config.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
 ACCEPTANCE_PATTERN = rf"^(exact|top-k:[1-9][0-9]{{0,17}}|threshold:({_FRACTION}|1(\.0*)?)|typical:{_FRACTION})$"
@@ -40,12 +39,17 @@ TEXT = {"type": "string", "minLength": 1}
 JSON_SCHEMA = {"type": "object", "description": "a JSON schema"}
 
 
+def _fits(limits: Limits) -> str:
+    return (f"when not given: the server's default, clipped to the context left; when given, the prompt, max_tokens "
+            f"and the draft length must fit the server's context of {limits.max_context} tokens, or the request is "
+            f"refused (400, code context_length_exceeded)")
+
+
 def _common(limits: Limits) -> dict:
     """The fields both generation endpoints take."""
     return {
         "model": {"type": "string", "enum": list(limits.model_names)},
-        "max_tokens": _integer(1, MAX_TOKENS, "clipped to the context left when not given; a request whose prompt "
-                                              "and max_tokens exceed the context is refused"),
+        "max_tokens": _integer(1, limits.max_tokens, _fits(limits)),
         "temperature": _number(0.0, 2.0),
         "top_p": _number(0.0, 1.0, low_open=True),
         "top_k": _integer(-1, 10**9, "0 or -1: off"),
@@ -104,7 +108,7 @@ def _chat(limits: Limits) -> dict:
                     ("type", "function"))
     return {
         "messages": {"type": "array", "items": message, "minItems": 1},
-        "max_completion_tokens": _integer(1, MAX_TOKENS, "takes precedence over max_tokens"),
+        "max_completion_tokens": _integer(1, limits.max_tokens, "takes precedence over max_tokens; " + _fits(limits)),
         "logprobs": BOOLEAN,
         "top_logprobs": _integer(0, MAX_TOP_LOGPROBS, "needs logprobs: true"),
         "tools": {"type": "array", "items": tool},

@@ -24,7 +24,8 @@ async def chat_completions(request: Request):
 @router.get("/v1/models")
 async def models(request: Request):
     server = request.app.state.server
-    data = [{"id": name, "object": "model", "created": server.started, "owned_by": "specdec"}
+    data = [{"id": name, "object": "model", "created": server.started, "owned_by": "specdec",
+             "max_model_len": server.limits.max_context}  # as vLLM's: the context, --max-context
             for name in server.limits.model_names]
     return {"object": "list", "data": data}
 

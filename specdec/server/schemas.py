@@ -35,6 +35,7 @@ NEUTRAL = {  # accepted only at the value that changes nothing
     "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "min_tokens": (0,), "modalities": (["text"],),
 }
+MAX_TOKENS = 10**7  # max_tokens beyond any context
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,12 @@ class Limits:
     structured_error: str | None = None  # why this model's tokenizer cannot do structured output, if it cannot
     tool_parser: str | None = None  # how "auto" tool calls are read from the text (tools.PARSERS), if at all
     logprobs_mode: str = "raw"  # what logprobs report: "raw" or "processed" (config.LOGPROBS_MODES)
+    max_context: int = MAX_TOKENS + 2  # tokens one sequence holds (prompt, output, drafts): the server's --max-context
+
+    @property
+    def max_tokens(self) -> int:
+        """The largest max_tokens that can fit the context: after a one-token prompt, drafting nothing."""
+        return min(MAX_TOKENS, self.max_context - 2)
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,10 @@ def parse_request(body, endpoint: str, limits: Limits) -> GenerationRequest:
     else:
         prompt = parse_prompt(body.get("prompt"), limits.vocab_size)
         name, default = "max_tokens", 16
-    max_tokens = integer(body, name, None, 1, 10**7)
+    max_tokens = integer(body, name, None, 1, MAX_TOKENS)
+    if max_tokens is not None and max_tokens > limits.max_tokens:  # refused at once, not after a wait in the queue
+        raise bad_request(f"'{name}' ({max_tokens}) does not fit this server's context of {limits.max_context} tokens "
+                          f"(at most {limits.max_tokens}, less the prompt)", name, "context_length_exceeded")
     stream = boolean(body, "stream", False)
     include_usage = _stream_options(body.get("stream_options"), stream)
     n = integer(body, "n", 1, 1, limits.max_choices)

@@ -3,23 +3,27 @@
 `concurrency` client loops send requests back to back for the run's length, each drawn from a mix (KINDS):
 streamed or not, greedy or sampled, structured output and tool calls, stop strings, prompts near the context limit,
 identical prompts sent together (a few shared prompts, drawn by many loops at once, some dropped), streams the
-client drops after a few chunks, and one request in ten asking for a single token. Every request is classed:
+client drops after a few chunks, and one request in ten asking for a single token. Every request ends as one of
+STATUSES:
 - ok: a 2xx answer, complete (a stream ends with [DONE]);
 - dropped: the client closed the stream on purpose (expected, not a failure);
-- failed: a 4xx or 5xx status or an error event (the 5xx are counted apart);
-- lost: no complete answer (a connection error, a timeout, a stream cut short by the server).
-The server's resident memory (`process_resident_memory_bytes` from /metrics) is sampled as it runs. A window per
-minute gives ok, failed, lost and 5xx counts, p50/p99 time to first token and latency, and memory.
+- failed: a final answer that is an error: a 4xx or 5xx status, or an error event (the 5xx are counted apart);
+- lost: no final answer within the client timeout (`timeout`, from the request's first attempt, retries
+  included), or none at all: a refused or broken connection, a stream cut short without [DONE].
+A 429 is no final answer: the client waits its Retry-After and sends the request again (counted as `retries`;
+one that still gets 429s at its timeout is lost). The server's resident memory (`process_resident_memory_bytes`
+from /metrics) is sampled as it runs; soak_report.py summarizes.
 """
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from .loadgen import stream_events
 
+STATUSES = ("ok", "dropped", "failed", "lost")
 KINDS = ("stream", "plain", "sampled", "json", "tool", "stop", "long", "same", "drop")
 WORDS = ("the cat sat on the mat and looked at the sun while a big red dog ran to the house " * 4).split()
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
@@ -31,12 +35,13 @@ TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
 @dataclass
 class SoakResult:
     kind: str
-    status: str  # ok, dropped, failed or lost
+    status: str  # one of STATUSES
     started_s: float  # since the soak began
-    latency_s: float
-    ttft_s: float | None = None
-    http_status: int | None = None
+    latency_s: float  # from the first attempt
+    ttft_s: float | None = None  # from the first attempt
+    http_status: int | None = None  # of the final answer
     error: str = ""
+    retries: int = 0  # 429s answered, each followed by its Retry-After wait and another attempt
 
 
 def request_body(kind: str, model: str, prompts: list[str], rng: random.Random, max_tokens: int,
@@ -65,43 +70,80 @@ def request_body(kind: str, model: str, prompts: list[str], rng: random.Random, 
 
 
 async def one_request(client, url: str, kind: str, body: dict, stream: bool, t_start: float,
-                      drop_after: int | None) -> SoakResult:
+                      drop_after: int | None, timeout: float) -> SoakResult:
+    """Sends one request until it has a final answer (a 429 is retried after its Retry-After), or until `timeout`
+    seconds have passed since the first attempt: then it is lost."""
     t0 = time.perf_counter()
-    started = t0 - t_start
+    retries = 0
+
+    async def attempts() -> SoakResult:
+        nonlocal retries
+        while True:
+            result, retry_after = await _attempt(client, url, kind, body, stream, t0, drop_after)
+            if retry_after is None:
+                return result
+            retries += 1
+            await asyncio.sleep(retry_after)
+
+    try:
+        result = await asyncio.wait_for(attempts(), timeout)
+    except asyncio.TimeoutError:
+        result = SoakResult(kind, "lost", 0.0, 0.0, error=f"no final answer within the client timeout ({timeout:g} s)")
+    result.started_s, result.latency_s, result.retries = t0 - t_start, time.perf_counter() - t0, retries
+    return result
+
+
+def retry_after_s(headers) -> float:
+    """A 429's Retry-After in seconds (integer seconds, as the server sends it); 1 when absent or unreadable."""
+    try:
+        return min(60.0, max(0.0, float(headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+async def _attempt(client, url: str, kind: str, body: dict, stream: bool, t0: float,
+                   drop_after: int | None) -> tuple[SoakResult, float | None]:
+    """(the outcome of one attempt, the seconds to wait before the next one when it was a 429, else None).
+    Times are from t0, the request's first attempt."""
+    def ended(status: str, http: int | None = None, ttft: float | None = None, error: str = "") -> tuple:
+        return SoakResult(kind, status, 0.0, 0.0, ttft, http, error[:200]), None
+
     try:
         if not stream:
             r = await client.post(f"{url}/v1/chat/completions", json=body)
-            status = "ok" if r.status_code == 200 and "choices" in r.json() else "failed"
-            return SoakResult(kind, status, started, time.perf_counter() - t0, http_status=r.status_code,
-                              error="" if status == "ok" else r.text[:200])
-        ttft, chunks, done = None, 0, False
+            if r.status_code == 429:
+                return None, retry_after_s(r.headers)
+            ok = r.status_code == 200 and "choices" in r.json()
+            return ended("ok" if ok else "failed", r.status_code, error="" if ok else r.text)
+        ttft, chunks = None, 0
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code == 429:
+                return None, retry_after_s(r.headers)
             if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                return SoakResult(kind, "failed", started, time.perf_counter() - t0, http_status=r.status_code,
-                                  error=text[:200])
+                return ended("failed", r.status_code, error=(await r.aread()).decode(errors="replace"))
             async for event in stream_events(r):
                 if event is None:
-                    done = True
-                    break
+                    return ended("ok", 200, ttft)
                 if "error" in event:
-                    return SoakResult(kind, "failed", started, time.perf_counter() - t0, ttft, 200,
-                                      str(event["error"])[:200])
+                    return ended("failed", 200, ttft, str(event["error"]))
                 chunks += 1
                 if ttft is None:
                     ttft = time.perf_counter() - t0
                 if drop_after is not None and chunks >= drop_after:
-                    return SoakResult(kind, "dropped", started, time.perf_counter() - t0, ttft, 200)
-        return SoakResult(kind, "ok" if done else "lost", started, time.perf_counter() - t0, ttft, 200,
-                          "" if done else "the stream ended without [DONE]")
-    except Exception as exc:  # a refused or broken connection, a timeout
-        return SoakResult(kind, "lost", started, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:200])
+                    return ended("dropped", 200, ttft)
+        return ended("lost", 200, ttft, "the stream ended without [DONE]")
+    except Exception as exc:  # a refused or broken connection, an httpx timeout
+        return ended("lost", error=f"{type(exc).__name__}: {exc}")
 
 
 async def soak(url: str, model: str, prompts: list[str], minutes: float, concurrency: int, max_tokens: int = 32,
-               long_words: int = 400, api_key: str | None = None, timeout: float = 300.0, seed: int = 0,
-               sample_every_s: float = 5.0) -> tuple[list[SoakResult], list[dict]]:
-    """Runs the soak; returns (every request's result, memory samples {"t_s", "rss_bytes"})."""
+               long_words: int = 400, api_key: str | None = None, timeout: float = 120.0, seed: int = 0,
+               sample_every_s: float = 5.0, ramp_s: float | None = None) -> tuple[list[SoakResult], list[dict]]:
+    """Runs the soak; returns (every request's result, memory samples {"t_s", "rss_bytes"}). timeout: the client's,
+    per request (see `one_request`). ramp_s: the client loops start one after another over this many seconds
+    (default: a tenth of the run, at most 30 s), as load generators ramp up, rather than all in the same
+    instant: a first wave of `concurrency` prompts all prefilled at once would measure that instant, not the
+    steady load."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -111,14 +153,17 @@ async def soak(url: str, model: str, prompts: list[str], minutes: float, concurr
     t_start = time.perf_counter()
     end = t_start + minutes * 60
 
+    ramp_s = min(30.0, minutes * 6) if ramp_s is None else ramp_s
+
     async def client_loop(client, index: int):
         rng = random.Random(seed * 1000 + index)
+        await asyncio.sleep(ramp_s * index / concurrency)
         while time.perf_counter() < end:
             kind = rng.choice(KINDS)
             body, stream = request_body(kind, model, prompts, rng, max_tokens, long_words)
             dropping = kind == "drop" or (kind == "same" and rng.random() < 0.3)
             drop_after = rng.randint(1, 3) if dropping else None
-            results.append(await one_request(client, url, kind, body, stream, t_start, drop_after))
+            results.append(await one_request(client, url, kind, body, stream, t_start, drop_after, timeout))
 
     async def sampler(client):
         while time.perf_counter() < end:
@@ -132,6 +177,40 @@ async def soak(url: str, model: str, prompts: list[str], minutes: float, concurr
     return results, memory
 
 
+async def long_prompt_words(url: str, model: str, context: int, max_tokens: int, api_key: str | None = None,
+                            fill: float = 0.85, margin: int = 64) -> int:
+    """How many words (of WORDS) make a "long" prompt fill `fill` of the room that `context` leaves after max_tokens
+    and `margin` (a step's draft tokens), as the server counts tokens: two one-token requests measure its tokens per
+    word and its chat template's overhead."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    counts = {}
+    async with httpx.AsyncClient(headers=headers, timeout=120) as client:
+        for words in (16, 116):
+            body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": " ".join(
+                WORDS[i % len(WORDS)] for i in range(words))}]}
+            r = await client.post(f"{url}/v1/chat/completions", json=body)
+            r.raise_for_status()
+            counts[words] = r.json()["usage"]["prompt_tokens"]
+    per_word = max(0.1, (counts[116] - counts[16]) / 100)
+    overhead = counts[16] - 16 * per_word
+    return max(16, int((fill * (context - max_tokens - margin) - overhead) / per_word))
+
+
+def ordinary_prompts(prompts: list[str], long_words: int) -> list[str]:
+    """The prompts the mix draws for every kind but "long": those of at most half a long prompt's words, so that
+    prompts near the context limit come as often as the mix says ("long", one kind in nine), not also with every
+    long document of the prompt file (Spec-Bench's summarization and RAG prompts fill 1k tokens too)."""
+    from ..errors import ConfigError
+
+    kept = [p for p in prompts if len(p.split()) <= long_words // 2]
+    if not kept:
+        raise ConfigError(f"no prompt of the prompt file has at most {long_words // 2} words (half of a long prompt "
+                          "at this context): give shorter prompts or a larger --max-context")
+    return kept
+
+
 async def resident_memory(client, url: str) -> int | None:
     """The server's resident memory in bytes, from its /metrics (prometheus_client's process collector)."""
     try:
@@ -142,65 +221,3 @@ async def resident_memory(client, url: str) -> int | None:
         if line.startswith("process_resident_memory_bytes "):
             return int(float(line.split()[1]))
     return None
-
-
-def summarize(results: list[SoakResult], memory: list[dict], minutes: float, warmup_s: float = 60.0) -> dict:
-    """Totals, per-minute windows and the soak's floors (0 lost, 0 5xx, memory growth after warm-up < 10%)."""
-    windows = []
-    for start in range(0, max(1, int(minutes * 60 + 0.999)), 60):
-        rows = [r for r in results if start <= r.started_s < start + 60]
-        rss = [m["rss_bytes"] for m in memory if start <= m["t_s"] < start + 60 and m["rss_bytes"]]
-        windows.append({"start_s": start, **_counts(rows), "ttft_s": _percentiles([r.ttft_s for r in rows
-                                                                                   if r.ttft_s is not None]),
-                        "latency_s": _percentiles([r.latency_s for r in rows if r.status == "ok"]),
-                        "rss_mb": round(max(rss) / 2 ** 20, 1) if rss else None})
-    after = [m["rss_bytes"] for m in memory if m["t_s"] >= warmup_s and m["rss_bytes"]]
-    growth = (after[-1] - after[0]) / after[0] if len(after) >= 2 else None
-    totals = _counts(results)
-    return {"minutes": minutes, "totals": totals,
-            "by_kind": {k: _counts([r for r in results if r.kind == k]) for k in KINDS},
-            "ttft_s": _percentiles([r.ttft_s for r in results if r.ttft_s is not None]),
-            "latency_s": _percentiles([r.latency_s for r in results if r.status == "ok"]),
-            "rss_growth_after_warmup": growth, "windows": windows, "memory": memory,
-            "errors": sorted({r.error for r in results if r.error and r.status != "ok"})[:10],
-            "floors": {"lost": totals["lost"], "http_5xx": totals["http_5xx"],
-                       "rss_growth_under_10pct": growth is not None and growth < 0.10},
-            "requests": [asdict(r) for r in results]}
-
-
-def _counts(rows: list[SoakResult]) -> dict:
-    out = {s: sum(r.status == s for r in rows) for s in ("ok", "dropped", "failed", "lost")}
-    out["http_5xx"] = sum((r.http_status or 0) >= 500 for r in rows)
-    out["http_4xx"] = sum(400 <= (r.http_status or 0) < 500 for r in rows)
-    return {"requests": len(rows), **out}
-
-
-def _percentiles(xs: list[float]) -> dict:
-    if not xs:
-        return {"p50": None, "p99": None}
-    xs = sorted(xs)
-    return {"p50": round(xs[len(xs) // 2], 4), "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 4)}
-
-
-def plot(summary: dict, path) -> bool:
-    """Memory and p50/p99 latency per minute, as a PNG; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    memory = [m for m in summary["memory"] if m["rss_bytes"]]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot([m["t_s"] / 60 for m in memory], [m["rss_bytes"] / 2 ** 20 for m in memory], color="k")
-    left.set(xlabel="minutes", ylabel="server resident memory (MiB)", ylim=(0, None))
-    windows = [w for w in summary["windows"] if w["latency_s"]["p50"] is not None]
-    for key in ("p50", "p99"):
-        right.plot([w["start_s"] / 60 for w in windows], [w["latency_s"][key] for w in windows], marker="o", label=key)
-    right.set(xlabel="minute", ylabel="latency of complete requests (s)")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)
-    return True

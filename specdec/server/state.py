@@ -42,7 +42,8 @@ class ServerState:
                              default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
                              structured_error=unsupported_reason(decoder.target.tokenizer, decoder.target.info.vocab_size,
                                                                  decoder.target.info.eos_token_ids),
-                             tool_parser=settings.tool_parser, logprobs_mode=settings.logprobs_mode)
+                             tool_parser=settings.tool_parser, logprobs_mode=settings.logprobs_mode,
+                             max_context=decoder.target.info.max_context)
         self.inflight = 0
         self.draining = False
         self.started = int(time.time())

@@ -92,6 +92,10 @@ class EngineWorker:
     def cancel(self, request_id: str) -> None:
         self.inbox.put(("cancel", request_id))
 
+    def cancel_all(self, error: APIError) -> None:
+        """Ends every pending and running request with `error` after the current step (a drain's deadline)."""
+        self.inbox.put(("fail", error))
+
     def stop(self, timeout: float = 60.0) -> None:
         """Fails whatever is still pending or running (503) and ends the thread."""
         self.accepting = False
@@ -116,10 +120,7 @@ class EngineWorker:
                 log.exception("the engine step failed; failing the requests in the batch")
                 self._fail_live(internal())
             self._publish()
-        self._fail_live(shutting_down())
-        for job in self.pending:
-            job.emit(Failed(shutting_down()))
-        self.pending.clear()
+        self._fail_all(shutting_down())
         self._publish()
 
     def _drain(self, block: bool) -> bool:
@@ -134,6 +135,8 @@ class EngineWorker:
                     return False
                 if kind == "submit":
                     self.pending.append(arg)
+                elif kind == "fail":
+                    self._fail_all(arg)
                 else:
                     self._cancel(arg)
                 command = self.inbox.get_nowait()
@@ -238,6 +241,11 @@ class EngineWorker:
         live = self.live.get(event.request_id)
         if live is None:
             return
+        if event.error:  # its own step failed (its constraint cannot go on): it alone ends, with a 400
+            del self.live[event.request_id]
+            self._observe(event.state)
+            live.job.emit(Failed(bad_request(event.error, code="constraint_unsatisfiable")))
+            return
         state, new = event.state, event.new_tokens
         text, stopped = state.take_text(new)
         if stopped:  # free its slot now
@@ -255,6 +263,12 @@ class EngineWorker:
             self._observe(state)
             live.job.emit(Finished(state.finished, state.prompt_len, len(state.generated), state.metrics, live.drafter,
                                    state.k_max))
+
+    def _fail_all(self, error: APIError) -> None:
+        self._fail_live(error)
+        for job in self.pending:
+            job.emit(Failed(error))
+        self.pending.clear()
 
     def _fail_live(self, error: APIError) -> None:
         """Ends every request holding a batch slot with `error`."""
