@@ -151,7 +151,8 @@ def test_a_full_disk_under_the_trace_drops_records_not_requests(tmp_path, monkey
     writer = TraceWriter(path, "tiny", {1: 0.01, 2: 0.02})
     state = SimpleNamespace(
         config=SimpleNamespace(sampling=SimpleNamespace(greedy=True), constraint=None, max_new_tokens=4),
-        metrics=SimpleNamespace(finish_reason="length", prefill_time_s=0.0, draft_time_s=0.0, verify_time_s=0.0),
+        metrics=SimpleNamespace(finish_reason="length", prefill_time_s=0.0, draft_time_s=0.0, verify_time_s=0.0,
+                                acceptance="exact"),
         drafter=None, k_max=4, adaptive=True, finished="length", tokens=[1, 2, 3, 4],
         prompt_len=2, generated=[3, 4], step_log=[[2, 1]])
     writer.write(state)
