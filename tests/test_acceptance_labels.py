@@ -4,16 +4,7 @@ import json
 
 import pytest
 
-from specdec.cli.main import main
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:  # argparse
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+from cli_runner import run_cli
 
 
 def test_generate_labels_lossy_output_in_its_stats_and_says_so(capsys, tiny_folder):

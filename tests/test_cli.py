@@ -6,16 +6,7 @@ import sys
 import pytest
 import torch
 
-from specdec.cli.main import main
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:  # argparse
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+from cli_runner import run_cli
 
 
 def test_generate_streams_text_and_stats(capsys, tiny_folder):
