@@ -84,12 +84,8 @@ class BatchEngine:
 
     def cancel(self, request_id) -> None:
         """Drops a request at once and frees its slot."""
-        for i, (rid, request) in enumerate(self.waiting):
-            if rid == request_id:
-                close_request(self.backend, request, "cancelled")
-                del self.waiting[i]
-                return
-        request = self.running.pop(request_id, None)
+        waiting = [i for i, (rid, _) in enumerate(self.waiting) if rid == request_id]
+        request = self.waiting.pop(waiting[0])[1] if waiting else self.running.pop(request_id, None)
         if request is not None:
             close_request(self.backend, request, "cancelled")
 
