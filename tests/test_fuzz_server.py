@@ -77,3 +77,30 @@ def test_the_checks_catch_what_they_are_for():
         is None
     good = b'{"object": "text_completion", "choices": [{"finish_reason": "length"}], "usage": {}}'
     assert problem(post, 200, "application/json", good) is None
+
+
+def test_a_stopped_run_resumes_from_its_journal_and_sends_only_the_rest(server, tmp_path):
+    """A run of thousands of requests stopped at any point (a kill mid-line included) loses nothing: the journal's
+    requests are counted, not sent again, and the report is the whole run's; another seed's journal is refused."""
+    from specdec.bench.fuzz_journal import FuzzJournal
+    from specdec.errors import ConfigError
+
+    path = tmp_path / "fuzz.jsonl"
+    journal = FuzzJournal(path)
+    whole = fuzz(server.url, "tiny", count=30, seed=3, timeout=60, journal=journal)
+    journal.close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert whole.replayed == 0 and len(lines) == 30
+    path.write_bytes(b"".join(lines[:12]) + lines[12][:9])  # stopped while writing the 13th line
+
+    journal = FuzzJournal(path)
+    resumed = fuzz(server.url, "tiny", count=30, seed=3, timeout=60, journal=journal)
+    journal.close()
+    assert resumed.replayed == 12 and resumed.requests == 30
+    assert resumed.as_dict()["requests_digest"] == whole.as_dict()["requests_digest"]
+    assert resumed.by_status == whole.by_status and len(path.read_bytes().splitlines()) == 30
+
+    journal = FuzzJournal(path)
+    with pytest.raises(ConfigError, match="other requests"):
+        fuzz(server.url, "tiny", count=30, seed=4, timeout=60, journal=journal)
+    journal.close()

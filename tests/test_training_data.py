@@ -242,3 +242,24 @@ def test_a_fine_tuned_heads_vocabulary_is_the_datas_then_its_own():
     assert 7 in ids and 3 in ids and coverage == 1.0  # every token the data counts comes first
     assert set(ids.tolist()) - {7, 3} <= {1, 2, 15, 16}  # the rest from the head's own vocabulary, not arbitrary
     assert ids.tolist() == sorted(ids.tolist())
+
+
+def test_training_reads_only_the_first_records_asked_for_though_the_folder_holds_more(target, tmp_path):
+    """A data folder extended by a longer run still trains a shorter one on its own first records (whole shards),
+    and an index that does not say which records each shard holds is read whole or not at all."""
+    from specdec.training.shards import shards_for
+
+    items = [Item("s", w) for w in WORDS[:6]]
+    extract(target, items, tmp_path, block=2)
+    every = read_shards(tmp_path)
+    assert len(every) == 6
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert [len(read_shards(tmp_path, max_items=n)) for n in (0, 1, 2, 3, 6, 99)] == [0, 2, 2, 4, 6, 6]
+    assert shards_for(index, 3)[1] == 4 and shards_for(index, None)[1] == 6
+    first = read_shards(tmp_path, max_items=4)
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, every[:4]))
+    for shard in index["shards"]:
+        del shard["items_done"]
+    assert len(shards_for(index, None)[0]) == 3
+    with pytest.raises(ConfigError, match="which records"):
+        shards_for(index, 3)

@@ -8,7 +8,9 @@ each answer must keep (`problem`): a 2xx in OpenAI's shape (a stream of well-for
 4xx with an OpenAI error object; never a 5xx, a malformed body, or no answer within the timeout; and the server
 serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
 
-A seed writes the same requests in every process (`drawn`; the report's digest): see bench/seeded.py.
+A seed writes the same requests in every process (`drawn`; the report's digest): see bench/seeded.py. That also
+makes a long run resumable: with a journal (`FuzzJournal`), each answered request's outcome is appended as it
+comes, and a rerun replays the recorded ones instead of sending them again.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from .fuzz_journal import FuzzJournal
 from .seeded import run_seeded
 
 GENERATION = ("/v1/completions", "/v1/chat/completions")
@@ -32,6 +35,7 @@ class FuzzRequest:
 @dataclass
 class FuzzReport:
     requests: int = 0
+    replayed: int = 0  # of `requests`, those read from a journal instead of sent
     by_status: dict[str, int] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)  # the first ones, with their requests
     hash: object = field(default_factory=hashlib.sha256, repr=False)  # of every request sent, in order
@@ -46,8 +50,12 @@ class FuzzReport:
                                   "body": (request.body or b"")[:500].decode("utf-8", "replace")})
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status,
-                "problems": len(self.problems), "first_problems": self.problems}
+        return {"requests": self.requests, "replayed_from_journal": self.replayed,
+                "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status, "problems": len(self.problems), "first_problems": self.problems}
+
+
+def _short_digest(request: FuzzRequest) -> str:
+    return hashlib.sha256(_identity(request)).hexdigest()[:16]
 
 
 def _identity(request: FuzzRequest) -> bytes:
@@ -207,10 +215,10 @@ def drawn(document: dict, count: int, seed: int = 0) -> list[FuzzRequest]:
 
 
 def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = None, timeout: float = 60.0,
-         stop_at_first: bool = False) -> FuzzReport:
+         stop_at_first: bool = False, journal: FuzzJournal | None = None) -> FuzzReport:
     """Sends `count` requests hypothesis writes (seeded: the same in every run) to the server at `url`, one at a
     time; with stop_at_first, the first problem raises AssertionError (hypothesis then shrinks it to a smallest
-    request)."""
+    request). With a journal, requests it holds are not sent again (report.replayed counts them)."""
     import httpx
 
     report = FuzzReport()
@@ -224,6 +232,11 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
                            "from the server's OpenAPI document")
 
     def one(request: FuzzRequest) -> None:
+        past = journal.recorded(report.requests, _short_digest(request)) if journal else None
+        if past is not None:
+            report.replayed += 1
+            report.add(request, past["status"], past["problem"])
+            return
         try:
             answer = client.request(request.method, request.path, content=request.body,
                                     headers={"Content-Type": "application/json"} if request.body is not None else {})
@@ -231,6 +244,8 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
         except httpx.TimeoutException:
             status, content_type, body = None, "", b""
         issue = problem(request, status, content_type, body)
+        if journal:
+            journal.record(_short_digest(request), status, issue)
         report.add(request, status, issue)
         if issue and stop_at_first:
             raise AssertionError(f"{request.method} {request.path} {request.body!r}: {issue}")

@@ -54,6 +54,9 @@ def register(sub) -> None:
                         "for MINUTES; records ok, failed, lost, 5xx, TTFT, latency and server memory per minute "
                         "(exit 1 on any lost request or 5xx)")
     p.add_argument("--seed", type=int, default=0, help="--fuzz and --soak: the seed of the requests drawn")
+    p.add_argument("--journal", default=None, metavar="FILE",
+                   help="--fuzz: append each request's outcome to this JSONL as it comes; the same command run again "
+                        "counts the requests recorded there and sends only the rest (a stopped run resumes)")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
     p.set_defaults(run=run)
@@ -118,6 +121,8 @@ def run(args) -> int:
     from ..server.loadgen import MODES, floors, run_level, summarize
 
     mode = "fuzz" if args.fuzz else "soak" if args.soak else "load"
+    if args.journal and mode != "fuzz":
+        raise ConfigError("--journal keeps a --fuzz run's progress: give it with --fuzz N")
     _fill_defaults(args, mode)
     if args.fuzz:
         return _fuzz(args)
@@ -171,6 +176,7 @@ def _fuzz(args) -> int:
     import time
 
     from ..bench.fuzz import fuzz
+    from ..bench.fuzz_journal import FuzzJournal
     from ..bench.runner import machine_info
     from ..errors import ConfigError
     from .common import require_extra
@@ -179,12 +185,16 @@ def _fuzz(args) -> int:
     require_extra("schemathesis", "dev", "--fuzz")
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
+    journal = FuzzJournal(args.journal) if args.journal else None
     server = _Server(args, args.max_batch or 4)
     started = time.perf_counter()
     try:
-        report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout)
+        report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout,
+                      journal=journal)
     finally:
         server.stop()
+        if journal:
+            journal.close()
     summary = {"meta": {"url": server.where, "model": server.model, "seed": args.seed,
                         "seconds": round(time.perf_counter() - started, 1), "server_exit_status": server.exit_status,
                         "client_machine": machine_info()}, **report.as_dict()}

@@ -77,7 +77,7 @@ def run(args) -> int:
     from ..training.datamix import default_mix, describe, mix_fingerprint, mix_order, parse_data_spec
     from ..training.extract import Extractor, data_meta, generate_training_data
     from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
-    from ..training.shards import ShardWriter, read_data
+    from ..training.shards import ShardWriter, read_data, shards_for
     from ..training.trainer import Trainer
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
@@ -122,7 +122,13 @@ def run(args) -> int:
         folders.append(synth_dir)
     if args.data_only and not args.document_tasks:
         return 0
-    sequences = read_data(folders, target, layers)  # document tasks are built from the answers in it
+    # the first --max-prompts records, though the folder may hold more from an earlier, longer run
+    sequences = read_data(folders[:1], target, layers, max_items=args.max_prompts)
+    records_used = shards_for(json.loads((data_dir / "index.json").read_text()), args.max_prompts)[1]
+    if records_used < data["done"]:
+        print(f"specdec: training on the first {records_used} of its {data['done']} records: {len(sequences)} "
+              "sequences", file=sys.stderr)
+    sequences += read_data(folders[1:], target, layers)  # document tasks are built from the answers in them
     if args.document_tasks:
         tasks = document_prompts(sequences, target.tokenizer, args.document_tasks,
                                  min_tokens=min(64, args.max_new_tokens // 2))
@@ -144,7 +150,7 @@ def run(args) -> int:
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
               "target": name, "mix": describe(files), "follow_up_every": args.follow_up_every,
-              "records_used": len(items), "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
+              "records_used": records_used, "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
               "labels": args.labels, "data_sequences": len(sequences),
               "data_tokens": sum(len(s["tokens"]) for s in sequences),

@@ -89,15 +89,37 @@ class ShardWriter:
             write_atomic(self.folder / name, lambda tmp: save_file(tensors, str(tmp)))
             index["shards"].append({"file": name, "sequences": len(self.pending),
                                     "tokens": int(tensors["lengths"].sum()),
-                                    "trained_tokens": int(tensors["trainable"].sum())})
+                                    "trained_tokens": int(tensors["trainable"].sum()), "items_done": items_done})
             self.pending = []
         index["done"] = items_done
         write_text_atomic(self.index_path, json.dumps(index, indent=1))
 
 
-def read_shards(folder: Path, feature_layers: tuple[int, ...] = ()) -> list[dict]:
-    """Every stored sequence: {"tokens" (L,), "features" (L-1, H) (or (L-1, A*H): the inputs of
-    `feature_layers`), "labels", "trainable" (L-1,) bool, "topk_ids", "topk_logprobs" (L-1, K), "source"}."""
+def shards_for(index: dict, max_items: int | None) -> tuple[list[dict], int]:
+    """The shards that hold the first `max_items` items (all with None; whole shards, so up to a block more) and
+    how many items those are. Each shard records the items done when it was written; an index without that
+    (written before it was recorded) can only be read whole."""
+    shards, done = index["shards"], index["done"]
+    if max_items is None or max_items >= done:
+        return shards, done
+    if max_items <= 0:
+        return [], 0
+    if any("items_done" not in shard for shard in shards):
+        raise ConfigError(f"this data holds {done} records in shards that do not say which records each holds, so "
+                          f"the first {max_items} cannot be taken alone: give --max-prompts {done}, or another "
+                          "--data-dir")
+    taken = []
+    for shard in shards:
+        taken.append(shard)
+        if shard["items_done"] >= max_items:
+            break
+    return taken, taken[-1]["items_done"] if taken else 0
+
+
+def read_shards(folder: Path, feature_layers: tuple[int, ...] = (), max_items: int | None = None) -> list[dict]:
+    """The stored sequences (of the first `max_items` items, see shards_for): {"tokens" (L,), "features" (L-1, H)
+    (or (L-1, A*H): the inputs of `feature_layers`), "labels", "trainable" (L-1,) bool, "topk_ids", "topk_logprobs"
+    (L-1, K), "source"}."""
     index = json.loads((folder / "index.json").read_text())
     held = tuple(index.get("feature_layers", ()))
     missing = [i for i in feature_layers if i not in held]
@@ -107,7 +129,7 @@ def read_shards(folder: Path, feature_layers: tuple[int, ...] = ()) -> list[dict
     H = index["hidden_size"]
     columns = torch.cat([torch.arange(H) + H * held.index(i) for i in feature_layers]) if feature_layers else None
     out = []
-    for shard in index["shards"]:
+    for shard in shards_for(index, max_items)[0]:
         with safe_open(str(folder / shard["file"]), framework="pt") as f:
             data = {k: f.get_tensor(k) for k in f.keys() if k not in ("features", "layer_features")}
             data["features"] = f.get_tensor("layer_features")[:, columns] if feature_layers else \
@@ -124,9 +146,10 @@ def read_shards(folder: Path, feature_layers: tuple[int, ...] = ()) -> list[dict
     return out
 
 
-def read_data(folders: list[Path], target, feature_layers: tuple[int, ...] = ()) -> list[dict]:
+def read_data(folders: list[Path], target, feature_layers: tuple[int, ...] = (),
+              max_items: int | None = None) -> list[dict]:
     """The sequences of several data folders, each checked to come from this target and to hold the features of
-    `feature_layers` (empty: the final hidden state)."""
+    `feature_layers` (empty: the final hidden state); of each, those of its first `max_items` items (shards_for)."""
     out = []
     for folder in folders:
         index_path = Path(folder) / "index.json"
@@ -137,5 +160,5 @@ def read_data(folders: list[Path], target, feature_layers: tuple[int, ...] = ())
             raise ConfigError(f"{folder} holds training data in an older format; extract it again")
         if (index.get("target"), index.get("hidden_size")) != (target.name, target.info.hidden_size):
             raise ConfigError(f"{folder} holds data from target {index.get('target')!r}, not {target.name!r}")
-        out += read_shards(Path(folder), tuple(feature_layers))
+        out += read_shards(Path(folder), tuple(feature_layers), max_items)
     return out
