@@ -152,3 +152,21 @@ def test_a_full_server_answers_429_and_recovers(server):
     assert second.status_code == 429 and second.json()["error"]["type"] == "rate_limit_error"
     assert int(second.headers["retry-after"]) >= 1
     assert third.status_code == 200
+
+
+def test_retry_after_follows_the_rate_places_come_free():
+    """A 429's Retry-After is how long the places asked for take to come free at the recent rate: a server
+    finishing a request every 4 s tells a client of one choice 4 s and one of three 12 s; 1 s until it can tell,
+    and at most 60 s."""
+    from collections import deque
+
+    from specdec.server.state import ServerState
+
+    state = ServerState.__new__(ServerState)  # admission alone: no worker or model needed
+    state.freed = deque(maxlen=64)
+    assert state.retry_after_s(1, now=100.0) == 1
+    state.freed.extend([(60.0, 1), (64.0, 1), (68.0, 1), (72.0, 1)])  # four places in 16 s to now
+    assert state.retry_after_s(1, now=76.0) == 4 and state.retry_after_s(3, now=76.0) == 12
+    assert state.retry_after_s(1, now=72.0 + 121.0) == 1  # releases older than two minutes tell nothing
+    state.freed = deque([(0.0, 1), (100.0, 1)])
+    assert state.retry_after_s(4, now=110.0) == 60

@@ -33,9 +33,10 @@ def unauthorized() -> APIError:
                     None, "invalid_api_key")
 
 
-def overloaded(capacity: int) -> APIError:
-    return APIError(429, f"The server is overloaded ({capacity} requests running or queued); retry later",
-                    "rate_limit_error", None, "server_overloaded", headers={"Retry-After": "1"})
+def overloaded(capacity: int, retry_after_s: int = 1) -> APIError:
+    return APIError(429, f"The server is overloaded ({capacity} requests running or queued); retry in about "
+                         f"{retry_after_s} s", "rate_limit_error", None, "server_overloaded",
+                    headers={"Retry-After": str(retry_after_s)})
 
 
 def shutting_down() -> APIError:

@@ -1,7 +1,9 @@
 """Server settings, and the state the request handlers share: admission (a bounded queue) and health."""
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from .errors import overloaded, shutting_down
@@ -45,6 +47,7 @@ class ServerState:
                              tool_parser=settings.tool_parser, logprobs_mode=settings.logprobs_mode,
                              max_context=decoder.target.info.max_context)
         self.inflight = 0
+        self.freed: deque[tuple[float, int]] = deque(maxlen=64)  # (monotonic time, places) of recent releases
         self.draining = False
         self.started = int(time.time())
 
@@ -57,11 +60,22 @@ class ServerState:
         if self.draining or not self.worker.accepting:
             raise shutting_down()
         if self.inflight + choices > self.capacity:
-            raise overloaded(self.capacity)
+            raise overloaded(self.capacity, self.retry_after_s(choices))
         self.inflight += choices
 
     def release(self, choices: int = 1) -> None:
         self.inflight -= choices
+        self.freed.append((time.monotonic(), choices))
+
+    def retry_after_s(self, choices: int, now: float | None = None) -> int:
+        """A 429's Retry-After: the seconds until `choices` places are likely free, at the rate places were freed
+        over the last two minutes (whole seconds, 1 to 60; 1 when too few were freed to tell)."""
+        now = time.monotonic() if now is None else now
+        recent = [(t, n) for t, n in self.freed if now - t <= 120.0]
+        if len(recent) < 2:
+            return 1
+        rate = sum(n for _, n in recent) / max(now - recent[0][0], 1e-3)  # places freed per second
+        return max(1, min(60, math.ceil(choices / rate)))
 
     def health(self) -> dict:
         w = self.worker
