@@ -195,3 +195,65 @@ def test_kernels_that_fail_to_compile_fall_back_to_torch_with_a_note(monkeypatch
     assert isinstance(backend, FastLlama)
     err = capsys.readouterr().err
     assert "building the CPU kernels failed: Error building extension" in err and "using the torch backend" in err
+
+
+def test_a_suffix_index_write_killed_or_out_of_space_keeps_the_last_whole_file(tmp_path, monkeypatch, capsys):
+    """A kill mid-write leaves the last whole index file; a full disk is said once, drafting and learning go on
+    from memory, and the next write after space returns holds everything learnt meanwhile."""
+    import safetensors.torch
+
+    from specdec.drafters.suffix import SuffixDrafter, SuffixIndex
+
+    path = tmp_path / "index.safetensors"
+    index = SuffixIndex.open(path, vocab_size=64)
+    drafter = SuffixDrafter(shared=index)
+    drafter.learn([10, 11, 12, 13])  # the first output is written at once
+    good = path.read_bytes()
+    real_save = safetensors.torch.save_file
+
+    def killed(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(50)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed)
+    index.store([20, 21, 22])
+    with pytest.raises(KeyboardInterrupt):
+        index.save()
+    assert path.read_bytes() == good and not list(tmp_path.glob(".*tmp*"))
+    assert list(SuffixIndex.load(path, vocab_size=64).sequences) == [[10, 11, 12, 13]]
+
+    def full_disk(tensors, filename, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    for output in ([30, 31, 32], [40, 41]):
+        index.saved_at = float("-inf")  # a write is due
+        drafter.learn(output)  # no exception: the request that taught it is not failed
+    assert capsys.readouterr().err.count("could not write suffix index") == 1
+    assert path.read_bytes() == good and index.write_error
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    index.saved_at = float("-inf")
+    drafter.learn([50, 51])
+    assert index.write_error is None
+    assert list(SuffixIndex.load(path, vocab_size=64).sequences) == [[10, 11, 12, 13], [20, 21, 22], [30, 31, 32],
+                                                                     [40, 41], [50, 51]]
+
+
+def test_a_full_disk_under_a_command_is_one_line_and_a_non_zero_exit(tmp_path, monkeypatch, capsys, tiny_folder):
+    """Any command that meets a full disk (here the index file `suffix-index build` writes) says so in one line."""
+    import safetensors.torch
+
+    from specdec.cli.main import main
+
+    def full_disk(tensors, filename, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    (tmp_path / "corpus.txt").write_text("red cat sat on big tree then\n")
+    out = tmp_path / "index.safetensors"
+    rc = main(["suffix-index", "build", "--model", str(tiny_folder), "--out", str(out), str(tmp_path / "corpus.txt")])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.strip().count("\n") == 0 and "No space left on device" in err and "Traceback" not in err

@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a full disk, a folder not writable: what failed, in one line
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"specdec {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

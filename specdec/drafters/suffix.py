@@ -48,6 +48,7 @@ class SuffixIndex:
         self.tokens = 0
         self.path: Path | None = None  # set by load(): a file the index is kept in
         self.vocab_size, self.saved_at = 0, 0.0
+        self.write_error: str | None = None  # why the last write of the file failed, if it did
         self.tokenizer, self.model = "", ""  # tokenizer_id() and model name the file is written with
 
     # ---- a file of past outputs (safetensors: the stored sequences, concatenated) ------------------
@@ -102,9 +103,21 @@ class SuffixIndex:
             print(f"specdec: could not write suffix index {self.path}: {exc}", file=sys.stderr)
 
     def learned(self) -> None:
-        """Writes a file-backed index when the last write is old enough."""
+        """Writes a file-backed index when the last write is old enough. A write that fails (a full disk) is said
+        once on stderr and tried again later: the index in memory and the requests that feed it go on, and the file
+        keeps its last whole version."""
         if self.path is not None and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
-            self.save()
+            try:
+                self.save()
+                self.write_error = None
+            except OSError as exc:
+                self.saved_at = time.monotonic()  # the next try after SAVE_EVERY_S
+                if self.write_error is None:
+                    import sys
+
+                    print(f"specdec: could not write suffix index {self.path} ({exc}); drafting goes on from "
+                          f"memory, the write is tried again every {SAVE_EVERY_S:g} s", file=sys.stderr)
+                self.write_error = str(exc)
 
     def save(self) -> None:
         """Writes the stored sequences to the index's file (atomically)."""
