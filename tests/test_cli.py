@@ -170,6 +170,12 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
     documents = json.loads((tmp_path / "d2-doc4" / "index.json").read_text())
     assert documents["done"] == 4 and documents["documents_from"] == [str(tmp_path / "d2"), str(tmp_path / "d1")]
     assert load_head(tmp_path / "h2", load_model(str(tiny_folder), dtype="float32")).config.draft_vocab_size == 16
+    # synthetic prompts only: d1's two records are left out, its six synthetic prompts (cached) are used
+    rc, _, err = run_cli(capsys, *common, "--out", str(tmp_path / "h3"), "--data-dir", str(tmp_path / "d1"),
+                         "--max-prompts", "0", "--synthesize", "6", "--temperature", "0.8")
+    assert rc == 0, err
+    third = json.loads((tmp_path / "h3" / "training_record.json").read_text())
+    assert third["records_used"] == 0 and third["data_sequences"] == first["data_sequences"] - 2
 
 
 def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_path):

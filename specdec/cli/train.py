@@ -122,9 +122,12 @@ def run(args) -> int:
         folders.append(synth_dir)
     if args.data_only and not args.document_tasks:
         return 0
-    # the first --max-prompts records, though the folder may hold more from an earlier, longer run
-    sequences = read_data(folders[:1], target, layers, max_items=args.max_prompts)
-    records_used = shards_for(json.loads((data_dir / "index.json").read_text()), args.max_prompts)[1]
+    # the first --max-prompts records, though the folder may hold more from an earlier, longer run (and none with
+    # --max-prompts 0, where nothing was extracted: synthetic prompts only)
+    sequences, records_used = [], 0
+    if (data_dir / "index.json").is_file():
+        sequences = read_data(folders[:1], target, layers, max_items=args.max_prompts)
+        records_used = shards_for(json.loads((data_dir / "index.json").read_text()), args.max_prompts)[1]
     if records_used < data["done"]:
         print(f"specdec: training on the first {records_used} of its {data['done']} records: {len(sequences)} "
               "sequences", file=sys.stderr)
