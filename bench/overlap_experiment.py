@@ -18,13 +18,14 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import reduce
 from pathlib import Path
 
 import torch
 
 from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import machine_info
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.bench.runner import SpecdecMethod, machine_info, run_methods
+from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.pipelined import PipelinedChain
@@ -98,35 +99,26 @@ def parts(target, drafter, prompt_ids: list[int], k: int, repeats: int) -> dict:
 
 
 def end_to_end(methods: dict, prompts: list, max_new_tokens: int) -> dict:
-    """Every method on every prompt, the order rotating from prompt to prompt."""
-    config = GenerationConfig(max_new_tokens=max_new_tokens)
-    runs = {name: {} for name in methods}
-    names = list(methods)
-    for decoder in methods.values():  # first calls pay for allocations
-        decoder.generate_ids(prompts[0][1], GenerationConfig(max_new_tokens=8))
-        if isinstance(decoder.drafter, PipelinedChain):  # its counts cover the timed runs only
-            decoder.drafter.hits = decoder.drafter.launched = 0
-    for i, (q, ids) in enumerate(prompts):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            t0 = time.perf_counter()
-            tokens, metrics = methods[name].generate_ids(ids, config)
-            runs[name][q.question_id] = (tokens, time.perf_counter() - t0, metrics)
-            print(f"{q.question_id} {name}: {len(tokens)} tokens in {runs[name][q.question_id][1]:.2f}s",
-                  file=sys.stderr)
-    plain = runs["plain"]
+    """Every method on every prompt, the order rotating from prompt to prompt (specdec bench's runner)."""
+    timed = [SpecdecMethod(name, decoder) for name, decoder in methods.items()]
+    for method in timed:  # first calls pay for allocations
+        method.run(prompts[0][1], 8)
+        if isinstance(method.decoder.drafter, PipelinedChain):  # its counts cover the timed runs only
+            method.decoder.drafter.hits = method.decoder.drafter.launched = 0
+    results = run_methods(timed, prompts, max_new_tokens, warm_up=False)
+    plain = results["plain"].runs
     summary = {}
-    for name, by_prompt in runs.items():
-        total = GenerationMetrics()
-        for _, _, m in by_prompt.values():
-            total = total.merge(m)
-        tokens = sum(len(t) for t, _, _ in by_prompt.values())
-        seconds = sum(s for _, s, _ in by_prompt.values())
+    for name, result in results.items():
+        runs = result.runs
+        total = reduce(GenerationMetrics.merge, [r.metrics for r in runs.values()])
+        tokens = sum(len(r.tokens) for r in runs.values())
+        seconds = sum(r.seconds for r in runs.values())
         summary[name] = {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
                          "mean_accepted_tokens": total.mean_accepted_tokens, "steps": total.steps,
                          "drafting_steps": total.drafting_steps, "draft_time_s": total.draft_time_s,
                          "verify_time_s": total.verify_time_s,
-                         "identical_to_plain": sum(t == plain[q][0] for q, (t, _, _) in by_prompt.items()),
-                         "prompts": len(by_prompt)}
+                         "identical_to_plain": sum(r.tokens == plain[q].tokens for q, r in runs.items()),
+                         "prompts": len(runs)}
     return summary
 
 

@@ -51,7 +51,8 @@ class FuzzReport:
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "replayed_from_journal": self.replayed,
-                "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status, "problems": len(self.problems), "first_problems": self.problems}
+                "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status,
+                "problems": len(self.problems), "first_problems": self.problems}
 
 
 def _short_digest(request: FuzzRequest) -> str:

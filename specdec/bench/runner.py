@@ -65,12 +65,13 @@ class SpecdecMethod:
 
 
 def run_methods(methods, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,
-                progress: bool = True) -> dict[str, MethodResult]:
-    """Runs every method on every prompt; the order of methods rotates from prompt to prompt."""
+                progress: bool = True, warm_up: bool = True) -> dict[str, MethodResult]:
+    """Runs every method on every prompt; the order of methods rotates from prompt to prompt. warm_up: first one
+    short untimed run each (False where the caller warmed them up itself)."""
     from tqdm.auto import tqdm
 
     results = {m.name: MethodResult(m.name) for m in methods}
-    for m in methods:  # warm-up: first calls pay for allocations and kernel selection
+    for m in methods if warm_up else ():  # first calls pay for allocations and kernel selection
         m.run(prompts[0][1], min(8, max_new_tokens))
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
     for i, (prompt, ids) in enumerate(prompts):

@@ -12,6 +12,7 @@ import atexit
 import hashlib
 import json
 import os
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -98,8 +99,6 @@ class SuffixIndex:
         try:
             self.save()
         except Exception as exc:  # the process is ending: say so, do not raise
-            import sys
-
             print(f"specdec: could not write suffix index {self.path}: {exc}", file=sys.stderr)
 
     def learned(self) -> None:
@@ -113,8 +112,6 @@ class SuffixIndex:
             except OSError as exc:
                 self.saved_at = time.monotonic()  # the next try after SAVE_EVERY_S
                 if self.write_error is None:
-                    import sys
-
                     print(f"specdec: could not write suffix index {self.path} ({exc}); drafting goes on from "
                           f"memory, the write is tried again every {SAVE_EVERY_S:g} s", file=sys.stderr)
                 self.write_error = str(exc)

@@ -127,7 +127,8 @@ class Extractor:
             bar.update(len(chunk))
         bar.close()
         shards = writer.index["shards"]
-        return {"done": writer.done, "sequences": sum(s["sequences"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
+        return {"done": writer.done, "sequences": sum(s["sequences"] for s in shards),
+                "tokens": sum(s["tokens"] for s in shards),
                 "trained_tokens": sum(s.get("trained_tokens", 0) for s in shards), "seconds": time.time() - t0,
                 "skipped": self.skipped}
 
