@@ -263,3 +263,15 @@ def test_training_reads_only_the_first_records_asked_for_though_the_folder_holds
     assert len(shards_for(index, None)[0]) == 3
     with pytest.raises(ConfigError, match="which records"):
         shards_for(index, 3)
+
+
+def test_excluding_a_source_family_drops_it_and_its_second_turns_and_a_misspelt_one_is_refused():
+    from specdec.training.datamix import without_families
+
+    seqs = [{"source": s} for s in ("alpaca_eval-answer:1", "alpaca_eval-answer:2+turn2", "alpaca_eval-oasst:3",
+                                    "t0:xsum", "t0+turn2", "gsm8k-train:4")]
+    kept = without_families(seqs, ["alpaca_eval-answer", "t0"])
+    assert [s["source"] for s in kept] == ["alpaca_eval-oasst:3", "gsm8k-train:4"]  # not a prefix match
+    assert without_families(seqs, []) == seqs
+    with pytest.raises(ConfigError, match="alpaca-eval-answer: no such source family"):
+        without_families(seqs, ["alpaca-eval-answer"])

@@ -52,6 +52,9 @@ def register(sub) -> None:
                    "cache, a folder per data setting)")
     p.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="train on this cached data too (another run's --data-dir for the same target); repeatable")
+    p.add_argument("--exclude-source", action="append", default=[], metavar="FAMILY",
+                   help="leave out the records of this source family (the source up to its first ':', as "
+                        "training_record.json lists them), e.g. teacher-forced answers; repeatable")
     p.add_argument("--init-from", "--resume-from", dest="init_from", default=None, metavar="DIR",
                    help="start from this trained head's weights instead of fresh ones (fine-tuning it, e.g. on "
                         "traces of your own traffic)")
@@ -74,7 +77,8 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
-    from ..training.datamix import default_mix, describe, mix_fingerprint, mix_order, parse_data_spec
+    from ..training.datamix import (default_mix, describe, mix_fingerprint, mix_order, parse_data_spec,
+                                    without_families)
     from ..training.extract import Extractor, data_meta, generate_training_data
     from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
     from ..training.shards import ShardWriter, read_data, shards_for
@@ -146,6 +150,7 @@ def run(args) -> int:
         folders.append(doc_dir)
     if args.data_only:
         return 0
+    sequences = without_families(sequences, args.exclude_source)
     out = Path(args.out)
     torch.manual_seed(0)
     head, coverage, settings, objective = _head_to_train(args, target, name, sequences, layers)
@@ -155,7 +160,7 @@ def run(args) -> int:
               "target": name, "mix": describe(files), "follow_up_every": args.follow_up_every,
               "records_used": records_used, "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
-              "labels": args.labels, "data_sequences": len(sequences),
+              "labels": args.labels, "excluded_sources": args.exclude_source, "data_sequences": len(sequences),
               "data_tokens": sum(len(s["tokens"]) for s in sequences),
               "answer_tokens": sum(int(s["trainable"].sum()) for s in sequences),
               "tokens_by_source": _tokens_by_source(sequences), "draft_vocab_coverage": coverage,
@@ -168,9 +173,11 @@ def run(args) -> int:
 
 def _tokens_by_source(sequences: list[dict]) -> dict[str, dict[str, int]]:
     """Tokens, and answer tokens the head learns from, per source family (the source up to its first ':')."""
+    from ..training.datamix import source_family
+
     out: dict[str, dict[str, int]] = {}
     for s in sequences:
-        entry = out.setdefault(s["source"].split(":")[0], {"sequences": 0, "tokens": 0, "answer_tokens": 0})
+        entry = out.setdefault(source_family(s["source"]), {"sequences": 0, "tokens": 0, "answer_tokens": 0})
         entry["sequences"] += 1
         entry["tokens"] += len(s["tokens"])
         entry["answer_tokens"] += int(s["trainable"].sum())

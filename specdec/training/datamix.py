@@ -117,7 +117,7 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
                 item = _item(row, model)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"{path}:{number}: not a training record ({exc})") from None
-            by_family.setdefault(item.source.split(":")[0], []).append(item)
+            by_family.setdefault(source_family(item.source), []).append(item)
     if not by_family:
         raise ConfigError(f"{data.path} holds no training records")
     for family, items in by_family.items():
@@ -178,6 +178,28 @@ def mix_fingerprint(files: list[DataFile], follow_up_every: int) -> str:
             digest.update(hashlib.sha256(path.read_bytes()).digest())
         digest.update(repr(f.weight).encode())
     return digest.hexdigest()[:12]
+
+
+def source_family(source: str) -> str:
+    """A record's family: its source up to the first ':' ("t0:xsum_..." -> "t0"; a second turn's family keeps its
+    "+turn2")."""
+    return source.split(":")[0]
+
+
+def without_families(sequences: list[dict], families: list[str]) -> list[dict]:
+    """The sequences whose family is none of `families`; a family also drops its second turns (FAMILY+turn2). An
+    unknown family is refused, so a misspelt name does not silently train on everything."""
+    if not families:
+        return sequences
+    def excluded(family: str, names: list[str]) -> bool:
+        return any(family == name or family.startswith(name + "+") for name in names)
+
+    present = {source_family(s["source"]) for s in sequences}
+    unknown = [name for name in families if not any(excluded(family, [name]) for family in present)]
+    if unknown:
+        raise ConfigError(f"--exclude-source {', '.join(unknown)}: no such source family in the data "
+                          f"(it holds {', '.join(sorted(present))})")
+    return [s for s in sequences if not excluded(source_family(s["source"]), families)]
 
 
 def describe(files: list[DataFile]) -> list[dict]:
