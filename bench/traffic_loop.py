@@ -7,8 +7,8 @@ MAT on requests of the same workload that were held back, before and after.
 The workload is one family of prompts from ../shared/data/train_chat.jsonl (by its `source`, e.g. German to
 English translation), shuffled with a fixed seed and split into traffic and held-back requests that share no
 prompt. Steps, each resumable (a step whose output exists is skipped):
-1. `specdec serve --drafter eagle --trace WORK/traces/` answers the traffic (greedy chat completions, a few at a
-   time), then stops;
+1. `specdec serve --drafter eagle --trace DIR` answers the traffic (greedy chat completions, a few at a time), in
+   chunks of 50 requests, one server each; a chunk's trace joins WORK/traces/ once it is whole;
 2. `specdec train-drafter --data WORK/traces/ --resume-from HEAD` fine-tunes the head the server used;
 3. the held-back requests are served with the head before and after (the same server options, drafting at every
    step), and MAT (tokens per target pass, from `usage.speculation`) is summed over them.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from specdec.drafters import bundled_head
 from specdec.models.registry import DEFAULT_MODEL
 from specdec.server.process import ServerProcess
 
+CHUNK = 50  # traffic requests per server run
 CHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "train_chat.jsonl"
 
 
@@ -62,6 +64,18 @@ def serve(prompts: list[str], args: list[str], max_tokens: int, concurrency: int
             "mat": round(tokens / max(1, sum(s["verify_steps"] for s in stats)), 3)}
 
 
+def serve_traced(prompts: list[str], traces: Path, head: str, args) -> dict:
+    """Serves one chunk of the traffic with traces on; its trace file joins `traces` only once the chunk is whole,
+    so a chunk stopped half-way is served again from the start without leaving its first requests twice."""
+    partial = traces.parent / "partial-trace"
+    shutil.rmtree(partial, ignore_errors=True)
+    stats = serve(prompts, ["--trace", f"{partial}/", "--eagle-head", head], args.max_tokens, args.concurrency)
+    traces.mkdir(parents=True, exist_ok=True)
+    for path in sorted(partial.glob("*.jsonl")):
+        path.rename(traces / path.name)
+    return stats
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="ted-german")
@@ -88,8 +102,8 @@ def main() -> int:
         print(name, json.dumps(done[name]), file=sys.stderr)
 
     traces = work / "traces"
-    step("traffic", lambda: serve(traffic, ["--trace", f"{traces}/", "--eagle-head", head], args.max_tokens,
-                                  args.concurrency))
+    for first in range(0, len(traffic), CHUNK):  # a stop loses at most the chunk being served
+        step(f"traffic-{first // CHUNK}", lambda: serve_traced(traffic[first:first + CHUNK], traces, head, args))
     step("before", lambda: serve(held_back, ["--eagle-head", head], args.max_tokens, args.concurrency))
     tuned = work / "head"
     command = [sys.executable, "-m", "specdec.cli.main", "train-drafter", "--data", str(traces), "--resume-from",
@@ -98,8 +112,11 @@ def main() -> int:
     step("train", lambda: {"command": command[2:], "exit": subprocess.run(command).returncode,
                            "record": json.loads((tuned / "training_record.json").read_text())["heldout"]})
     step("after", lambda: serve(held_back, ["--eagle-head", str(tuned)], args.max_tokens, args.concurrency))
+    chunks = [done[name] for name in done if name.startswith("traffic-")]
+    served = {key: sum(c[key] for c in chunks) for key in ("requests", "verify_steps", "drafted_tokens",
+                                                           "accepted_tokens")}
     result = {"family": args.family, "traffic_requests": len(traffic), "held_back_requests": len(held_back),
-              "max_tokens": args.max_tokens, "head_before": head, "head_after": str(tuned), **done,
+              "max_tokens": args.max_tokens, "head_before": head, "head_after": str(tuned), **done, "traffic": served,
               "mat_gain": round(done["after"]["mat"] - done["before"]["mat"], 3), "machine": machine_info()}
     Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_json).write_text(json.dumps(result, indent=1))
