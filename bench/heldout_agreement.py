@@ -1,0 +1,58 @@
+"""Held-out agreement of trained EAGLE heads with the target on one training-data folder, as train-drafter's learning
+curve measures it (top-1 agreement at each draft depth and the chain MAT it implies), for heads that did not
+train on that folder (the shipped head, or one trained on other data) next to one that did.
+
+    python bench/heldout_agreement.py --data $SPECDEC_CACHE/train-data/<folder> --max-prompts 2048 \
+        --exclude-source alpaca_eval-answer --head shipped=specdec/assets/heads/smollm2-135m \
+        --head own=$SPECDEC_CACHE/heads/smollm2-135m-own-top1 --out-json bench/results/heldout.json
+
+The held-out sequences are chosen by a hash of their tokens (3%, at most 200), so every head is scored on the same
+ones, which a head trained on the folder never saw.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from specdec.drafters.eagle_head import load_head
+from specdec.models.loading import load_model
+from specdec.models.registry import DEFAULT_MODEL
+from specdec.training.batching import TrainSettings
+from specdec.training.datamix import without_families
+from specdec.training.shards import read_data
+from specdec.training.trainer import Trainer
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="a train-drafter data folder")
+    p.add_argument("--max-prompts", type=int, default=None, help="its first N records only")
+    p.add_argument("--exclude-source", action="append", default=[], metavar="FAMILY")
+    p.add_argument("--head", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--out-json", default=None)
+    args = p.parse_args()
+    target = load_model(args.model, dtype="float32")
+    sequences = without_families(read_data([Path(args.data)], target, max_items=args.max_prompts),
+                                 args.exclude_source)
+    results = {}
+    for spec in args.head:
+        name, _, folder = spec.partition("=")
+        head = load_head(folder, target).float().eval()
+        with tempfile.TemporaryDirectory() as out:
+            trainer = Trainer(head, sequences, Path(out), TrainSettings(), time_budget_s=0)
+            results[name] = {"head": folder, **trainer.evaluate()}
+        print(name, json.dumps(results[name]), file=sys.stderr)
+    record = {"data": args.data, "max_prompts": args.max_prompts, "excluded_sources": args.exclude_source,
+              "heldout_windows": len(trainer.heldout), "heads": results}
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
