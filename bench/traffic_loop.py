@@ -28,6 +28,7 @@ from specdec.bench.runner import machine_info
 from specdec.drafters import bundled_head
 from specdec.models.registry import DEFAULT_MODEL
 from specdec.server.process import ServerProcess
+from specdec.training.datamix import source_family
 
 CHUNK = 50  # traffic requests per server run
 CHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "train_chat.jsonl"
@@ -35,7 +36,7 @@ CHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "train_chat.jso
 
 def workload(path: Path, family: str, traffic: int, held_back: int, seed: int = 0) -> tuple[list[str], list[str]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-    prompts = sorted({row["prompt"] for row in rows if row.get("source", "").split(":")[0] == family})
+    prompts = sorted({row["prompt"] for row in rows if source_family(row.get("source", "")) == family})
     random.Random(seed).shuffle(prompts)
     if len(prompts) < traffic + held_back:
         sys.exit(f"traffic_loop: the family {family!r} has {len(prompts)} prompts, fewer than asked for")

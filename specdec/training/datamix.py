@@ -191,15 +191,16 @@ def without_families(sequences: list[dict], families: list[str]) -> list[dict]:
     unknown family is refused, so a misspelt name does not silently train on everything."""
     if not families:
         return sequences
-    def excluded(family: str, names: list[str]) -> bool:
-        return any(family == name or family.startswith(name + "+") for name in names)
+
+    def excluded(family: str, name: str) -> bool:
+        return family == name or family.startswith(name + "+")
 
     present = {source_family(s["source"]) for s in sequences}
-    unknown = [name for name in families if not any(excluded(family, [name]) for family in present)]
+    unknown = [name for name in families if not any(excluded(family, name) for family in present)]
     if unknown:
         raise ConfigError(f"--exclude-source {', '.join(unknown)}: no such source family in the data "
                           f"(it holds {', '.join(sorted(present))})")
-    return [s for s in sequences if not excluded(source_family(s["source"]), families)]
+    return [s for s in sequences if not any(excluded(source_family(s["source"]), name) for name in families)]
 
 
 def describe(files: list[DataFile]) -> list[dict]:
