@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from specdec.drafters.eagle_head import load_head
@@ -23,7 +22,7 @@ from specdec.models.registry import DEFAULT_MODEL
 from specdec.training.batching import TrainSettings
 from specdec.training.datamix import without_families
 from specdec.training.shards import read_data
-from specdec.training.trainer import Trainer
+from specdec.training.trainer import heldout_agreement, split_heldout
 
 
 def main() -> int:
@@ -38,16 +37,16 @@ def main() -> int:
     target = load_model(args.model, dtype="float32")
     sequences = without_families(read_data([Path(args.data)], target, max_items=args.max_prompts),
                                  args.exclude_source)
+    settings = TrainSettings()
+    _, heldout = split_heldout(sequences, settings)
     results = {}
     for spec in args.head:
         name, _, folder = spec.partition("=")
-        head = load_head(folder, target).float().eval()
-        with tempfile.TemporaryDirectory() as out:
-            trainer = Trainer(head, sequences, Path(out), TrainSettings(), time_budget_s=0)
-            results[name] = {"head": folder, **trainer.evaluate()}
+        head = load_head(folder, target).float()
+        results[name] = {"head": folder, **heldout_agreement(head, heldout, settings)}
         print(name, json.dumps(results[name]), file=sys.stderr)
     record = {"data": args.data, "max_prompts": args.max_prompts, "excluded_sources": args.exclude_source,
-              "heldout_windows": len(trainer.heldout), "heads": results}
+              "heldout_windows": len(heldout), "heads": results}
     if args.out_json:
         Path(args.out_json).write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))

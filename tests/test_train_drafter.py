@@ -12,7 +12,7 @@ from specdec.training.batching import TrainSettings, choose_draft_vocab, collate
 from specdec.training.eagle_trainer import unrolled_losses, unrolled_mask
 from specdec.training.extract import generate_training_data
 from specdec.training.shards import read_data, read_shards
-from specdec.training.trainer import Trainer
+from specdec.training.trainer import Trainer, heldout_agreement, split_heldout
 from tiny import loss_after_training
 
 PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
@@ -96,7 +96,10 @@ def test_training_lowers_the_loss_and_the_head_reloads(request, kind, tmp_path, 
 
     before, after = loss_after_training(head, unrolled_losses, batch, settings, trainer.vocab_index)
     assert after < 0.7 * before
-    trainer.checkpoint(trainer.evaluate())
+    stats = trainer.evaluate()
+    assert 0 <= stats["acc1"] <= 1 and stats["chain_mat"] >= 1
+    assert heldout_agreement(head, split_heldout(seqs, settings)[1], settings) == stats  # what bench scripts call
+    trainer.checkpoint(stats)
     loaded = load(tmp_path / "head", target)
     for name, tensor in head.trainable_state().items():
         torch.testing.assert_close(loaded.trainable_state()[name], tensor.to(torch.bfloat16).float())

@@ -12,6 +12,7 @@ from specdec.training.batching import Batch, TrainSettings, is_heldout, windows
 from specdec.training.datamix import FOLLOW_UPS, DataFile, Item, mix_order, parse_data_spec, read_items
 from specdec.training.extract import Extractor, data_meta
 from specdec.training.shards import ShardWriter, read_shards
+from specdec.training.trainer import split_heldout
 
 WORDS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
          "they ran up and down the hill", "we see the blue sky"]
@@ -143,6 +144,24 @@ def test_long_sequences_split_into_windows_covering_each_position_once():
     assert covered.tolist() == list(range(1, L))  # every scored position once, in order (none of it was dropped)
     assert windows(seq, 64) == [seq]
     assert is_heldout(seq, 0.5) == is_heldout(dict(seq), 0.5)
+
+
+def test_the_heldout_split_is_disjoint_and_stays_the_same_as_the_data_grows():
+    gen = torch.Generator().manual_seed(0)
+
+    def seq(i):
+        L = 6 + i % 5
+        return {"tokens": torch.randint(0, 50, (L,), generator=gen), "labels": torch.zeros(L - 1, dtype=torch.long),
+                "features": torch.zeros(L - 1, 2), "trainable": torch.ones(L - 1, dtype=torch.bool), "source": "x"}
+
+    seqs = [seq(i) for i in range(80)]
+    settings = TrainSettings(holdout=0.2, max_len=64)
+    train, held = split_heldout(seqs[:40], settings)
+    train_all, held_all = split_heldout(seqs, settings)
+    assert held and {id(w) for w in train}.isdisjoint(id(w) for w in held)
+    assert len(train) + len(held) == 40
+    assert {id(w) for w in held} <= {id(w) for w in held_all}  # more data never moves a held-out sequence
+    assert [id(w) for w in held_all] == [id(w) for w in split_heldout(list(seqs), settings)[1]]
 
 
 def test_soft_labels_reduce_to_top1_for_a_certain_target_and_differ_otherwise():

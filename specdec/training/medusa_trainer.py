@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..drafters.medusa_head import MedusaHeads
 from .batching import Batch
+from .eagle_trainer import draft_index
 
 
 def medusa_losses(heads: MedusaHeads, batch: Batch, cfg, vocab_index: torch.Tensor, train: bool = True):
@@ -35,7 +36,7 @@ def medusa_losses(heads: MedusaHeads, batch: Batch, cfg, vocab_index: torch.Tens
         chain[:, n - d + 1:] = False
         lab = torch.full_like(labels, -1)
         lab[:, : n - d] = labels[:, d:]
-        lab = torch.where(lab >= 0, vocab_index[lab.clamp(min=0)], torch.full_like(lab, -1))
+        lab = draft_index(lab, vocab_index)
         trainable = torch.zeros_like(known)
         trainable[:, : n - d] = batch.trainable[:, d:]
         valid = chain & (lab >= 0) & trainable

@@ -44,18 +44,10 @@ class Trainer:
         self.head, self.out, self.cfg, self.budget = head, Path(out), settings, time_budget_s
         self.objective = objective or unrolled_losses
         self.max_steps = max_steps
-        seqs = [s for s in sequences if len(s["tokens"]) >= 4]
-        held = [s for s in seqs if is_heldout(s, settings.holdout)]
-        if not held and seqs:  # tiny data: still hold one sequence out
-            held = seqs[-1:]
-        held_ids = {id(s) for s in held}
-        self.heldout = [w for s in held[:MAX_HELDOUT] for w in windows(s, settings.max_len)]
-        self.train = [w for s in seqs if id(s) not in held_ids for w in windows(s, settings.max_len)]
+        self.train, self.heldout = split_heldout(sequences, settings)
         if not self.train:
             raise ConfigError("no training sequences left after holding some out; give more data")
-        vocab = head.config.vocab_size
-        self.vocab_index = torch.full((vocab,), -1, dtype=torch.long)
-        self.vocab_index[head.draft_ids] = torch.arange(len(head.draft_ids))
+        self.vocab_index = draft_vocab_index(head)
         # bfloat16 autocast where the CPU multiplies bfloat16 natively; elsewhere (AVX2) it is emulated, several
         # times slower than float32, so training stays in float32 there
         self.bf16 = cpu_has_bf16()
@@ -139,24 +131,9 @@ class Trainer:
         self.elapsed += time.time() - t0
         return float(loss.detach())
 
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out top-1 agreement with the target at each drafted position, and the chain MAT it implies."""
-        self.head.eval()
-        hits = [0.0] * self.cfg.steps
-        total = [0.0] * self.cfg.steps
-        for group in batches(self.heldout, self.cfg.batch_tokens, self.cfg.max_len, random.Random(0)):
-            _, accs = self.objective(self.head, collate(group, self.cfg.max_len), self.cfg, self.vocab_index, False)
-            for i, (h, t) in enumerate(accs):
-                hits[i] += h
-                total[i] += t
-        acc = [h / max(t, 1) for h, t in zip(hits, total)]
-        mat, reach = 1.0, 1.0
-        for a in acc:
-            reach *= a
-            mat += reach
-        stats = {f"acc{i + 1}": round(a, 3) for i, a in enumerate(acc)}
-        stats["chain_mat"] = round(mat, 3)
+        """Held-out agreement now (`heldout_agreement`), appended to the learning curve."""
+        stats = heldout_agreement(self.head, self.heldout, self.cfg, self.vocab_index, self.objective)
         self.history.append({"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.elapsed, 1),
                              **stats})
         return stats
@@ -202,6 +179,51 @@ class Trainer:
         if self.max_steps is None and meta["budget"] != self.budget and self.step:  # a new budget: plan again
             self.planned_steps = int(self.step + (self.budget - self.elapsed) * self.step / max(self.elapsed, 1e-9))
         print(f"specdec: resumed training at step {self.step} ({self.elapsed:.0f}s done)", file=sys.stderr)
+
+
+def split_heldout(sequences: list[dict], settings: TrainSettings) -> tuple[list[dict], list[dict]]:
+    """(training windows, held-out windows) of the sequences: a sequence is held out by a hash of its tokens
+    (`settings.holdout` of them, at most MAX_HELDOUT), so the split stays the same as the data grows and every
+    head scored on one data folder is scored on the same windows."""
+    seqs = [s for s in sequences if len(s["tokens"]) >= 4]
+    held = [s for s in seqs if is_heldout(s, settings.holdout)]
+    if not held and seqs:  # tiny data: still hold one sequence out
+        held = seqs[-1:]
+    held_ids = {id(s) for s in held}
+    heldout = [w for s in held[:MAX_HELDOUT] for w in windows(s, settings.max_len)]
+    train = [w for s in seqs if id(s) not in held_ids for w in windows(s, settings.max_len)]
+    return train, heldout
+
+
+def draft_vocab_index(head) -> torch.Tensor:
+    """(vocab_size,) long: each target token's row in the head's draft vocabulary, -1 where it has none."""
+    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
+    index[head.draft_ids] = torch.arange(len(head.draft_ids))
+    return index
+
+
+@torch.no_grad()
+def heldout_agreement(head, heldout: list[dict], settings: TrainSettings, vocab_index: torch.Tensor | None = None,
+                      objective=unrolled_losses) -> dict:
+    """Top-1 agreement with the target at each drafted depth over the held-out windows, and the chain MAT it
+    implies: {"acc1": .., ..., "chain_mat": ..}."""
+    head.eval()
+    vocab_index = draft_vocab_index(head) if vocab_index is None else vocab_index
+    hits = [0.0] * settings.steps
+    total = [0.0] * settings.steps
+    for group in batches(heldout, settings.batch_tokens, settings.max_len, random.Random(0)):
+        _, accs = objective(head, collate(group, settings.max_len), settings, vocab_index, False)
+        for i, (h, t) in enumerate(accs):
+            hits[i] += h
+            total[i] += t
+    acc = [h / max(t, 1) for h, t in zip(hits, total)]
+    mat, reach = 1.0, 1.0
+    for a in acc:
+        reach *= a
+        mat += reach
+    stats = {f"acc{i + 1}": round(a, 3) for i, a in enumerate(acc)}
+    stats["chain_mat"] = round(mat, 3)
+    return stats
 
 
 def plot_learning_curve(history: list[dict], path: Path) -> bool:
