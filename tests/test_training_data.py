@@ -212,6 +212,15 @@ def test_training_stopped_and_resumed_gives_the_weights_of_an_uninterrupted_run(
     assert (tmp_path / "cut" / "learning_curve.png").is_file()
     record = json.loads((tmp_path / "cut" / "eagle_config.json").read_text())["training"]
     assert record["tokens_seen"] == whole.tokens_seen > 0
+    with pytest.raises(ConfigError, match="repeat-source"):  # an epoch of other sequences is not a resume
+        Trainer(new_head(target.hf_model, "tiny", ids), seqs, tmp_path / "cut", settings, time_budget_s=1e9,
+                repeats={"s": 2}).resume()
+    repeated = Trainer(new_head(target.hf_model, "tiny", ids), seqs, tmp_path / "rep", settings, time_budget_s=1e9,
+                       repeats={"t": 3})
+    assert len(repeated.heldout) == len(whole.heldout)  # held-out sequences count once
+    count = {name: sum(w["source"] == name for w in repeated.train) for name in "st"}
+    once = {name: sum(w["source"] == name for w in whole.train) for name in "st"}
+    assert count == {"s": once["s"], "t": 3 * once["t"]} and once["t"] > 0
 
 
 def test_a_servers_traces_are_read_by_teacher_forcing_on_the_targets_own_outputs(target, tmp_path):
@@ -282,6 +291,20 @@ def test_training_reads_only_the_first_records_asked_for_though_the_folder_holds
     assert len(shards_for(index, None)[0]) == 3
     with pytest.raises(ConfigError, match="which records"):
         shards_for(index, 3)
+
+
+def test_a_repeated_source_family_counts_n_times_with_its_second_turns_and_bad_specs_are_refused():
+    from specdec.training.datamix import parse_repeats, repeat_families
+
+    seqs = [{"source": s} for s in ("gsm8k-train:1", "gsm8k-train+turn2", "gsm8k-train-x:2", "t0:xsum")]
+    out = repeat_families(seqs, parse_repeats(["gsm8k-train:3", "t0:1"]))
+    assert [s["source"] for s in out].count("gsm8k-train:1") == 3 and len(out) == 3 + 3 + 1 + 1
+    assert repeat_families(seqs, {}) == seqs
+    with pytest.raises(ConfigError, match="gsm8k: no such source family"):
+        repeat_families(seqs, {"gsm8k": 2})
+    for bad in ("gsm8k-train", "gsm8k-train:0", "gsm8k-train:1.5", ":2"):
+        with pytest.raises(ConfigError, match="FAMILY:N"):
+            parse_repeats([bad])
 
 
 def test_excluding_a_source_family_drops_it_and_its_second_turns_and_a_misspelt_one_is_refused():

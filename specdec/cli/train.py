@@ -55,6 +55,9 @@ def register(sub) -> None:
     p.add_argument("--exclude-source", action="append", default=[], metavar="FAMILY",
                    help="leave out the records of this source family (the source up to its first ':', as "
                         "training_record.json lists them), e.g. teacher-forced answers; repeatable")
+    p.add_argument("--repeat-source", action="append", default=[], metavar="FAMILY:N",
+                   help="train on this source family's sequences N times per epoch (its held-out ones once), e.g. "
+                        "to keep what an --init-from head knew; repeatable")
     p.add_argument("--init-from", "--resume-from", dest="init_from", default=None, metavar="DIR",
                    help="start from this trained head's weights instead of fresh ones (fine-tuning it, e.g. on "
                         "traces of your own traffic)")
@@ -78,7 +81,7 @@ def run(args) -> int:
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
     from ..training.datamix import (default_mix, describe, mix_fingerprint, mix_order, parse_data_spec,
-                                    without_families)
+                                    parse_repeats, without_families)
     from ..training.extract import Extractor, data_meta, generate_training_data
     from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
     from ..training.shards import ShardWriter, read_data, shards_for
@@ -92,6 +95,7 @@ def run(args) -> int:
             (args.max_prompts or 0) < 0:
         raise ConfigError("--synthesize, --document-tasks, --temperature, --follow-up-every and --max-prompts "
                           "must be >= 0")
+    repeats = parse_repeats(args.repeat_source)
     files = [parse_data_spec(spec) for spec in args.data + ([args.prompts] if args.prompts else [])]
     files = files or default_mix()
     name = args.model or DEFAULT_MODEL
@@ -154,13 +158,15 @@ def run(args) -> int:
     out = Path(args.out)
     torch.manual_seed(0)
     head, coverage, settings, objective = _head_to_train(args, target, name, sequences, layers)
-    trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective)
+    trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective,
+                      repeats=repeats)
     stats = trainer.run()
     record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
               "target": name, "mix": describe(files), "follow_up_every": args.follow_up_every,
               "records_used": records_used, "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
               "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
-              "labels": args.labels, "excluded_sources": args.exclude_source, "data_sequences": len(sequences),
+              "labels": args.labels, "excluded_sources": args.exclude_source,
+              "repeated_sources": repeats, "data_sequences": len(sequences),
               "data_tokens": sum(len(s["tokens"]) for s in sequences),
               "answer_tokens": sum(int(s["trainable"].sum()) for s in sequences),
               "tokens_by_source": _tokens_by_source(sequences), "draft_vocab_coverage": coverage,

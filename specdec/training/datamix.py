@@ -186,21 +186,51 @@ def source_family(source: str) -> str:
     return source.split(":")[0]
 
 
+def _in_family(family: str, name: str) -> bool:
+    """Whether a sequence of `family` belongs to the family `name` (its second turns, FAMILY+turn2, too)."""
+    return family == name or family.startswith(name + "+")
+
+
+def _check_families(sequences: list[dict], names, option: str) -> None:
+    """Refuses a family the data does not hold, so a misspelt name does not silently do nothing."""
+    present = {source_family(s["source"]) for s in sequences}
+    unknown = [name for name in names if not any(_in_family(family, name) for family in present)]
+    if unknown:
+        raise ConfigError(f"{option} {', '.join(unknown)}: no such source family in the data "
+                          f"(it holds {', '.join(sorted(present))})")
+
+
 def without_families(sequences: list[dict], families: list[str]) -> list[dict]:
     """The sequences whose family is none of `families`; a family also drops its second turns (FAMILY+turn2). An
-    unknown family is refused, so a misspelt name does not silently train on everything."""
+    unknown family is refused."""
     if not families:
         return sequences
+    _check_families(sequences, families, "--exclude-source")
+    return [s for s in sequences if not any(_in_family(source_family(s["source"]), name) for name in families)]
 
-    def excluded(family: str, name: str) -> bool:
-        return family == name or family.startswith(name + "+")
 
-    present = {source_family(s["source"]) for s in sequences}
-    unknown = [name for name in families if not any(excluded(family, name) for family in present)]
-    if unknown:
-        raise ConfigError(f"--exclude-source {', '.join(unknown)}: no such source family in the data "
-                          f"(it holds {', '.join(sorted(present))})")
-    return [s for s in sequences if not any(excluded(source_family(s["source"]), name) for name in families)]
+def parse_repeats(specs: list[str]) -> dict[str, int]:
+    """`--repeat-source FAMILY:N` options -> {family: N}, N a whole number >= 1."""
+    repeats = {}
+    for spec in specs:
+        name, sep, count = spec.rpartition(":")
+        if not sep or not name or not count.isdigit() or int(count) < 1:
+            raise ConfigError(f"--repeat-source {spec!r}: expected FAMILY:N with N a whole number >= 1")
+        repeats[name] = int(count)
+    return repeats
+
+
+def repeat_families(sequences: list[dict], repeats: dict[str, int]) -> list[dict]:
+    """The sequences, each of a family in `repeats` (and its second turns) N times: a training epoch then sees that
+    family N times as often, as if the mix had weighted it so (an unknown family is refused)."""
+    if not repeats:
+        return sequences
+    _check_families(sequences, repeats, "--repeat-source")
+    out = []
+    for s in sequences:
+        family = source_family(s["source"])
+        out += [s] * max((n for name, n in repeats.items() if _in_family(family, name)), default=1)
+    return out
 
 
 def describe(files: list[DataFile]) -> list[dict]:

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..files import write_atomic
 from ..models.loading import cpu_has_bf16
 from .batching import TrainSettings, batches, collate, is_heldout, windows
+from .datamix import repeat_families
 from .eagle_trainer import unrolled_losses
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -36,15 +37,18 @@ class Trainer:
     """AdamW with warmup, a flat phase and a final decay; checkpoints and resumes exactly (safetensors)."""
 
     def __init__(self, head, sequences: list[dict], out: Path, settings: TrainSettings, time_budget_s: float,
-                 objective=None, max_steps: int | None = None):
+                 objective=None, max_steps: int | None = None, repeats: dict[str, int] | None = None):
         """objective: (head, Batch, settings, vocab_index, train) -> (losses per drafted position, [(hits,
         trials)] per position when not train); default: the EAGLE head's unrolled losses. Any head with
         draft_ids, trainable_state() and save() trains here (Medusa heads too). max_steps: plan and stop at this
-        many steps instead of planning from the time budget."""
+        many steps instead of planning from the time budget. repeats: {source family: N}, its training sequences N
+        times in each epoch (datamix.repeat_families; the held-out ones once)."""
         self.head, self.out, self.cfg, self.budget = head, Path(out), settings, time_budget_s
         self.objective = objective or unrolled_losses
         self.max_steps = max_steps
         self.train, self.heldout = split_heldout(sequences, settings)
+        self.repeats = dict(repeats or {})
+        self.train = repeat_families(self.train, self.repeats)
         if not self.train:
             raise ConfigError("no training sequences left after holding some out; give more data")
         self.vocab_index = draft_vocab_index(head)
@@ -149,7 +153,7 @@ class Trainer:
         state["rng"] = torch.get_rng_state()
         meta = {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch, "planned_steps": self.planned_steps, "budget": self.budget,
-                "history": self.history, "settings": asdict(self.cfg),
+                "history": self.history, "settings": asdict(self.cfg), "repeats": self.repeats,
                 "opt_steps": [int(self.opt.state.get(p, {}).get("step", 0)) for p in self.params]}
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / CHECKPOINT, lambda tmp: save_file(state, str(tmp), metadata={"json": json.dumps(meta)}))
@@ -167,6 +171,9 @@ class Trainer:
         if meta["settings"] != asdict(self.cfg):
             raise ConfigError(f"{path} was made with other training settings ({meta['settings']}); train into "
                               f"another --out, or use the same settings")
+        if meta.get("repeats", {}) != self.repeats:
+            raise ConfigError(f"{path} was trained with --repeat-source {meta.get('repeats', {})}; train into another "
+                              f"--out, or repeat the same sources")
         for i, p in enumerate(self.params):
             p.data.copy_(state[f"param.{i}"])
             if f"opt.{i}.exp_avg" in state:
