@@ -305,6 +305,8 @@ def test_a_repeated_source_family_counts_n_times_with_its_second_turns_and_bad_s
     for bad in ("gsm8k-train", "gsm8k-train:0", "gsm8k-train:1.5", ":2"):
         with pytest.raises(ConfigError, match="FAMILY:N"):
             parse_repeats([bad])
+    with pytest.raises(ConfigError, match="already repeated 3 times"):
+        parse_repeats(["gsm8k-train:3", "gsm8k-train:2"])
 
 
 def test_excluding_a_source_family_drops_it_and_its_second_turns_and_a_misspelt_one_is_refused():

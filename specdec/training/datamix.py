@@ -216,6 +216,9 @@ def parse_repeats(specs: list[str]) -> dict[str, int]:
         name, sep, count = spec.rpartition(":")
         if not sep or not name or not count.isdigit() or int(count) < 1:
             raise ConfigError(f"--repeat-source {spec!r}: expected FAMILY:N with N a whole number >= 1")
+        if name in repeats:
+            raise ConfigError(f"--repeat-source {spec!r}: {name!r} is already repeated {repeats[name]} times; "
+                              "give each family once")
         repeats[name] = int(count)
     return repeats
 
