@@ -26,7 +26,7 @@ def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2
 def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None, dtype=torch.float32,
            slots: int = 1) -> LoadedModel:
     """Wraps a model (already in `dtype`) in a backend whose KV pool starts with `slots` sequences. A test that asks
-    for the CPU kernels is skipped where they cannot run (a CPU without AVX-512, or no compiler)."""
+    for the CPU kernels is skipped where they cannot run (a CPU without AVX2, or no compiler)."""
     if backend.startswith("kernels"):
         from specdec.kernels import unavailable_reason
 

@@ -1,7 +1,8 @@
 """specdec's CPU kernels: a batch-invariant float32 Llama forward, compiled on first use.
 
 `load()` builds cpu_llama.cpp with torch's C++ extension tools into the specdec cache (once per
-source version and CPU), or raises KernelUnavailable with the reason (no AVX-512, no compiler, ...).
+source version and CPU), or raises KernelUnavailable with the reason (no AVX2, no compiler, ...). The build is
+for AVX-512 where the CPU has it, else for AVX2 (vec16.h); bfloat16 products need AVX-512 BF16 either way.
 """
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from pathlib import Path
 from ..errors import SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
-REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
+HEADERS = (Path(__file__).with_name("vec16.h"),)
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
+AVX2_FLAGS = ("avx2", "f16c", "fma")
+BUILD_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c"],
+               "avx2": ["-mavx2", "-mfma", "-mf16c"]}
 
 
 class KernelUnavailable(SpecdecError):
@@ -34,18 +39,28 @@ def cpu_flags() -> set[str]:
 
 def has_bf16_products() -> bool:
     """True where the CPU has AVX-512 BF16 (vdpbf16ps), for bfloat16 products."""
-    return "avx512_bf16" in cpu_flags()
+    return "avx512_bf16" in cpu_flags() and instruction_set() == "avx512"
+
+
+def instruction_set() -> str | None:
+    """The vector instructions the kernels are built for here: "avx512", "avx2", or None (neither)."""
+    flags = cpu_flags()
+    for name, needed in (("avx512", AVX512_FLAGS), ("avx2", AVX2_FLAGS)):
+        if all(f in flags for f in needed):
+            return name
+    return None
 
 
 def unavailable_reason() -> str | None:
     """Why the kernels cannot run on this machine, or None."""
     if sys.platform != "linux":
         return "the CPU kernels are built for Linux only"
-    missing = [f for f in REQUIRED_FLAGS if f not in cpu_flags()]
-    if missing:
+    if instruction_set() is None:
+        missing = [f for f in AVX2_FLAGS if f not in cpu_flags()]
         return f"the CPU lacks {', '.join(missing)}"
-    if not SOURCE.is_file():
-        return f"the kernel source {SOURCE.name} is not installed"
+    for path in (SOURCE, *HEADERS):
+        if not path.is_file():
+            return f"the kernel source {path.name} is not installed"
     return None
 
 
@@ -62,18 +77,24 @@ def _openmp_link_flags() -> list[str]:
     return ["-fopenmp"]
 
 
-@lru_cache(maxsize=1)
-def load():
-    """The compiled extension module (built on first call, then loaded from the cache)."""
+@lru_cache(maxsize=2)
+def load(isa: str | None = None):
+    """The compiled extension module (built on first call, then loaded from the cache). isa: build for "avx2"
+    or "avx512" instead of the best this CPU runs (for comparisons; the CPU must run the one asked for)."""
     reason = unavailable_reason()
     if reason:
         raise KernelUnavailable(reason)
+    if isa is not None and isa not in BUILD_FLAGS:
+        raise ValueError(f"isa must be one of {', '.join(BUILD_FLAGS)}, not {isa!r}")
+    if isa == "avx512" and instruction_set() != "avx512":
+        raise KernelUnavailable("the CPU lacks AVX-512")
     from torch.utils import cpp_extension
 
     from ..models.registry import cache_root
 
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join(sorted(cpu_flags() & set(REQUIRED_FLAGS))).encode()).hexdigest()[:12]
+    isa = isa or instruction_set()
+    source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
+    tag = hashlib.sha256(source + isa.encode()).hexdigest()[:12]
     build_dir = cache_root() / "kernels" / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     first = not any(build_dir.glob("*.so"))
@@ -82,8 +103,7 @@ def load():
     try:
         return cpp_extension.load(
             name=f"specdec_cpu_llama_{tag}", sources=[str(SOURCE)], build_directory=str(build_dir),
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c",
-                          "-ffp-contract=off", "-fopenmp"],
+            extra_cflags=["-O3", *BUILD_FLAGS[isa], "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=_openmp_link_flags(),
             verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
     except (RuntimeError, OSError, ImportError) as exc:

@@ -10,7 +10,10 @@
 // with fused multiply-adds (for bfloat16 products: over pairs of k, by vdpbf16ps, or by AMX tiles on CPUs that have
 // them, chosen per machine and never per pass). Which of the two a pass uses
 // is the caller's choice per pass (the Python side: bfloat16 for a sequence's first pass, or for every pass). Other dot products (norms,
-// attention scores) use 16 lanes, lane l accumulating k = l (mod 16), then _mm512_reduce_add_ps.
+// attention scores) use 16 lanes, lane l accumulating k = l (mod 16), then vec::sum.
+//
+// Built for AVX-512 where the CPU has it, otherwise for AVX2 (vec16.h carries 16 lanes in two registers there, with
+// the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -24,10 +27,17 @@
 
 #include <immintrin.h>
 #include <cpuid.h>
+#include "vec16.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 
 namespace {
+
+using vec::f32x16;
+
+#ifdef __AVX512F__
+#define SPECDEC_AVX512 1
+#endif
 
 // F32, BF16, F16: weights widened to float32, products of float32 activations (fused multiply-add).
 // BF16PAIRS: the same products from bfloat16 weights packed in pairs of k (the layout BF16DOT reads), so that
@@ -37,18 +47,17 @@ namespace {
 enum WType : int { F32 = 0, BF16 = 1, F16 = 2, BF16DOT = 3, BF16PAIRS = 4 };
 
 template <int WT>
-inline __m512 load16(const void* base, int64_t k) {
+inline f32x16 load16(const void* base, int64_t k) {
   if constexpr (WT == BF16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + k));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return vec::load_bf16(static_cast<const uint16_t*>(base) + k);
   } else if constexpr (WT == F16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + k)));
+    return vec::load_f16(static_cast<const uint16_t*>(base) + k);
   } else {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + k);
+    return vec::load(static_cast<const float*>(base) + k);
   }
 }
 
-inline __m512 load16_any(const void* base, int64_t k, int wtype) {
+inline f32x16 load16_any(const void* base, int64_t k, int wtype) {
   switch (wtype) {
     case BF16: return load16<BF16>(base, k);
     case F16: return load16<F16>(base, k);
@@ -59,37 +68,59 @@ inline __m512 load16_any(const void* base, int64_t k, int wtype) {
 inline int64_t elem_size(int wtype) { return wtype == F32 ? 4 : 2; }
 
 // Weights are packed once into blocks of 64 output rows (4 vectors of 16 lanes, one output per lane), so that
-// a block is read as one sequential stream (rows past N are zero): block b holds W[64b + i, k] at [k][i], or
-// for bfloat16 products at [k/2][i][k%2] (pairs of adjacent k for vdpbf16ps). K is a multiple of 16.
+// a block is read as one sequential stream (rows past N are zero): block b holds W[64b + i, k] at [k][i] (AVX2
+// builds: [i/16][k][i%16], see packed_at), or for bfloat16 products at [k/2][i][k%2] (pairs of adjacent k for
+// vdpbf16ps). K is a multiple of 16.
 constexpr int kBlockCols = 64;
 constexpr int kVecs = kBlockCols / 16;
-constexpr int kMaxRows = 6;  // rows of x per tile: 6 x 4 accumulators + 4 weight vectors + 1 broadcast
 
-// The lanes of a block's 16-column vector v that hold outputs (columns < valid; 0 past them), and the bias there
+// Where W[64b + 16v + i, k] sits in block b (in elements; pairs aside). AVX-512 reads a block's four vectors of 16
+// columns together: [k][64]. AVX2 reads fewer at a time, so each vector of 16 columns is a stream of its own,
+// [v][k][16], whose every cache line a pass uses whole.
+inline __attribute__((always_inline)) int64_t packed_at(int64_t k, int v, int64_t K) {
+#ifdef SPECDEC_AVX512
+  (void)K;
+  return k * kBlockCols + v * 16;
+#else
+  return (v * K + k) * 16;
+#endif
+}
+// Rows of x per tile, and how many of a block's vectors of 16 columns one pass over k takes (the rest take more
+// passes) for MR rows: as many accumulators as the registers hold, and enough of them for the multiply-adds to
+// overlap. AVX-512: 6 x 4 accumulators + 4 weight vectors + 1 broadcast of 32 registers. AVX2 (16 registers, two to
+// a vector): 8 accumulator registers at most (4 x 1, 2 x 2 or 1 x 4 vectors), weights and broadcast beside them.
+#ifdef SPECDEC_AVX512
+constexpr int kMaxRows = 6;
+constexpr int pass_vecs(int) { return kVecs; }
+#else
+constexpr int kMaxRows = 6;
+constexpr int pass_vecs(int rows) { return rows == 1 ? 4 : 1; }
+#endif
+
+// How many leading lanes of a block's 16-column vector v hold outputs (columns < valid), and the bias there
 // (zeros without one): what a block's products store.
-inline __attribute__((always_inline)) __mmask16 live_lanes(int valid, int v) {
-  const int cols = valid - v * 16;
-  return (__mmask16)(cols <= 0 ? 0 : cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+inline __attribute__((always_inline)) int live_lanes(int valid, int v) {
+  return std::clamp(valid - v * 16, 0, 16);
 }
 
-inline __attribute__((always_inline)) __m512 bias_lanes(const float* bias, int v, __mmask16 live) {
-  return bias ? _mm512_maskz_loadu_ps(live, bias + v * 16) : _mm512_setzero_ps();
+inline __attribute__((always_inline)) f32x16 bias_lanes(const float* bias, int v, int live) {
+  return bias ? vec::load_first(live, bias + v * 16) : vec::zero();
 }
 
-// y[j, n + i] = sum_k x[j, k] W[n + i, k] (+ bias[i]) for the 64 outputs of one packed block and MR rows of x.
-// Each output accumulates in one lane, over k in increasing order (pairs of k for BF16DOT): the order depends on
-// nothing but K. x is float32, or bfloat16 for BF16DOT. Outputs i >= valid are computed but not stored.
+#ifdef SPECDEC_AVX512
+// tile's products from weights packed in pairs of k (BF16DOT, BF16PAIRS): AVX-512 builds only
 template <int MR, int WT>
-__attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const char* __restrict block, int valid,
-                                    const float* __restrict bias, float* __restrict y, int64_t ldy) {
+inline __attribute__((always_inline)) void tile_pairs(const void* __restrict xv, int64_t K,
+                                                      const char* __restrict block, int valid,
+                                                      const float* __restrict bias, float* __restrict y, int64_t ldy) {
   __m512 acc[MR][kVecs];
 #pragma GCC unroll 6
   for (int j = 0; j < MR; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(block);
   if constexpr (WT == BF16DOT) {
     const uint16_t* x = static_cast<const uint16_t*>(xv);
-    const uint16_t* w = reinterpret_cast<const uint16_t*>(block);
     for (int64_t k = 0; k < K; k += 2) {
       __m512bh wk[kVecs];
 #pragma GCC unroll 4
@@ -103,10 +134,9 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
         for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], wk[v], xb);
       }
     }
-  } else if constexpr (WT == BF16PAIRS) {
+  } else {
     // the pair layout holds W[k] in the low and W[k + 1] in the high half of each 32-bit lane; k, then k + 1
     const float* x = static_cast<const float*>(xv);
-    const uint16_t* w = reinterpret_cast<const uint16_t*>(block);
     const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
     for (int64_t k = 0; k < K; k += 2) {
       for (int half = 0; half < 2; ++half) {
@@ -124,27 +154,59 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
         }
       }
     }
-  } else {
-    const float* x = static_cast<const float*>(xv);
-    for (int64_t k = 0; k < K; ++k) {
-      __m512 wk[kVecs];
-#pragma GCC unroll 4
-      for (int v = 0; v < kVecs; ++v) wk[v] = load16<WT>(block, k * kBlockCols + v * 16);
-#pragma GCC unroll 6
-      for (int j = 0; j < MR; ++j) {
-        const __m512 xb = _mm512_set1_ps(x[j * K + k]);
-#pragma GCC unroll 4
-        for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_fmadd_ps(wk[v], xb, acc[j][v]);
-      }
-    }
   }
 #pragma GCC unroll 4
   for (int v = 0; v < kVecs; ++v) {
-    const __mmask16 live = live_lanes(valid, v);
+    const int live = live_lanes(valid, v);
     if (!live) break;
-    const __m512 b = bias_lanes(bias, v, live);
+    const f32x16 b = bias_lanes(bias, v, live);
 #pragma GCC unroll 6
-    for (int j = 0; j < MR; ++j) _mm512_mask_storeu_ps(y + j * ldy + v * 16, live, _mm512_add_ps(acc[j][v], b));
+    for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + v * 16, vec::add(acc[j][v], b));
+  }
+}
+#endif
+
+// y[j, n + i] = sum_k x[j, k] W[n + i, k] (+ bias[i]) for the 64 outputs of one packed block and MR rows of x.
+// Each output accumulates in one lane, over k in increasing order (pairs of k for BF16DOT): the order depends on
+// nothing but K. x is float32, or bfloat16 for BF16DOT. Outputs i >= valid are computed but not stored. The
+// block's vectors of 16 columns are taken pass_vecs(MR) at a time.
+template <int MR, int WT>
+__attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const char* __restrict block, int valid,
+                                    const float* __restrict bias, float* __restrict y, int64_t ldy) {
+#ifdef SPECDEC_AVX512
+  if constexpr (WT == BF16DOT || WT == BF16PAIRS) {
+    tile_pairs<MR, WT>(xv, K, block, valid, bias, y, ldy);
+  } else
+#endif
+  {
+    constexpr int kPassVecs = pass_vecs(MR);
+    const float* x = static_cast<const float*>(xv);
+    for (int v0 = 0; v0 < kVecs && live_lanes(valid, v0); v0 += kPassVecs) {
+      f32x16 acc[MR][kPassVecs];
+#pragma GCC unroll 6
+      for (int j = 0; j < MR; ++j)
+#pragma GCC unroll 4
+        for (int v = 0; v < kPassVecs; ++v) acc[j][v] = vec::zero();
+      for (int64_t k = 0; k < K; ++k) {
+        f32x16 wk[kPassVecs];
+#pragma GCC unroll 4
+        for (int v = 0; v < kPassVecs; ++v) wk[v] = load16<WT>(block, packed_at(k, v0 + v, K));
+#pragma GCC unroll 6
+        for (int j = 0; j < MR; ++j) {
+          const f32x16 xb = vec::set1(x[j * K + k]);
+#pragma GCC unroll 4
+          for (int v = 0; v < kPassVecs; ++v) acc[j][v] = vec::fmadd(wk[v], xb, acc[j][v]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < kPassVecs; ++v) {
+        const int live = live_lanes(valid, v0 + v);
+        if (!live) break;
+        const f32x16 b = bias_lanes(bias, v0 + v, live);
+#pragma GCC unroll 6
+        for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + (v0 + v) * 16, vec::add(acc[j][v], b));
+      }
+    }
   }
 }
 
@@ -178,6 +240,7 @@ void linear_blocks(const void* x, int64_t M, const char* packed, int64_t N, int6
   });
 }
 
+#ifdef SPECDEC_AVX512
 // x (M, K) float32 -> bfloat16, rounded to nearest even, then `pad` zeros; M * K is a multiple of 16
 std::vector<uint16_t> to_bf16(const float* x, int64_t count, int64_t pad = 0) {
   std::vector<uint16_t> out(count + pad, 0);
@@ -185,6 +248,7 @@ std::vector<uint16_t> to_bf16(const float* x, int64_t count, int64_t pad = 0) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + e), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + e)));
   return out;
 }
+#endif
 
 // ---- bfloat16 products on AMX tiles ----------------------------------------------------------------------
 // Where the CPU and OS allow it, bfloat16 products (BF16DOT's: x rounded to bfloat16) run on AMX tiles, 16 rows of
@@ -194,7 +258,7 @@ std::vector<uint16_t> to_bf16(const float* x, int64_t count, int64_t pad = 0) {
 // differently from vdpbf16ps's (last bits), so the choice depends only on the machine and K (a multiple of 32), never
 // on how many rows are multiplied: passes stay batch-invariant.
 
-#if !defined(SPECDEC_NO_AMX) && ((defined(__clang__) && __clang_major__ >= 12) || \
+#if defined(SPECDEC_AVX512) && !defined(SPECDEC_NO_AMX) && ((defined(__clang__) && __clang_major__ >= 12) || \
                                   (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define SPECDEC_AMX 1  // the compiler has the AMX intrinsics
 #endif
@@ -216,7 +280,9 @@ bool amx_permitted() {
 
 bool amx_enabled = true;  // set_amx turns it off, for comparisons with the AVX-512 products
 
+#ifdef SPECDEC_AMX
 bool use_amx(int64_t K) { return amx_enabled && K % 32 == 0 && amx_permitted(); }
+#endif
 
 // how far ahead of the tiles the weights are fetched into cache (tile loads are not prefetched by the hardware as
 // vector loads are); 8 KB measured best on the build machine's two shared cores (4 to 32 KB tried)
@@ -276,11 +342,11 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(const uint16_t* x, i
     _tile_stored(3, out + 48, kBlockCols * 4);
     const int64_t rows = std::min<int64_t>(16, M - m);
     for (int v = 0; v < kVecs; ++v) {
-      const __mmask16 live = live_lanes(valid, v);
+      const int live = live_lanes(valid, v);
       if (!live) break;
-      const __m512 b = bias_lanes(bias, v, live);
+      const f32x16 b = bias_lanes(bias, v, live);
       for (int64_t r = 0; r < rows; ++r)
-        _mm512_mask_storeu_ps(y + (m + r) * ldy + v * 16, live, _mm512_add_ps(_mm512_load_ps(out + r * kBlockCols + v * 16), b));
+        vec::store_first(live, y + (m + r) * ldy + v * 16, vec::add(vec::load(out + r * kBlockCols + v * 16), b));
     }
   }
 }
@@ -316,8 +382,13 @@ torch::Tensor pack_blocks(const torch::Tensor& w, bool pairs) {
   padded.narrow(0, 0, N).copy_(w);
   if (pairs)  // (blocks, 64, K/2, 2) -> (blocks, K/2, 64, 2)
     return padded.view({blocks, kBlockCols, K / 2, 2}).permute({0, 2, 1, 3}).contiguous().view({-1});
+#ifdef SPECDEC_AVX512
   // (blocks, 64, K) -> (blocks, K, 64)
   return padded.view({blocks, kBlockCols, K}).permute({0, 2, 1}).contiguous().view({-1});
+#else
+  // (blocks, 64, K) -> (blocks, 4, K, 16)
+  return padded.view({blocks, kVecs, 16, K}).permute({0, 1, 3, 2}).contiguous().view({-1});
+#endif
 }
 
 struct Weight {
@@ -339,6 +410,9 @@ Weight make_weight(const torch::Tensor& t, bool pairs = false) {
   else if (t.scalar_type() == torch::kBFloat16) w.wtype = BF16;
   else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
   else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
+#ifndef SPECDEC_AVX512
+  TORCH_CHECK(!pairs, "weights packed in pairs (bfloat16 products) need an AVX-512 build of the kernels");
+#endif
   w.pairs = pairs && w.wtype == BF16;
   w.tensor = pack_blocks(t, w.pairs);
   w.data = static_cast<const char*>(w.tensor.data_ptr());
@@ -350,6 +424,7 @@ Weight make_weight(const torch::Tensor& t, bool pairs = false) {
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
             bool bf16_products = false) {
   TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
+#ifdef SPECDEC_AVX512
   if (w.pairs) {
 #ifdef SPECDEC_AMX
     if (bf16_products && use_amx(w.K)) {
@@ -365,6 +440,7 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
     }
     return;
   }
+#endif
   switch (w.wtype) {
     case BF16: linear_blocks<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
     case F16: linear_blocks<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
@@ -374,26 +450,26 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
 
 // n is a multiple of 16
 inline float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = 0; k < n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
-  return _mm512_reduce_add_ps(acc);
+  f32x16 acc = vec::zero();
+  for (int64_t k = 0; k < n; k += 16) acc = vec::fmadd(vec::load(a + k), vec::load(b + k), acc);
+  return vec::sum(acc);
 }
 
 // e^x for 16 lanes (Cody-Waite reduction, degree-6 polynomial; within 2 ulp for x in [-87, 88]).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.972084045410f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+inline f32x16 exp16(f32x16 x) {
+  using namespace vec;
+  x = max(min(x, set1(88.3762626647949f)), set1(-103.972084045410f));
+  const f32x16 n = round_even(mul(x, set1(1.44269504088896341f)));
+  f32x16 r = fnmadd(n, set1(0.693359375f), x);
+  r = fnmadd(n, set1(-2.12194440e-4f), r);
+  f32x16 p = set1(1.9875691500E-4f);
+  p = fmadd(p, r, set1(1.3981999507E-3f));
+  p = fmadd(p, r, set1(8.3334519073E-3f));
+  p = fmadd(p, r, set1(4.1665795894E-2f));
+  p = fmadd(p, r, set1(1.6666665459E-1f));
+  p = fmadd(p, r, set1(5.0000001201E-1f));
+  p = fmadd(p, mul(r, r), add(r, set1(1.0f)));
+  return scale2(p, n);
 }
 
 // rows per task when row-wise work is split among threads (a row's result never depends on the split)
@@ -419,22 +495,32 @@ void score_block_rows(const float* const* q, const float* kbase, int64_t hd, int
                       float* scores, int64_t width) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float* kb = kbase + b * hd * 16;
-    __m512 acc[R];
+    f32x16 acc[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r] = vec::zero();
     for (int64_t d = 0; d < hd; ++d) {
-      const __m512 kv = _mm512_loadu_ps(kb + d * 16);
+      const f32x16 kv = vec::load(kb + d * 16);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), kv, acc[r]);
+      for (int r = 0; r < R; ++r) acc[r] = vec::fmadd(vec::set1(q[r][d]), kv, acc[r]);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * width + b * 16, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+    for (int r = 0; r < R; ++r) vec::store(scores + r * width + b * 16, vec::mul(acc[r], vec::set1(scale)));
   }
 }
 
-template <int R = 8>
+#ifdef SPECDEC_AVX512
+constexpr int kScoreRows = 8;  // query rows sharing each key load (their accumulators stay in registers)
+#else
+constexpr int kScoreRows = 4;
+#endif
+
+template <int R = kScoreRows>
 void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
                 float* scores, int64_t width) {
+  if (rows > kScoreRows) {  // each row's scores are its own: splitting the rows changes nothing in them
+    score_rows(kScoreRows, q, kbase, hd, blocks, scale, scores, width);
+    return score_rows(rows - kScoreRows, q + kScoreRows, kbase, hd, blocks, scale, scores + kScoreRows * width, width);
+  }
   if constexpr (R > 0) {
     if (rows == R) return score_block_rows<R>(q, kbase, hd, blocks, scale, scores, width);
     score_rows<R - 1>(rows, q, kbase, hd, blocks, scale, scores, width);
@@ -446,31 +532,35 @@ void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t
 // same chain of fused multiply-adds as if it ran alone, so a row's result does not depend on its neighbours.
 template <int R, int DV>
 void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd, float* const* acc) {
-  __m512 a[R][DV];
+  f32x16 a[R][DV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < DV; ++j) a[r][j] = _mm512_loadu_ps(acc[r] + j * 16);
+    for (int j = 0; j < DV; ++j) a[r][j] = vec::load(acc[r] + j * 16);
   for (int64_t i = i0; i < i1; ++i) {
     const float* row = v + i * hd;
-    __m512 vv[DV];
+    f32x16 vv[DV];
 #pragma GCC unroll 16
-    for (int j = 0; j < DV; ++j) vv[j] = _mm512_loadu_ps(row + j * 16);
+    for (int j = 0; j < DV; ++j) vv[j] = vec::load(row + j * 16);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m512 wi = _mm512_set1_ps(w[r][i]);
+      const f32x16 wi = vec::set1(w[r][i]);
 #pragma GCC unroll 16
-      for (int j = 0; j < DV; ++j) a[r][j] = _mm512_fmadd_ps(wi, vv[j], a[r][j]);
+      for (int j = 0; j < DV; ++j) a[r][j] = vec::fmadd(wi, vv[j], a[r][j]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < DV; ++j) _mm512_storeu_ps(acc[r] + j * 16, a[r][j]);
+    for (int j = 0; j < DV; ++j) vec::store(acc[r] + j * 16, a[r][j]);
 }
 
 // rows sharing one pass over v: as many as keep the accumulators in registers
+#ifdef SPECDEC_AVX512
 constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
+#else
+constexpr int rows_per_pass(int dv) { return dv <= 2 ? 2 : 1; }
+#endif
 
 template <int DV>
 void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
@@ -584,7 +674,7 @@ class CpuLlama {
     for (int64_t i = 0; i < N; ++i) {
       TORCH_CHECK(id[i] >= 0 && id[i] < embed_rows_.size(0), "token id out of range");
       const char* row = static_cast<const char*>(embed_rows_.data_ptr()) + id[i] * H * elem_size(embed_type_);
-      for (int64_t k = 0; k < H; k += 16) _mm512_storeu_ps(x + i * H + k, load16_any(row, k, embed_type_));
+      for (int64_t k = 0; k < H; k += 16) vec::store(x + i * H + k, load16_any(row, k, embed_type_));
     }
 
     const int64_t layer_stride = slot_count * nkv * P * hd;
@@ -639,9 +729,9 @@ class CpuLlama {
       at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i)
           for (int64_t e = 0; e < I; e += 16) {
-            const __m512 g = _mm512_loadu_ps(gu + i * 2 * I + e);
-            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-            _mm512_storeu_ps(act + i * I + e, _mm512_mul_ps(silu, _mm512_loadu_ps(gu + i * 2 * I + I + e)));
+            const f32x16 g = vec::load(gu + i * 2 * I + e);
+            const f32x16 silu = vec::div(g, vec::add(vec::set1(1.0f), exp16(vec::sub(vec::zero(), g))));
+            vec::store(act + i * I + e, vec::mul(silu, vec::load(gu + i * 2 * I + I + e)));
           }
       });
       linear(act, N, L.down, nullptr, h, H, bf16_products);
@@ -727,14 +817,13 @@ class CpuLlama {
           for (int64_t i = 0; i < n; ++i) wr[i] = sc[i] - top;
           for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]] - top;
           const int64_t all = count[r], padded = (all + 15) / 16 * 16;
-          __m512 total = _mm512_setzero_ps();
+          f32x16 total = vec::zero();
           for (int64_t i = 0; i < padded; i += 16) {
-            const __mmask16 live = (__mmask16)(all - i >= 16 ? 0xFFFF : (1u << (all - i)) - 1);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_loadu_ps(wr + i)));
-            _mm512_storeu_ps(wr + i, e);
-            total = _mm512_add_ps(total, e);
+            const f32x16 e = vec::keep_first(static_cast<int>(std::min<int64_t>(all - i, 16)), exp16(vec::load(wr + i)));
+            vec::store(wr + i, e);
+            total = vec::add(total, e);
           }
-          inv_totals[r] = 1.0f / _mm512_reduce_add_ps(total);
+          inv_totals[r] = 1.0f / vec::sum(total);
           wptr[r] = wr;
           aptr[r] = &acc[r * hd];
         }
@@ -745,15 +834,14 @@ class CpuLlama {
           const float* wr = wptr[r];
           float* a = aptr[r];
           for (int64_t i = contig[r]; i < count[r]; ++i) {
-            const __m512 wi = _mm512_set1_ps(wr[i]);
+            const f32x16 wi = vec::set1(wr[i]);
             const float* vrow = vbase + tail_keys[r * Ts + (i - contig[r])] * hd;
-            for (int64_t d = 0; d < hd; d += 16)
-              _mm512_storeu_ps(a + d, _mm512_fmadd_ps(wi, _mm512_loadu_ps(vrow + d), _mm512_loadu_ps(a + d)));
+            for (int64_t d = 0; d < hd; d += 16) vec::store(a + d, vec::fmadd(wi, vec::load(vrow + d), vec::load(a + d)));
           }
           const int64_t row = first + r, t = row / groups;
           float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;
-          const __m512 inv_total = _mm512_set1_ps(inv_totals[r]);
-          for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), inv_total));
+          const f32x16 inv_total = vec::set1(inv_totals[r]);
+          for (int64_t d = 0; d < hd; d += 16) vec::store(o + d, vec::mul(vec::load(a + d), inv_total));
         }
       }
     });
@@ -825,7 +913,8 @@ class PackedLinear {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  pybind11::class_<CpuLlama>(m, "CpuLlama")
+  // module_local: an AVX2 and an AVX-512 build may share one process (tests compare them)
+  pybind11::class_<CpuLlama>(m, "CpuLlama", pybind11::module_local())
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
                           torch::Tensor, torch::Tensor, torch::Tensor, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
@@ -834,7 +923,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
   m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },
         "turns the AMX products on or off (for comparisons); returns the previous setting");
-  pybind11::class_<PackedLinear>(m, "PackedLinear")
+  pybind11::class_<PackedLinear>(m, "PackedLinear", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, torch::Tensor, bool>(), pybind11::arg("weight"), pybind11::arg("bias"),
            pybind11::arg("bf16_dot"))
       .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
