@@ -185,13 +185,13 @@ def test_kernels_that_fail_to_compile_fall_back_to_torch_with_a_note(monkeypatch
 
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     info = model_info("tiny", model, None, torch.device("cpu"), torch.float32)
-    monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)  # as on a CPU with AVX-512
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)  # as on a CPU the kernels build for
     monkeypatch.setattr(cpp_extension, "load", broken_compiler)
-    kernels.load.cache_clear()
+    kernels._build.cache_clear()
     try:
         backend = make_backend(model, info, "auto")
     finally:
-        kernels.load.cache_clear()
+        kernels._build.cache_clear()
     assert isinstance(backend, FastLlama)
     err = capsys.readouterr().err
     assert "building the CPU kernels failed: Error building extension" in err and "using the torch backend" in err

@@ -77,7 +77,6 @@ def _openmp_link_flags() -> list[str]:
     return ["-fopenmp"]
 
 
-@lru_cache(maxsize=2)
 def load(isa: str | None = None):
     """The compiled extension module (built on first call, then loaded from the cache). isa: build for "avx2"
     or "avx512" instead of the best this CPU runs (for comparisons; the CPU must run the one asked for)."""
@@ -88,11 +87,15 @@ def load(isa: str | None = None):
         raise ValueError(f"isa must be one of {', '.join(BUILD_FLAGS)}, not {isa!r}")
     if isa == "avx512" and instruction_set() != "avx512":
         raise KernelUnavailable("the CPU lacks AVX-512")
+    return _build(isa or instruction_set())
+
+
+@lru_cache(maxsize=2)
+def _build(isa: str):
     from torch.utils import cpp_extension
 
     from ..models.registry import cache_root
 
-    isa = isa or instruction_set()
     source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
     tag = hashlib.sha256(source + isa.encode()).hexdigest()[:12]
     build_dir = cache_root() / "kernels" / tag
