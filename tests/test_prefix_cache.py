@@ -46,9 +46,10 @@ def test_a_restored_prefix_scores_the_rest_of_the_prompt_as_a_fresh_prefill(back
 @pytest.mark.parametrize("backend,dtype", VARIANTS)
 def test_a_conversation_reuses_its_earlier_turns_and_says_the_same(backend, dtype):
     """Each turn's prompt is the previous prompt, its answer and a new message: with the prefix cache the turns
-    skip the reused part of their prefill, and every answer equals the one generated without it. On the kernels
-    with bfloat16 prefill products (bfloat16 weights, a CPU with AVX-512 BF16) only the prompts' rows are kept (the answers' rows were multiplied in float32,
-    unlike a prefill); elsewhere the answers' rows are reused too."""
+    skip the reused part of their prefill, and every answer equals the one generated without it. Where the
+    backend prefills with bfloat16 products (the kernels, bfloat16 weights, a CPU with AVX-512 BF16) only the
+    prompts' rows are kept (the answers' rows were multiplied in float32, unlike a prefill); elsewhere the answers'
+    rows are reused too."""
     target = _target(backend, dtype)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     speculation = SpeculationConfig(num_speculative_tokens=4)
@@ -69,7 +70,7 @@ def test_a_conversation_reuses_its_earlier_turns_and_says_the_same(backend, dtyp
     plain, nothing = converse(False)
     answers, reused = converse(True)
     assert answers == plain and nothing == [0, 0, 0]
-    prompt_rows_only = backend == "kernels" and dtype == torch.bfloat16 and has_bf16_products()
+    prompt_rows_only = getattr(target.backend, "bf16_prefill", False)
     first, second = len(turns[0]), len(turns[0]) + len(plain[0]) + len(turns[1])
     if prompt_rows_only:
         assert reused == [0, first, second]

@@ -107,6 +107,21 @@ inline __attribute__((always_inline)) f32x16 bias_lanes(const float* bias, int v
   return bias ? vec::load_first(live, bias + v * 16) : vec::zero();
 }
 
+// Stores MR rows of a tile's accumulators for the block's column vectors [v0, v0 + NV): acc + bias, only in the
+// lanes that hold outputs.
+template <int MR, int NV>
+inline __attribute__((always_inline)) void store_tile(const f32x16 (&acc)[MR][NV], int v0, int valid,
+                                                      const float* __restrict bias, float* __restrict y, int64_t ldy) {
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int live = live_lanes(valid, v0 + v);
+    if (!live) break;
+    const f32x16 b = bias_lanes(bias, v0 + v, live);
+#pragma GCC unroll 6
+    for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + (v0 + v) * 16, vec::add(acc[j][v], b));
+  }
+}
+
 #ifdef SPECDEC_AVX512
 // tile's products from weights packed in pairs of k (BF16DOT, BF16PAIRS): AVX-512 builds only
 template <int MR, int WT>
@@ -155,14 +170,7 @@ inline __attribute__((always_inline)) void tile_pairs(const void* __restrict xv,
       }
     }
   }
-#pragma GCC unroll 4
-  for (int v = 0; v < kVecs; ++v) {
-    const int live = live_lanes(valid, v);
-    if (!live) break;
-    const f32x16 b = bias_lanes(bias, v, live);
-#pragma GCC unroll 6
-    for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + v * 16, vec::add(acc[j][v], b));
-  }
+  store_tile<MR, kVecs>(acc, 0, valid, bias, y, ldy);
 }
 #endif
 
@@ -198,14 +206,7 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
           for (int v = 0; v < kPassVecs; ++v) acc[j][v] = vec::fmadd(wk[v], xb, acc[j][v]);
         }
       }
-#pragma GCC unroll 4
-      for (int v = 0; v < kPassVecs; ++v) {
-        const int live = live_lanes(valid, v0 + v);
-        if (!live) break;
-        const f32x16 b = bias_lanes(bias, v0 + v, live);
-#pragma GCC unroll 6
-        for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + (v0 + v) * 16, vec::add(acc[j][v], b));
-      }
+      store_tile<MR, kPassVecs>(acc, v0, valid, bias, y, ldy);
     }
   }
 }
