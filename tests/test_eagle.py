@@ -217,7 +217,8 @@ def test_a_bfloat16_head_keeps_float32_rope_frequencies(models):
 
 
 def test_the_kernel_head_computes_what_the_torch_head_does(models):
-    """Prompt pairs, then a tree level under a mask, through both: same hidden states, keys and logits (float32)."""
+    """Prompt pairs, a tree level under a mask, then accepted pairs after the prompt (causal), through both: the
+    same hidden states, keys and logits (float32)."""
     torch.manual_seed(4)
     head = new_head(models, "tiny", torch.arange(40))
     with torch.no_grad():
@@ -238,6 +239,11 @@ def test_the_kernel_head_computes_what_the_torch_head_does(models):
         got2, _ = fast(*level, past=got_kv, mask=mask)
         torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fast.draft_logits(got2), head.draft_logits(want2), atol=1e-5, rtol=1e-5)
+        more = torch.randn(1, 2, H), torch.tensor([[7, 8]]), torch.tensor([[9, 10]])  # accepted pairs: causal
+        want3, want3_kv = head(*more, past=want_kv)
+        got3, got3_kv = fast(*more, past=got_kv)
+        torch.testing.assert_close(got3, want3, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got3_kv, want3_kv, atol=1e-5, rtol=1e-5)
 
 
 def test_the_head_reads_the_prompt_during_prefill(models):

@@ -1,17 +1,17 @@
 """The EAGLE head's drafting pass on specdec's CPU kernels.
 
-The same network as EagleHead.forward, with each product packed once for the kernels (PackedLinear):
-for the few rows a draft level scores they are two to four times faster than torch's. Activations and
-keys/values are float32; with bfloat16 weights the products round their inputs to bfloat16 on CPUs with
-AVX-512 BF16, as the kernels-bf16 backend does.
+The same network as EagleHead.forward, with each product packed once for the kernels: the decoder layer is one
+native call (HeadLayer, kernels/head_layer.h: norms, products, RoPE, attention over the cached keys and the MLP), the
+fc and the draft LM head are PackedLinear products. For the few rows a draft level scores this costs a fraction of
+torch's many small operations. Activations and keys/values are float32; with bfloat16 weights the products round
+their inputs to bfloat16 on CPUs with AVX-512 BF16, as the kernels-bf16 backend does.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .eagle3_head import Eagle3Config, Eagle3Head
-from .eagle_head import EagleConfig, EagleHead, attention, rms_norm
+from .eagle_head import EagleConfig, EagleHead, rms_norm
 
 
 def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
@@ -45,30 +45,29 @@ class KernelHeadLayer:
 
     feature_dtype = torch.float32
 
-    def __init__(self, head, bfloat16: bool):
+    def __init__(self, head, bfloat16: bool, input_norm=None):
         """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
-        AVX-512 BF16); otherwise float32 weights and products."""
+        AVX-512 BF16); otherwise float32 weights and products. input_norm: the RMSNorm that makes the attention's
+        input from the residual stream (EAGLE), or None where the caller gives that input (EAGLE-3)."""
         self.config, self.draft_ids, self.inv_freq = head.config, head.draft_ids, head.inv_freq.float()
         self.feature_layers = head.feature_layers
         self.embed = head.embed
-        self.pack = pack = packer(bfloat16)
-        self.qkv = pack(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
-        self.o = pack(head.o_proj.weight)
-        self.gate_up = pack(head.gate_proj.weight, head.up_proj.weight)
-        self.down = pack(head.down_proj.weight)
-        self.post_norm = _norm(head.post_norm)
+        self.pack = packer(bfloat16)
+        self.native = native_layer(head, bfloat16, input_norm)
 
-    def layer(self, x: torch.Tensor, h: torch.Tensor, shape: tuple[int, int], positions, past, mask):
-        """x (B*T, H) float32, h (B*T, attention input) -> (x (B, T, H), (keys, values)); shape: (B, T)."""
-        c = self.config
-        (B, T), q_width, kv_width = shape, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q, k, v = self.qkv(h).split([q_width, kv_width, kv_width], dim=-1)
-        attn, new_kv = attention(q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), c, positions,
-                                 self.inv_freq, past, mask)
-        x = x + self.o(attn.reshape(B * T, q_width))
-        gate, up = self.gate_up(rms_norm(x, *self.post_norm)).chunk(2, dim=-1)
-        x = x + self.down(F.silu(gate) * up)
-        return x.view(B, T, -1), new_kv
+    def layer(self, x: torch.Tensor, h: torch.Tensor | None, shape: tuple[int, int], positions, past, mask):
+        """x (B*T, H) float32, h (B*T, attention input) or None (x after the head's input norm) -> (x (B, T, H),
+        (keys, values) (B, nkv, T, hd)); shape: (B, T) with B = 1 (drafting is per sequence); past and mask as
+        in EagleHead.forward."""
+        (B, T), c = shape, self.config
+        if B != 1:
+            raise ValueError("the kernels' head layer drafts one sequence at a time")
+        if past is None:
+            past = (torch.empty(1, c.num_kv_heads, 0, c.head_dim),) * 2
+        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(T, -1)
+        x, keys, values = self.native.forward(x, torch.empty(0) if h is None else h, positions.reshape(T),
+                                              past[0][0], past[1][0], visible)
+        return x.view(1, T, -1), (keys[None], values[None])
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return features.float()
@@ -78,17 +77,15 @@ class KernelEagleHead(KernelHeadLayer):
     """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
 
     def __init__(self, head: EagleHead, bfloat16: bool = False):
-        super().__init__(head, bfloat16)
+        super().__init__(head, bfloat16, head.input_norm if head.config.input_norm else None)
         self.fc = self.pack(head.fc.weight, bias=head.fc.bias)
         self.lm = self.pack(head.draft_lm_head)
-        self.input_norm = _norm(head.input_norm) if self.config.input_norm else None
 
     def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
         B, T, H = features.shape
         x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
-        h = x if self.input_norm is None else rms_norm(x, *self.input_norm)
-        return self.layer(x, h, (B, T), positions, past, mask)
+        return self.layer(x, None, (B, T), positions, past, mask)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
@@ -121,6 +118,24 @@ class KernelEagle3Head(KernelHeadLayer):
         """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
         flat = rms_norm(hidden.reshape(-1, hidden.shape[-1]).float(), *self.norms["norm"])
         return self.lm(flat).view(*hidden.shape[:-1], -1)
+
+
+def native_layer(head, bfloat16: bool, input_norm=None):
+    """The head's decoder layer as one kernels call (HeadLayer in head_layer.h), weights in bfloat16 or float32;
+    input_norm: the RMSNorm that makes the attention's input from the residual stream where none is given."""
+    from ..kernels import has_bf16_products, load
+
+    c, dtype = head.config, (torch.bfloat16 if bfloat16 else torch.float32)
+
+    def weight(*parts: torch.nn.Linear) -> torch.Tensor:
+        return torch.cat([p.weight.detach() for p in parts]).to(dtype).contiguous()
+
+    norm = torch.empty(0) if input_norm is None else input_norm.weight.detach().float()
+    return load().HeadLayer([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size],
+                            float(head.post_norm.eps), norm, weight(head.q_proj, head.k_proj, head.v_proj),
+                            weight(head.o_proj), head.post_norm.weight.detach().float(),
+                            weight(head.gate_proj, head.up_proj), weight(head.down_proj), head.inv_freq.float(),
+                            bfloat16 and has_bf16_products())
 
 
 def _norm(norm) -> tuple[torch.Tensor, float]:

@@ -581,6 +581,18 @@ void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int
   }
 }
 
+// gu (M, 2I): gate then up for each row -> act (M, I) = silu(gate) * up; I a multiple of 16
+void swiglu(const float* gu, int64_t M, int64_t I, float* act) {
+  at::parallel_for(0, M, kRowGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t e = 0; e < I; e += 16) {
+        const f32x16 g = vec::load(gu + i * 2 * I + e);
+        const f32x16 silu = vec::div(g, vec::add(vec::set1(1.0f), exp16(vec::sub(vec::zero(), g))));
+        vec::store(act + i * I + e, vec::mul(silu, vec::load(gu + i * 2 * I + I + e)));
+      }
+  });
+}
+
 struct Config {
   int64_t hidden, heads, kv_heads, head_dim, intermediate, layers, vocab;
   float eps;
@@ -727,14 +739,7 @@ class CpuLlama {
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
       rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
       linear(h, N, L.gate_up, nullptr, gu, 2 * I, bf16_products);
-      at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i)
-          for (int64_t e = 0; e < I; e += 16) {
-            const f32x16 g = vec::load(gu + i * 2 * I + e);
-            const f32x16 silu = vec::div(g, vec::add(vec::set1(1.0f), exp16(vec::sub(vec::zero(), g))));
-            vec::store(act + i * I + e, vec::mul(silu, vec::load(gu + i * 2 * I + I + e)));
-          }
-      });
+      swiglu(gu, N, I, act);
       linear(act, N, L.down, nullptr, h, H, bf16_products);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
     }
@@ -911,6 +916,8 @@ class PackedLinear {
   torch::Tensor bias_;
 };
 
+#include "head_layer.h"
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -930,4 +937,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("out_features", &PackedLinear::out_features)
       .def_property_readonly("in_features", &PackedLinear::in_features);
+  pybind11::class_<HeadLayer>(m, "HeadLayer", pybind11::module_local())
+      .def(pybind11::init<std::vector<int64_t>, double, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
+                          torch::Tensor, torch::Tensor, torch::Tensor, bool>())
+      .def("forward", &HeadLayer::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
