@@ -177,12 +177,13 @@ class EagleDrafter(Drafter):
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
             paths = [path_tokens(n, tokens, parents) for n in frontier]
-            lp = torch.log_softmax(self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths), -1)
-            top = torch.topk(lp, width, dim=-1)
+            logits = self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths)
+            top = torch.topk(logits, width, dim=-1)  # log-softmax of only the kept values: a pass over K saved
+            top_lp = top.values - torch.logsumexp(logits, -1, keepdim=True)
             base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
-            step = top.values if self.calibration is None else self.calibration.log_probability(depth, top.values.exp())
+            step = top_lp if self.calibration is None else self.calibration.log_probability(depth, top_lp.exp())
             total = (base[:, None] + step).flatten()  # (F * width,) cumulative log-probs of acceptance
-            raw_q = top.values.exp().flatten().tolist()
+            raw_q = top_lp.exp().flatten().tolist()
             keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
             cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
             frontier_before, frontier = frontier, []
