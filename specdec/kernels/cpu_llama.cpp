@@ -581,6 +581,20 @@ void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int
   }
 }
 
+// RoPE (rotate-half form) on `heads` consecutive vectors of hd floats, one row's angles cr = cos, sr = sin (hd,)
+void rope_heads(float* row, int64_t heads, int64_t hd, const float* cr, const float* sr) {
+  const int64_t half = hd / 2;
+  for (int64_t head = 0; head < heads; ++head) {
+    float* v = row + head * hd;
+    float rotated[256];
+    for (int64_t d = 0; d < half; ++d) {
+      rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
+      rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
+    }
+    std::copy(rotated, rotated + hd, v);
+  }
+}
+
 // gu (M, 2I): gate then up for each row -> act (M, I) = silu(gate) * up; I a multiple of 16
 void swiglu(const float* gu, int64_t M, int64_t I, float* act) {
   at::parallel_for(0, M, kRowGrain, [&](int64_t i0, int64_t i1) {
@@ -691,7 +705,6 @@ class CpuLlama {
     }
 
     const int64_t layer_stride = slot_count * nkv * P * hd;
-    const int64_t half = hd / 2;
     const int64_t depth = num_layers > 0 ? std::min(num_layers, c.layers) : c.layers;
     const int64_t A = aux_layers.numel();
     const int64_t* aux_at = A ? aux_layers.data_ptr<int64_t>() : nullptr;
@@ -711,18 +724,8 @@ class CpuLlama {
       // RoPE on q and k, then k and v into the cache (each row writes its own cache entries)
       at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const float* cr = cos + pos[i] * hd;
-        const float* sr = sin + pos[i] * hd;
         float* row = qkv + i * qkv_width;
-        for (int64_t head = 0; head < nh + nkv; ++head) {
-          float* v = row + head * hd;
-          float rotated[256];
-          for (int64_t d = 0; d < half; ++d) {
-            rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
-            rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
-          }
-          std::copy(rotated, rotated + hd, v);
-        }
+        rope_heads(row, nh + nkv, hd, cos + pos[i] * hd, sin + pos[i] * hd);
         const int64_t s = seq_of[i];
         const int64_t at = start[s] + (i - off[s]);
         for (int64_t g = 0; g < nkv; ++g) {

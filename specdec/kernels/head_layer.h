@@ -20,7 +20,7 @@ class HeadLayer {
     TORCH_CHECK(dims.size() == 5, "dims: hidden, heads, kv_heads, head_dim, intermediate");
     H_ = dims[0], nh_ = dims[1], nkv_ = dims[2], hd_ = dims[3], I_ = dims[4];
     eps_ = static_cast<float>(eps);
-    TORCH_CHECK(hd_ % 16 == 0 && nh_ % nkv_ == 0 && H_ % 16 == 0 && I_ % 16 == 0, "unsupported head shape");
+    TORCH_CHECK(hd_ % 16 == 0 && hd_ <= 256 && nh_ % nkv_ == 0 && H_ % 16 == 0 && I_ % 16 == 0, "unsupported head shape");
     TORCH_CHECK(qkv_.N == (nh_ + 2 * nkv_) * hd_ && o_.N == H_ && gate_up_.N == 2 * I_ && down_.N == H_,
                 "weights do not match the dims");
     if (input_norm.defined() && input_norm.numel()) input_norm_ = input_norm.contiguous().to(torch::kFloat32);
@@ -84,25 +84,18 @@ class HeadLayer {
   }
 
  private:
-  // RoPE on each row's q and k heads (rotate-half form, angles position * inv_freq)
+  // RoPE on each row's q and k heads, angles position * inv_freq (float32, as the torch head computes them)
   void rope(float* qkv, int64_t width, const int64_t* pos, int64_t T) const {
     const int64_t half = hd_ / 2;
     const float* inv = inv_freq_.data_ptr<float>();
-    std::vector<float> cs(half), sn(half);
+    std::vector<float> cs(hd_), sn(hd_);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t d = 0; d < half; ++d) {
         const float angle = static_cast<float>(pos[t]) * inv[d];
-        cs[d] = std::cos(angle);
-        sn[d] = std::sin(angle);
+        cs[d] = cs[d + half] = std::cos(angle);
+        sn[d] = sn[d + half] = std::sin(angle);
       }
-      for (int64_t head = 0; head < nh_ + nkv_; ++head) {
-        float* v = qkv + t * width + head * hd_;
-        for (int64_t d = 0; d < half; ++d) {
-          const float a = v[d], b = v[d + half];
-          v[d] = a * cs[d] - b * sn[d];
-          v[d + half] = b * cs[d] + a * sn[d];
-        }
-      }
+      rope_heads(qkv + t * width, nh_ + nkv_, hd_, cs.data(), sn.data());
     }
   }
 
