@@ -9,7 +9,8 @@
 // x (T, H) float32: the residual stream; h (T, A): the attention's input (empty: x after the input norm, or x
 // itself without one); positions (T,) int64; past_k, past_v (nkv, S, hd) float32: the keys and values of earlier
 // pairs (S may be 0); mask (T, S + T) bool, true where a row sees a key, or empty: every past key and the new ones
-// up to its own. bf16_dot: bfloat16 weights multiplied in bfloat16 (AVX-512 BF16 builds), as PackedLinear's. Returns (x (T, H) after attention and the MLP, keys (nkv, T, hd) after RoPE, values (nkv, T, hd)).
+// up to its own. bf16_dot: bfloat16 weights multiplied in bfloat16 (AVX-512 BF16 builds), as PackedLinear's.
+// Returns (x (T, H) after attention and the MLP, keys (nkv, T, hd) after RoPE, values (nkv, T, hd)).
 class HeadLayer {
  public:
   HeadLayer(std::vector<int64_t> dims, double eps, torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o,
@@ -20,7 +21,8 @@ class HeadLayer {
     TORCH_CHECK(dims.size() == 5, "dims: hidden, heads, kv_heads, head_dim, intermediate");
     H_ = dims[0], nh_ = dims[1], nkv_ = dims[2], hd_ = dims[3], I_ = dims[4];
     eps_ = static_cast<float>(eps);
-    TORCH_CHECK(hd_ % 16 == 0 && hd_ <= 256 && nh_ % nkv_ == 0 && H_ % 16 == 0 && I_ % 16 == 0, "unsupported head shape");
+    TORCH_CHECK(hd_ % 16 == 0 && hd_ <= 256 && nh_ % nkv_ == 0 && H_ % 16 == 0 && I_ % 16 == 0,
+                "unsupported head shape");
     TORCH_CHECK(qkv_.N == (nh_ + 2 * nkv_) * hd_ && o_.N == H_ && gate_up_.N == 2 * I_ && down_.N == H_,
                 "weights do not match the dims");
     if (input_norm.defined() && input_norm.numel()) input_norm_ = input_norm.contiguous().to(torch::kFloat32);
@@ -34,8 +36,8 @@ class HeadLayer {
     const int64_t T = x_in.size(0), S = past_k.size(1), qkv_width = qkv_.N;
     TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == H_, "x must be (T, hidden)");
     TORCH_CHECK(positions.numel() == T, "one position per row");
-    TORCH_CHECK(past_k.dim() == 3 && past_k.size(0) == nkv_ && past_k.size(2) == hd_ && past_v.sizes() == past_k.sizes(),
-                "past keys and values must be (kv_heads, S, head_dim)");
+    TORCH_CHECK(past_k.dim() == 3 && past_k.size(0) == nkv_ && past_k.size(2) == hd_ &&
+                    past_v.sizes() == past_k.sizes(), "past keys and values must be (kv_heads, S, head_dim)");
     TORCH_CHECK(mask.numel() == 0 || (mask.dim() == 2 && mask.size(0) == T && mask.size(1) == S + T),
                 "mask must be (T, S + T)");
     auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
