@@ -24,18 +24,28 @@ def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
     return f"{', '.join(odd)} not a multiple of 16" if odd else unavailable_reason()
 
 
+def stacked(*weights: torch.Tensor, bfloat16: bool) -> torch.Tensor:
+    """The weights' rows stacked in order, detached, contiguous, in bfloat16 or float32: as the kernels keep them."""
+    return torch.cat([w.detach() for w in weights]).to(torch.bfloat16 if bfloat16 else torch.float32).contiguous()
+
+
+def bf16_products(bfloat16: bool) -> bool:
+    """Whether bfloat16 weights are multiplied in bfloat16 here (CPUs with AVX-512 BF16)."""
+    from ..kernels import has_bf16_products
+
+    return bfloat16 and has_bf16_products()
+
+
 def packer(bfloat16: bool):
     """pack(*weights, bias=None): the weights (rows stacked in order) as one PackedLinear, kept in bfloat16 (products
     rounding their inputs to it where the CPU has AVX-512 BF16) or float32."""
-    from ..kernels import has_bf16_products, load
+    from ..kernels import load
 
-    module = load()
-    weight_dtype = torch.bfloat16 if bfloat16 else torch.float32
-    bf16_dot = bfloat16 and has_bf16_products()
+    module, bf16_dot = load(), bf16_products(bfloat16)
 
     def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
-        w = torch.cat([x.detach() for x in weights]).to(weight_dtype).contiguous()
-        return module.PackedLinear(w, torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
+        return module.PackedLinear(stacked(*weights, bfloat16=bfloat16),
+                                   torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
 
     return pack
 
@@ -123,19 +133,19 @@ class KernelEagle3Head(KernelHeadLayer):
 def native_layer(head, bfloat16: bool, input_norm=None):
     """The head's decoder layer as one kernels call (HeadLayer in head_layer.h), weights in bfloat16 or float32;
     input_norm: the RMSNorm that makes the attention's input from the residual stream where none is given."""
-    from ..kernels import has_bf16_products, load
+    from ..kernels import load
 
-    c, dtype = head.config, (torch.bfloat16 if bfloat16 else torch.float32)
+    c = head.config
 
     def weight(*parts: torch.nn.Linear) -> torch.Tensor:
-        return torch.cat([p.weight.detach() for p in parts]).to(dtype).contiguous()
+        return stacked(*(p.weight for p in parts), bfloat16=bfloat16)
 
     norm = torch.empty(0) if input_norm is None else input_norm.weight.detach().float()
     return load().HeadLayer([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size],
                             float(head.post_norm.eps), norm, weight(head.q_proj, head.k_proj, head.v_proj),
                             weight(head.o_proj), head.post_norm.weight.detach().float(),
                             weight(head.gate_proj, head.up_proj), weight(head.down_proj), head.inv_freq.float(),
-                            bfloat16 and has_bf16_products())
+                            bf16_products(bfloat16))
 
 
 def _norm(norm) -> tuple[torch.Tensor, float]:
