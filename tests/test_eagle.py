@@ -246,6 +246,15 @@ def test_the_kernel_head_computes_what_the_torch_head_does(models):
         torch.testing.assert_close(got3_kv, want3_kv, atol=1e-5, rtol=1e-5)
 
 
+def test_heads_the_kernels_cannot_run_are_named_with_the_reason():
+    """A head whose head dim the kernels' attention cannot read 16 lanes at a time drafts in torch instead."""
+    from specdec.drafters.eagle_kernels import kernel_head_problem
+
+    target = tiny_llama(seed=0, hidden=64, heads=8, kv_heads=2)  # head dim 8
+    config = new_head(target, "tiny", torch.arange(target.config.vocab_size)).config
+    assert kernel_head_problem(config) == "head dim 8 not a multiple of 16"
+
+
 def test_the_head_reads_the_prompt_during_prefill(models):
     """The head's pass over the prompt belongs to prefill: it runs when the prompt's features arrive, so the
     first proposal (timed as drafting) feeds the head one pair only."""

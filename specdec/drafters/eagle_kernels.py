@@ -15,13 +15,18 @@ from .eagle_head import EagleConfig, EagleHead, rms_norm
 
 
 def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
-    """Why the kernels cannot run this head, or None (they need the products' inner sizes in multiples of 16)."""
+    """Why the kernels cannot run this head, or None (they need the products' inner sizes and the head dim, which
+    their attention reads 16 lanes at a time, in multiples of 16; head_dim at most 256)."""
     from ..kernels import unavailable_reason
 
     sizes = {"hidden size": config.hidden_size, "intermediate size": config.intermediate_size,
-             "attention width": config.num_heads * config.head_dim}
+             "head dim": config.head_dim}
     odd = [f"{name} {size}" for name, size in sizes.items() if size % 16]
-    return f"{', '.join(odd)} not a multiple of 16" if odd else unavailable_reason()
+    if odd:
+        return f"{', '.join(odd)} not a multiple of 16"
+    if config.head_dim > 256:
+        return f"head dim {config.head_dim} over 256"
+    return unavailable_reason()
 
 
 def stacked(*weights: torch.Tensor, bfloat16: bool) -> torch.Tensor:
