@@ -25,9 +25,9 @@ from specdec.drafters.eagle_head import load_head
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
 from specdec.training.batching import TrainSettings
-from specdec.training.datamix import without_families
+from specdec.training.datamix import source_family, without_families
 from specdec.training.shards import read_data
-from specdec.training.trainer import heldout_agreement, split_heldout, windows
+from specdec.training.trainer import heldout_agreement, scorable, split_heldout, windows
 
 
 def main() -> int:
@@ -46,12 +46,12 @@ def main() -> int:
                                  args.exclude_source)
     settings = TrainSettings()
     if args.whole:
-        heldout = [w for s in sequences if len(s["tokens"]) >= 4 for w in windows(s, settings.max_len)]
+        heldout = [w for s in scorable(sequences) for w in windows(s, settings.max_len)]
     else:
         _, heldout = split_heldout(sequences, settings)
     by_source: dict[str, list[dict]] = {}
     for window in heldout:
-        by_source.setdefault(window.get("source", "?").split(":")[0], []).append(window)
+        by_source.setdefault(source_family(window.get("source", "?")), []).append(window)
     results = {}
     for spec in args.head:
         name, _, folder = spec.partition("=")

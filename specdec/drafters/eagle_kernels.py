@@ -64,7 +64,7 @@ class KernelHeadLayer:
         """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
         AVX-512 BF16); otherwise float32 weights and products. input_norm: the RMSNorm that makes the attention's
         input from the residual stream (EAGLE), or None where the caller gives that input (EAGLE-3)."""
-        self.config, self.draft_ids, self.inv_freq = head.config, head.draft_ids, head.inv_freq.float()
+        self.config, self.draft_ids = head.config, head.draft_ids
         self.feature_layers = head.feature_layers
         self.embed = head.embed
         self.pack = packer(bfloat16)

@@ -104,17 +104,19 @@ class HeadLayer {
   // out (T, nh * hd): each query head's softmax-weighted values over the keys its row sees, past then new
   void attend(const float* qkv, int64_t width, const float* pk, const float* pv, int64_t S, const float* kn,
               const float* vn, int64_t T, const bool* mask, float* out) const {
-    const int64_t groups = nh_ / nkv_, keys = S + T, padded = (keys + 15) / 16 * 16;
+    const int64_t groups = nh_ / nkv_, keys = S + T;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    std::vector<std::vector<int64_t>> visible(T);  // the keys row t sees, in increasing order (all its heads')
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < keys; ++j)
+        if (mask ? mask[t * keys + j] : j < S + t + 1) visible[t].push_back(j);
     at::parallel_for(0, T * nh_, 1, [&](int64_t r0, int64_t r1) {
-      std::vector<float> w(padded);
-      std::vector<int64_t> seen(keys);
+      std::vector<float> w(keys);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / nh_, head = r % nh_, g = head / groups;
         const float* q = qkv + t * width + head * hd_;
-        int64_t n = 0;
-        for (int64_t j = 0; j < keys; ++j)
-          if (mask ? mask[t * keys + j] : j < S + t + 1) seen[n++] = j;
+        const std::vector<int64_t>& seen = visible[t];
+        const int64_t n = static_cast<int64_t>(seen.size());
         float top = -INFINITY;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t j = seen[i];

@@ -188,11 +188,16 @@ class Trainer:
         print(f"specdec: resumed training at step {self.step} ({self.elapsed:.0f}s done)", file=sys.stderr)
 
 
+def scorable(sequences: list[dict]) -> list[dict]:
+    """The sequences long enough to train on or score (4 tokens or more)."""
+    return [s for s in sequences if len(s["tokens"]) >= 4]
+
+
 def split_heldout(sequences: list[dict], settings: TrainSettings) -> tuple[list[dict], list[dict]]:
     """(training windows, held-out windows) of the sequences: a sequence is held out by a hash of its tokens
     (`settings.holdout` of them, at most MAX_HELDOUT), so the split stays the same as the data grows and every
     head scored on one data folder is scored on the same windows."""
-    seqs = [s for s in sequences if len(s["tokens"]) >= 4]
+    seqs = scorable(sequences)
     held = [s for s in seqs if is_heldout(s, settings.holdout)]
     if not held and seqs:  # tiny data: still hold one sequence out
         held = seqs[-1:]
