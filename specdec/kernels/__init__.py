@@ -15,7 +15,8 @@ from pathlib import Path
 from ..errors import SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
-HEADERS = (Path(__file__).with_name("vec16.h"), Path(__file__).with_name("head_layer.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in
+                ("vec16.h", "products.h", "amx.h", "weights.h", "row_ops.h", "attention.h", "head_layer.h"))
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
 AVX2_FLAGS = ("avx2", "f16c", "fma")
 BUILD_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c"],

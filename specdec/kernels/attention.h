@@ -1,0 +1,198 @@
+// Attention over the KV cache: scores in blocks of 16 cached keys, softmax and value sums in a fixed order per
+// row, so a row's output depends only on the keys it sees. Part of cpu_llama.cpp's translation unit.
+#pragma once
+
+// Attention scores of R query rows against blocks of 16 cached keys ([blocks][hd][16]): scores[r * width + j] =
+// scale * sum over d in increasing order of q[r][d] k_j[d]. R is a template argument so the accumulators stay in
+// registers.
+template <int R>
+void score_block_rows(const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+                      float* scores, int64_t width) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* kb = kbase + b * hd * 16;
+    f32x16 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = vec::zero();
+    for (int64_t d = 0; d < hd; ++d) {
+      const f32x16 kv = vec::load(kb + d * 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = vec::fmadd(vec::set1(q[r][d]), kv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) vec::store(scores + r * width + b * 16, vec::mul(acc[r], vec::set1(scale)));
+  }
+}
+
+#ifdef SPECDEC_AVX512
+constexpr int kScoreRows = 8;  // query rows sharing each key load (their accumulators stay in registers)
+#else
+constexpr int kScoreRows = 4;
+#endif
+
+template <int R = kScoreRows>
+void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+                float* scores, int64_t width) {
+  if (rows > kScoreRows) {  // each row's scores are its own: splitting the rows changes nothing in them
+    score_rows(kScoreRows, q, kbase, hd, blocks, scale, scores, width);
+    return score_rows(rows - kScoreRows, q + kScoreRows, kbase, hd, blocks, scale, scores + kScoreRows * width, width);
+  }
+  if constexpr (R > 0) {
+    if (rows == R) return score_block_rows<R>(q, kbase, hd, blocks, scale, scores, width);
+    score_rows<R - 1>(rows, q, kbase, hd, blocks, scale, scores, width);
+  }
+}
+
+// Value sums of R attention rows over consecutive keys [i0, i1): acc_r[d] += w_r[i] v[i][d], i in increasing order,
+// for DV vectors of 16 lanes of d (v rows of hd floats). The rows share every load of v; each row's sum is the
+// same chain of fused multiply-adds as if it ran alone, so a row's result does not depend on its neighbours.
+template <int R, int DV>
+void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd, float* const* acc) {
+  f32x16 a[R][DV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < DV; ++j) a[r][j] = vec::load(acc[r] + j * 16);
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* row = v + i * hd;
+    f32x16 vv[DV];
+#pragma GCC unroll 16
+    for (int j = 0; j < DV; ++j) vv[j] = vec::load(row + j * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const f32x16 wi = vec::set1(w[r][i]);
+#pragma GCC unroll 16
+      for (int j = 0; j < DV; ++j) a[r][j] = vec::fmadd(wi, vv[j], a[r][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < DV; ++j) vec::store(acc[r] + j * 16, a[r][j]);
+}
+
+// rows sharing one pass over v: as many as keep the accumulators in registers
+#ifdef SPECDEC_AVX512
+constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
+#else
+constexpr int rows_per_pass(int dv) { return dv <= 2 ? 2 : 1; }
+#endif
+
+template <int DV>
+void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+                     float* const* acc) {
+  constexpr int R = rows_per_pass(DV);
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) accumulate_rows<R, DV>(w + r, i0, i1, v, hd, acc + r);
+  for (; r < rows; ++r) accumulate_rows<1, DV>(w + r, i0, i1, v, hd, acc + r);
+}
+
+template <int DV = 16>
+void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+                float* const* acc) {
+  if constexpr (DV > 0) {
+    if (dv == DV) return accumulate_some<DV>(rows, w, i0, i1, v, hd, acc);
+    accumulate<DV - 1>(dv, rows, w, i0, i1, v, hd, acc);
+  }
+}
+
+// Attention of every new token, per sequence s and KV head g: the rows are (token t, head h of group g).
+// Row (t, h) sees keys [0, start_s) and the new tokens its mask allows (causal: u <= t). Scores come in
+// blocks of 16 keys, score = sum over d in increasing order of q[d] k[d]; the softmax sum and the
+// weighted sum of values run over the visible keys in increasing order.
+// nh query heads share nkv KV heads of hd floats; qkv (N, qkv_width) holds each token's q, k and v after RoPE;
+// kc, vc: one layer's cache (slots, nkv, P, hd), keys in blocks of 16 positions; out (N, nh * hd).
+void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const float* kc,
+               const float* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot, const int64_t* start,
+               bool causal, int64_t T, const uint8_t* mask, float* out) {
+  const int64_t groups = nh / nkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // tasks: (sequence, KV head, chunk of query rows); a chunk shares every key load among its rows
+  int64_t total_rows = 0;
+  for (int64_t s = 0; s < S; ++s) total_rows += (off[s + 1] - off[s]) * groups * nkv;
+  const int64_t chunk = total_rows >= 48 ? 8 : 1;
+  std::vector<std::array<int64_t, 4>> tasks;  // s, g, first row, row count
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t g = 0; g < nkv; ++g) {
+      const int64_t rows = (off[s + 1] - off[s]) * groups;
+      for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});
+    }
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores, weights, acc;
+    std::vector<int64_t> tail_keys;
+    int64_t contig[8], count[8];
+    float inv_totals[8];
+    const float* wptr[8];
+    float* aptr[8];
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t s = tasks[w][0], g = tasks[w][1], first = tasks[w][2], rows = tasks[w][3];
+      const int64_t Ts = off[s + 1] - off[s], base = start[s];
+      // causal rows see no key past their own token: score only the blocks up to the chunk's last row
+      const int64_t keys = causal ? base + (first + rows - 1) / groups + 1 : base + Ts;
+      const int64_t blocks = (keys + 15) / 16, width = blocks * 16;
+      scores.assign(rows * width, 0.0f);
+      const float* kbase = kc + (slot[s] * nkv + g) * P * hd;
+      const float* vbase = vc + (slot[s] * nkv + g) * P * hd;
+      const float* q[8];
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = first + r;
+        q[r] = qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
+      }
+      score_rows(rows, q, kbase, hd, blocks, scale, scores.data(), width);
+      // Each row sees keys [0, base) and the new tokens its mask allows, in increasing order: the first
+      // `contig[r]` of them are keys 0, 1, ... (all of them for causal rows), the rest are listed in tail_keys.
+      const int64_t stride = (base + Ts + 15) / 16 * 16;
+      weights.assign(rows * stride, 0.0f);
+      tail_keys.assign(rows * Ts, 0);
+      acc.assign(rows * hd, 0.0f);
+      int64_t shared = base + Ts;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = first + r, t = row / groups;
+        const float* sc = &scores[r * width];
+        int64_t n = base, tails = 0;
+        for (int64_t u = 0; u < Ts; ++u)
+          if (causal ? u <= t : mask[(s * T + t) * T + u] != 0) {
+            if (tails == 0 && base + u == n) ++n;  // still consecutive
+            else tail_keys[r * Ts + tails++] = base + u;
+          }
+        contig[r] = n;
+        count[r] = n + tails;
+        shared = std::min(shared, n);
+        // Softmax over the visible keys in increasing order: a token's attention depends on which keys it
+        // sees, never on where they sit in the cache (a tree node and its compacted path agree bit for bit).
+        const int64_t* tk = &tail_keys[r * Ts];
+        float top = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[i]);
+        for (int64_t i = 0; i < tails; ++i) top = std::max(top, sc[tk[i]]);
+        float* wr = &weights[r * stride];
+        for (int64_t i = 0; i < n; ++i) wr[i] = sc[i] - top;
+        for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]] - top;
+        const int64_t all = count[r], padded = (all + 15) / 16 * 16;
+        f32x16 total = vec::zero();
+        for (int64_t i = 0; i < padded; i += 16) {
+          const f32x16 e = vec::keep_first(static_cast<int>(std::min<int64_t>(all - i, 16)), exp16(vec::load(wr + i)));
+          vec::store(wr + i, e);
+          total = vec::add(total, e);
+        }
+        inv_totals[r] = 1.0f / vec::sum(total);
+        wptr[r] = wr;
+        aptr[r] = &acc[r * hd];
+      }
+      // value sums: the keys every row sees together (sharing each load of v), then each row's own
+      accumulate(hd / 16, rows, wptr, 0, shared, vbase, hd, aptr);
+      for (int64_t r = 0; r < rows; ++r) {
+        accumulate(hd / 16, 1, wptr + r, shared, contig[r], vbase, hd, aptr + r);
+        const float* wr = wptr[r];
+        float* a = aptr[r];
+        for (int64_t i = contig[r]; i < count[r]; ++i) {
+          const f32x16 wi = vec::set1(wr[i]);
+          const float* vrow = vbase + tail_keys[r * Ts + (i - contig[r])] * hd;
+          for (int64_t d = 0; d < hd; d += 16) vec::store(a + d, vec::fmadd(wi, vec::load(vrow + d), vec::load(a + d)));
+        }
+        const int64_t row = first + r, t = row / groups;
+        float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;
+        const f32x16 inv_total = vec::set1(inv_totals[r]);
+        for (int64_t d = 0; d < hd; d += 16) vec::store(o + d, vec::mul(vec::load(a + d), inv_total));
+      }
+    }
+  });
+}

@@ -1,0 +1,68 @@
+// Row-wise operations of a decoder layer: dot products, e^x, RMSNorm, RoPE and SwiGLU, each row's result
+// depending only on that row. Part of cpu_llama.cpp's translation unit.
+#pragma once
+
+// n is a multiple of 16
+inline float dot(const float* a, const float* b, int64_t n) {
+  f32x16 acc = vec::zero();
+  for (int64_t k = 0; k < n; k += 16) acc = vec::fmadd(vec::load(a + k), vec::load(b + k), acc);
+  return vec::sum(acc);
+}
+
+// e^x for 16 lanes (Cody-Waite reduction, degree-6 polynomial; within 2 ulp for x in [-87, 88]).
+inline f32x16 exp16(f32x16 x) {
+  using namespace vec;
+  x = max(min(x, set1(88.3762626647949f)), set1(-103.972084045410f));
+  const f32x16 n = round_even(mul(x, set1(1.44269504088896341f)));
+  f32x16 r = fnmadd(n, set1(0.693359375f), x);
+  r = fnmadd(n, set1(-2.12194440e-4f), r);
+  f32x16 p = set1(1.9875691500E-4f);
+  p = fmadd(p, r, set1(1.3981999507E-3f));
+  p = fmadd(p, r, set1(8.3334519073E-3f));
+  p = fmadd(p, r, set1(4.1665795894E-2f));
+  p = fmadd(p, r, set1(1.6666665459E-1f));
+  p = fmadd(p, r, set1(5.0000001201E-1f));
+  p = fmadd(p, mul(r, r), add(r, set1(1.0f)));
+  return scale2(p, n);
+}
+
+// rows per task when row-wise work is split among threads (a row's result never depends on the split)
+constexpr int64_t kRowGrain = 32;
+
+// x (M, H) -> out (M, H): out = weight * (x / sqrt(mean(x^2) + eps))
+void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* out) {
+  at::parallel_for(0, M, kRowGrain, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = x + m * H;
+      const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
+      float* o = out + m * H;
+      for (int64_t h = 0; h < H; ++h) o[h] = weight[h] * (xr[h] * inv);
+    }
+  });
+}
+
+// RoPE (rotate-half form) on `heads` consecutive vectors of hd floats, one row's angles cr = cos, sr = sin (hd,)
+void rope_heads(float* row, int64_t heads, int64_t hd, const float* cr, const float* sr) {
+  const int64_t half = hd / 2;
+  for (int64_t head = 0; head < heads; ++head) {
+    float* v = row + head * hd;
+    float rotated[256];
+    for (int64_t d = 0; d < half; ++d) {
+      rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
+      rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
+    }
+    std::copy(rotated, rotated + hd, v);
+  }
+}
+
+// gu (M, 2I): gate then up for each row -> act (M, I) = silu(gate) * up; I a multiple of 16
+void swiglu(const float* gu, int64_t M, int64_t I, float* act) {
+  at::parallel_for(0, M, kRowGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t e = 0; e < I; e += 16) {
+        const f32x16 g = vec::load(gu + i * 2 * I + e);
+        const f32x16 silu = vec::div(g, vec::add(vec::set1(1.0f), exp16(vec::sub(vec::zero(), g))));
+        vec::store(act + i * I + e, vec::mul(silu, vec::load(gu + i * 2 * I + I + e)));
+      }
+  });
+}

@@ -1,0 +1,103 @@
+// Weights packed once for the kernels, and the one entry point of every matrix product: linear(), which picks
+// the float32, bfloat16 or AMX products for a weight and a pass. Part of cpu_llama.cpp's translation unit,
+// included after products.h and amx.h.
+#pragma once
+
+// (N, K) row-major -> packed blocks of 64 rows (see kBlockCols), as a flat tensor of the same dtype
+torch::Tensor pack_blocks(const torch::Tensor& w, bool pairs) {
+  const int64_t N = w.size(0), K = w.size(1);
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  torch::Tensor padded = torch::zeros({blocks * kBlockCols, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  if (pairs)  // (blocks, 64, K/2, 2) -> (blocks, K/2, 64, 2)
+    return padded.view({blocks, kBlockCols, K / 2, 2}).permute({0, 2, 1, 3}).contiguous().view({-1});
+#ifdef SPECDEC_AVX512
+  // (blocks, 64, K) -> (blocks, K, 64)
+  return padded.view({blocks, kBlockCols, K}).permute({0, 2, 1}).contiguous().view({-1});
+#else
+  // (blocks, 64, K) -> (blocks, 4, K, 16)
+  return padded.view({blocks, kVecs, 16, K}).permute({0, 1, 3, 2}).contiguous().view({-1});
+#endif
+}
+
+struct Weight {
+  torch::Tensor tensor;  // packed blocks, kept alive here
+  const char* data = nullptr;
+  int64_t N = 0, K = 0;
+  int wtype = F32;  // the stored type: F32, BF16 or F16
+  bool pairs = false;  // bfloat16 packed in pairs of k: products in float32 (BF16PAIRS) or bfloat16 (BF16DOT)
+};
+
+// pairs: pack bfloat16 weights for both kinds of product (a no-op for other dtypes)
+Weight make_weight(const torch::Tensor& t, bool pairs = false) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.device().is_cpu(), "weights must be contiguous 2-D CPU tensors");
+  TORCH_CHECK(t.size(1) % 16 == 0, "the kernels need inner sizes that are multiples of 16");
+  Weight w;
+  w.N = t.size(0);
+  w.K = t.size(1);
+  if (t.scalar_type() == torch::kFloat32) w.wtype = F32;
+  else if (t.scalar_type() == torch::kBFloat16) w.wtype = BF16;
+  else if (t.scalar_type() == torch::kFloat16) w.wtype = F16;
+  else TORCH_CHECK(false, "weights must be float32, bfloat16 or float16");
+#ifndef SPECDEC_AVX512
+  TORCH_CHECK(!pairs, "weights packed in pairs (bfloat16 products) need an AVX-512 build of the kernels");
+#endif
+  w.pairs = pairs && w.wtype == BF16;
+  w.tensor = pack_blocks(t, w.pairs);
+  w.data = static_cast<const char*>(w.tensor.data_ptr());
+  return w;
+}
+
+// y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32; bf16_products: round x to bfloat16 and
+// multiply in pairs (only for weights packed in pairs)
+void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
+            bool bf16_products = false) {
+  TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
+#ifdef SPECDEC_AVX512
+  if (w.pairs) {
+#ifdef SPECDEC_AMX
+    if (bf16_products && use_amx(w.K)) {
+      linear_amx(x, M, w.data, w.N, w.K, bias, y, ldy);
+      return;
+    }
+#endif
+    if (bf16_products) {
+      const std::vector<uint16_t> xb = to_bf16(x, M * w.K);  // activations rounded once per product
+      linear_blocks<BF16DOT>(xb.data(), M, w.data, w.N, w.K, bias, y, ldy);
+    } else {
+      linear_blocks<BF16PAIRS>(x, M, w.data, w.N, w.K, bias, y, ldy);
+    }
+    return;
+  }
+#endif
+  switch (w.wtype) {
+    case BF16: linear_blocks<BF16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    case F16: linear_blocks<F16>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+    default: linear_blocks<F32>(x, M, w.data, w.N, w.K, bias, y, ldy); break;
+  }
+}
+
+// A weight packed once for the kernels; y = x @ w^T (+ bias) in float32, with the same reduction order as
+// the model's own products (batch-invariant).
+class PackedLinear {
+ public:
+  PackedLinear(torch::Tensor weight, torch::Tensor bias, bool bf16_dot)
+      : weight_(make_weight(weight.contiguous(), bf16_dot)), bf16_dot_(bf16_dot && weight_.pairs) {
+    if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
+  }
+  torch::Tensor call(torch::Tensor x) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == weight_.K, "x must be (M, in_features)");
+    x = x.contiguous().to(torch::kFloat32);
+    torch::Tensor y = torch::empty({x.size(0), weight_.N}, torch::TensorOptions().dtype(torch::kFloat32));
+    linear(x.data_ptr<float>(), x.size(0), weight_, bias_.defined() ? bias_.data_ptr<float>() : nullptr,
+           y.data_ptr<float>(), weight_.N, bf16_dot_);
+    return y;
+  }
+  int64_t out_features() const { return weight_.N; }
+  int64_t in_features() const { return weight_.K; }
+
+ private:
+  Weight weight_;
+  bool bf16_dot_;
+  torch::Tensor bias_;
+};
