@@ -122,8 +122,7 @@ def run(args) -> int:
                                      medusa_head=args.medusa_head, tree=not name.endswith("-chain"),
                                      layerskip_layers=args.layerskip_layers, select_from=args.select_from,
                                      draft_p_min=args.draft_p_min, tree_width=args.tree_width,
-                                     tree_nodes=args.tree_nodes, calibrate_trees=args.calibrate_trees,
-                                     tree_copies=args.tree_copies, **lookahead)
+                                     tree_nodes=args.tree_nodes, calibrate_trees=args.calibrate_trees, **lookahead)
             # each drafter learns its own drafting cost; the measured verify curve is shared
             decoder = SpecDecoder(view, drafter, replace(speculation, acceptance=rule), costs=CostModel(costs.table))
             decoder.warm_up()
@@ -144,7 +143,6 @@ def run(args) -> int:
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
-            "tree_copies": args.tree_copies,
             **lookahead, "specdec_backend": first_backend, "verify_costs_s": first_costs.table,
             "machine": machine_info(),
             "reference_dtype": args.reference_dtype, "repetition_penalty": penalty, "acceptance": args.acceptance}

@@ -99,9 +99,6 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate-trees", action="store_true",
                    help="EAGLE trees are scored by the acceptance observed for the head's confidences, per draft "
                         "depth and confidence bucket, instead of the raw confidences (docs/drafters.md)")
-    p.add_argument("--no-tree-copies", dest="tree_copies", action="store_false",
-                   help="EAGLE trees hold the head's candidates only, without the token each node's path would copy "
-                        "from the context (docs/drafters.md)")
 
 
 def add_lookahead_options(p: argparse.ArgumentParser) -> None:
@@ -186,7 +183,6 @@ def drafter_options(args) -> dict:
             "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
             "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
-            "tree_copies": args.tree_copies,
             **lookahead_options(args)}
 
 

@@ -193,7 +193,6 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
         from .calibration import Calibration
 
         shape = {**shape, "calibration": Calibration()}
-    shape = {**shape, "copies": options.tree_copies}
     if folder is None:
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
                           f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "

@@ -22,7 +22,6 @@ from ..sampling import probs_from_logits
 from ..tokens import common_prefix
 from .base import Budget, Draft, Drafter, DraftRequest
 from .calibration import Calibration, accepted_path, node_depths
-from .copy_index import CopyIndex, CopyRecord, copy_chain, with_copies
 from .eagle3_head import Eagle3Head
 from .eagle_head import EagleHead
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
@@ -34,8 +33,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
                  max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
-                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None,
-                 copies: CopyRecord | bool = True):
+                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
@@ -44,12 +42,9 @@ class EagleDrafter(Drafter):
         final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
         kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
         sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
-        the raw confidences. copies: every tree node also gets the token its path would copy from the context
-        (copy_index.py), scored by the acceptance recorded for such copies (a CopyRecord, shared with forks);
-        False: the head's candidates only."""
+        the raw confidences."""
         self.name = name
         self.calibration = calibration
-        self.copy_record = (CopyRecord() if copies is True else copies) or None
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
@@ -64,7 +59,7 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size, self.name, self.calibration, self.copy_record or False)
+                            self.columns, self.fixed_size, self.name, self.calibration)
 
     @property
     def sizes_itself(self) -> bool:
@@ -78,8 +73,7 @@ class EagleDrafter(Drafter):
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
         self.penalties: SubsetPenalties | None = None  # the request's penalties at the context being drafted
-        self.last_tree: tuple | None = None  # (context length, tokens, parents, [(draft prob, copy match)])
-        self.copies = CopyIndex() if self.copy_record is not None else None
+        self.last_tree: tuple | None = None  # (context length, tokens, parents, draft probs) of the last tree
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -101,8 +95,6 @@ class EagleDrafter(Drafter):
         if k <= 0:
             return Draft.empty()
         root = self._sync(context)
-        if self.copies is not None:
-            self.copies.sync(context)
         self.penalties = self._penalties(context)
         self._observe_last_tree(context)
         if self.tree and budget.tree:
@@ -176,7 +168,7 @@ class EagleDrafter(Drafter):
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
         # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
-        tokens, parents, depths, scores, draft_probs, copy_of = [], [], [], [], [], []
+        tokens, parents, depths, scores, draft_probs = [], [], [], [], []
         hidden_of: dict[int, torch.Tensor] = {-1: root}
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
@@ -190,28 +182,19 @@ class EagleDrafter(Drafter):
             top_lp = top.values - torch.logsumexp(logits, -1, keepdim=True)
             base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
             step = top_lp if self.calibration is None else self.calibration.log_probability(depth, top_lp.exp())
-            cand_tokens, step, copied = self._with_copies(head.draft_ids[top.indices], step, paths)
-            columns = cand_tokens.shape[1]
-            total = (base[:, None] + step).flatten()  # (F * columns,) cumulative log-probs of acceptance
-            raw_q = top_lp.exp().tolist()
+            total = (base[:, None] + step).flatten()  # (F * width,) cumulative log-probs of acceptance
+            raw_q = top_lp.exp().flatten().tolist()
             keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
-            cand_scores, cand_ids = total.tolist(), cand_tokens.flatten().tolist()
+            cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
             frontier_before, frontier = frontier, []
             for c in keep:
-                row, col = divmod(c, columns)
-                if cand_scores[c] == -math.inf:
-                    break
-                tokens.append(cand_ids[c])
-                parents.append(frontier_before[row])
+                tokens.append(int(head.draft_ids[cand_ids[c]]))
+                parents.append(frontier_before[c // width])
                 depths.append(depth)
                 scores.append(cand_scores[c])
-                copy_of.append(copied[row][1] if copied[row] and cand_ids[c] == copied[row][0] else None)
-                draft_probs.append(raw_q[row][col] if col < width and copy_of[-1] is None else None)
+                draft_probs.append(raw_q[c])
                 frontier.append(len(tokens) - 1)
-            head_best = max((scores[i] for i in frontier if copy_of[i] is None), default=-math.inf)
-            if depth == depth_cap or math.exp(head_best) < floor:
-                if self.copies is not None:
-                    self._extend_copies(frontier, depth_cap, tokens, parents, depths, scores, draft_probs, copy_of)
+            if depth == depth_cap or math.exp(scores[frontier[0]]) < floor:
                 break
             # one head pass for the new level: node i's pair is (its parent's output, its token)
             feats = torch.stack([hidden_of[parents[i]] for i in frontier])
@@ -230,49 +213,20 @@ class EagleDrafter(Drafter):
                 hidden_of[node] = out[r]
             fed += frontier
         draft = finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)
-        if self.calibration is not None or self.copies is not None:
+        if self.calibration is not None:
+            q_of = {tuple(path_tokens(i, tokens, parents)): q for i, q in enumerate(draft_probs)}
             drafted, tree_parents = draft.tokens.tolist(), list(draft.parents)
-            paths = [tuple(path_tokens(j, drafted, tree_parents)) for j in range(len(drafted))]
-            q_of = {tuple(path_tokens(i, tokens, parents)): mark for i, mark in enumerate(zip(draft_probs, copy_of))}
-            self.last_tree = (len(context), drafted, tree_parents, [q_of.get(path, (None, None)) for path in paths])
+            probs = [q_of.get(tuple(path_tokens(j, drafted, tree_parents))) for j in range(len(drafted))]
+            self.last_tree = (len(context), drafted, tree_parents, probs)
         return draft
-
-    def _with_copies(self, cand: torch.Tensor, step: torch.Tensor, paths: list[list[int]]):
-        """The head's candidates (F, W) token ids and log-probs of acceptance with each row's copy mixed in
-        (copy_index.with_copies): (tokens, log-probs, [(token, match length) or None] per row)."""
-        if self.copies is None:
-            return cand, step, [None] * len(paths)
-        return with_copies(cand, step, [self.copies.next_token(p) for p in paths], self.copy_record)
-
-    def _extend_copies(self, frontier: list[int], depth_cap: int, tokens, parents, depths, scores, draft_probs,
-                       copy_of) -> None:
-        """Continues each copied node of the last level with what its path goes on to copy (no head passes: the
-        head's own candidates stop where their chance of acceptance no longer pays for a level)."""
-        for node in frontier:
-            if copy_of[node] is None:
-                continue
-            path = path_tokens(node, tokens, parents)
-            for token, n, log_p in copy_chain(self.copies, self.copy_record, path, depth_cap - depths[node]):
-                tokens.append(token)
-                parents.append(node)
-                depths.append(depths[node] + 1)
-                scores.append(scores[node] + log_p)
-                draft_probs.append(None)
-                copy_of.append(n)
-                node = len(tokens) - 1
 
     def _observe_last_tree(self, context: list[int]) -> None:
         """Counts, for the calibration, which nodes of the last tree the target accepted (the context now holds
         the tokens it kept after the drafted position)."""
-        if self.last_tree is None:
+        if self.last_tree is None or self.calibration is None:
             return
-        start, drafted, tree_parents, marks = self.last_tree
+        start, drafted, tree_parents, probs = self.last_tree
         self.last_tree = None
         if len(context) > start:
             accepted = accepted_path(drafted, tree_parents, context[start:])
-            if self.calibration is not None:
-                probs = [q for q, _ in marks]
-                self.calibration.observe(node_depths(tree_parents), probs, tree_parents, accepted)
-            for i, (_, n) in enumerate(marks):
-                if n is not None and (tree_parents[i] < 0 or tree_parents[i] in accepted):
-                    self.copy_record.observe(n, i in accepted)
+            self.calibration.observe(node_depths(tree_parents), probs, tree_parents, accepted)

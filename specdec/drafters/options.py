@@ -108,18 +108,15 @@ class TreeOptions:
 @dataclass(frozen=True)
 class EagleOptions(TreeOptions):
     """EAGLE (and EAGLE-3): the head's folder (None: the one shipped for the model); calibrate_trees: score and size
-    trees by the acceptance observed for the head's confidences; tree_copies: every tree node also gets the token
-    its path would copy from the context (copy_index.py)."""
+    trees by the acceptance observed for the head's confidences."""
 
     eagle_head: str | os.PathLike | None = None
     calibrate_trees: bool = False
-    tree_copies: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_path("eagle_head", self.eagle_head)
         _check_flag("calibrate_trees", self.calibrate_trees)
-        _check_flag("tree_copies", self.tree_copies)
 
 
 @dataclass(frozen=True)
