@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: write under a temporary name, then rename."""
+"""Writing files so that a reader never sees half of one (write under a temporary name, then rename), and reading
+JSON Lines files line by line as their format defines lines."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,13 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_lines(path: Path) -> list[str]:
+    """A UTF-8 text file's lines split at "\n" only, as JSON Lines defines them: a stray "\r" or U+2028 inside a
+    line neither splits it nor shifts the numbers of the lines after it (Python's text mode would turn a lone "\r"
+    into a line break). A "\r\n" line keeps its "\r", which JSON reads as whitespace."""
+    return Path(path).read_bytes().decode("utf-8").split("\n")
 
 
 def read_tensors(path: Path, what: str) -> dict:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import read_lines
 
 
 class TraceWriter:
@@ -81,7 +82,7 @@ def read_trace(path: str | Path) -> tuple[dict[int, float], list[dict]]:
     if not path.is_file():
         raise ConfigError(f"trace file not found: {path}")
     costs, requests = None, []
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:

@@ -59,3 +59,13 @@ def test_a_bad_prompt_file_line_is_named_by_its_number(capsys, tmp_path_factory,
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     rc, err = run(capsys, ["bench", "--prompts", str(path), "--model", "/nonexistent-model"])
     assert rc == 2 and f"{path}:{at + 1}:" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("bad", ["\r0", "0\r", "\u2028[1]"])
+def test_a_carriage_return_inside_a_line_neither_splits_it_nor_shifts_the_numbers(capsys, tmp_path, bad):
+    """Found by the fuzzing above: text mode turned a lone "\\r" into a line break, so the error named the next line."""
+    good = json.dumps({"question_id": 1, "category": "c", "turns": ["hi"]})
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(("\r\n".join([good, bad, good]) + "\r\n").encode("utf-8"))  # Windows line ends as well
+    rc, err = run(capsys, ["bench", "--prompts", str(path), "--model", "/nonexistent-model"])
+    assert rc == 2 and f"{path}:2:" in err and len(err.strip().splitlines()) == 1, err

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..errors import ConfigError
+from ..files import read_lines
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
     if not path.is_file():
         raise ConfigError(f"prompt file not found: {path}")
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:

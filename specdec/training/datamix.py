@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import read_lines
 
 SHARED_DATA = Path("../shared/data")
 #: The default mix: chat answers read by teacher forcing; chat, long-document, review, QA and translation prompts
@@ -105,7 +106,7 @@ def read_items(data: DataFile, follow_up_every: int = 4) -> list[Item]:
     by_family: dict[str, list[Item]] = {}
     for path in _files(data.path):
         model = None  # a trace's target, from its header
-        lines = path.read_text(encoding="utf-8").split("\n")  # JSON strings may hold U+2028 and alike
+        lines = read_lines(path)
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

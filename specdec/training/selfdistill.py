@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from ..files import read_lines
 
 
 def cycle_sources(path: str | Path, count: int) -> list[str]:
@@ -26,7 +27,7 @@ def _prompt_rows(path: str | Path) -> list[tuple[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"training prompt file not found: {path}")
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").split("\n") if l.strip()]
+    rows = [json.loads(l) for l in read_lines(path) if l.strip()]
     return [(r["prompt"], r.get("source", "")) for r in rows
             if isinstance(r.get("prompt"), str) and r["prompt"].strip()]
 
@@ -46,7 +47,7 @@ def synthesize_prompts(target, openings: list[str], folder: Path, temperature: f
     before, _ = _around_user_turn(tokenizer, "--synthesize", generation_prompt=False)
     folder.mkdir(parents=True, exist_ok=True)
     cache = folder / "synthetic_prompts.jsonl"
-    done = [json.loads(l) for l in cache.read_text(encoding="utf-8").split("\n") if l.strip()] if cache.exists() else []
+    done = [json.loads(l) for l in read_lines(cache) if l.strip()] if cache.exists() else []
     heads = [" ".join(o.split()[: 2 + i % 4]) for i, o in enumerate(openings)]  # 2-5 opening words
     if any(row["opening"] != h for row, h in zip(done, heads)):
         raise ConfigError(f"{cache} was written from other training prompts; use another --data-dir")
