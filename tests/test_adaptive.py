@@ -17,6 +17,47 @@ def test_cost_model_interpolates_and_extrapolates():
     assert abs(costs.verify_s(8) - 0.029) < 1e-12
 
 
+def test_the_cost_curve_never_falls_as_passes_grow():
+    """A slow spell at one size pools with the sizes above it instead of making them look cheaper."""
+    costs = flat_costs()
+    costs.observe_verify(4, 0.040, weight=1.0)  # above what 8 and 16 tokens cost
+    curve = [costs.verify_s(T) for T in range(1, 40)]
+    assert all(a <= b for a, b in zip(curve, curve[1:]))
+    assert abs(costs.verify_s(4) - (0.040 + 0.024 + 0.030) / 3) < 1e-12
+    assert costs.table[4] == 0.040  # the measurements themselves are kept
+
+
+def test_a_new_size_starts_from_the_curve_not_from_one_pass():
+    costs = flat_costs()
+    costs.observe_verify(5, 0.5)  # one pass, 20 times what the curve says, at a size not timed before
+    assert abs(costs.table[5] - (0.1 * 0.5 + 0.9 * 0.0225)) < 1e-12  # 0.0225: the curve's value at 5
+    assert costs.verify_s(5) < 0.1 * 0.5 + 0.9 * 0.0225 + 1e-12
+
+
+def test_a_new_request_starts_from_what_earlier_requests_were_accepted_at():
+    """Two early misses switch drafting off for a pause in a fresh policy, but not in one whose kind of drafter
+    was accepted at 90% over earlier requests."""
+    costs = CostModel({1: 0.0108, 2: 0.013, 4: 0.0153, 8: 0.0234, 16: 0.0433}).for_drafter("eagle")  # AVX2 Zen 3
+
+    def drafts_after_two_misses(policy: DraftLengthPolicy) -> bool:
+        for _ in range(2):
+            k = policy.choose()
+            policy.observe(k, 0)
+        return policy.choose() > 0
+
+    assert not drafts_after_two_misses(DraftLengthPolicy(8, CostModel(dict(costs.table))))
+    rng = random.Random(0)
+    for _ in range(30):  # earlier requests
+        earlier = DraftLengthPolicy(8, costs)
+        for _ in range(20):
+            k = earlier.choose()
+            earlier.observe(k, next((i for i in range(k) if rng.random() > 0.9), k))
+    informed = DraftLengthPolicy(8, costs)
+    assert informed.acceptance()[0] > 0.75
+    assert drafts_after_two_misses(informed)
+    assert DraftLengthPolicy(8, costs.for_drafter("ngram")).acceptance()[0] == 0.5  # another kind starts afresh
+
+
 def test_k_grows_to_the_maximum_when_everything_is_accepted():
     policy = DraftLengthPolicy(8, flat_costs())
     for _ in range(20):
@@ -146,8 +187,8 @@ def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve(
     assert costs.for_drafter("eagle") is eagle
     eagle.observe_draft(4, 0.02)
     assert eagle.draft_s(1) == 0.005 and ngram.draft_s(1) == 0.0
-    ngram.observe_verify(8, 0.5, weight=1.0)
-    assert eagle.verify_s(8) == costs.verify_s(8) == 0.5
+    ngram.observe_verify(8, 0.026, weight=1.0)
+    assert eagle.verify_s(8) == costs.verify_s(8) == 0.026
 
 
 def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
