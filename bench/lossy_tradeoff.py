@@ -82,7 +82,7 @@ def main() -> None:
     from specdec.engine import SpecDecoder
     from specdec.models.loading import load_model
     from specdec.models.registry import DEFAULT_MODEL
-    from specdec.policy import CostModel, measure_verify_costs
+    from specdec.costs import CostModel, measure_verify_costs
 
     prompts = gsm8k_prompts(args.gsm8k, args.gsm8k_count)
     if args.specbench:

@@ -29,7 +29,7 @@ from specdec.drafters.base import Budget, Drafter, DraftRequest
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
-from specdec.policy import CostModel, measure_verify_costs
+from specdec.costs import CostModel, measure_verify_costs
 from specdec.verify import Draft
 
 

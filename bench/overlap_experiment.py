@@ -33,7 +33,7 @@ from specdec.engine import SpecDecoder
 from specdec.metrics import GenerationMetrics
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
-from specdec.policy import CostModel, measure_verify_costs
+from specdec.costs import CostModel, measure_verify_costs
 
 
 def median_ms(fn, repeats: int) -> float:

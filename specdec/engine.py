@@ -13,7 +13,7 @@ from .drafters.base import Drafter
 from .errors import ConfigError, ConstraintError
 from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
-from .policy import CostModel, measure_verify_costs
+from .costs import CostModel, measure_verify_costs
 from .request import Request
 from .scheduler import BatchEngine, close_request, open_request
 

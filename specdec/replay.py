@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .policy import CostModel, DraftLengthPolicy, choose_lengths
+from .costs import CostModel
+from .policy import DraftLengthPolicy, choose_lengths
 from .drafters.base import Budget, Drafter, DraftRequest
 from .tokens import common_prefix
 

@@ -18,7 +18,8 @@ from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
 from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
-from .policy import CostModel, DraftLengthPolicy
+from .costs import CostModel
+from .policy import DraftLengthPolicy
 from .sampling import make_generator, position_gumbel, warp_logits
 from .verify import Draft
 

@@ -23,7 +23,8 @@ import torch
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Budget, Drafter, DraftRequest
 from .errors import ConstraintError
-from .policy import CostModel, choose_lengths, draft_length
+from .costs import CostModel
+from .policy import choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
 from .verify import Draft, tree_mask, verify
@@ -160,7 +161,7 @@ class BatchEngine:
             if request.features is not None:
                 request.features.append(hidden[rows])
         if request.policy is not None:
-            request.policy.observe(len(draft), len(path))
+            request.policy.observe(len(draft), len(path), draft.positions)
         return request.take_step(draft, path, token, logits, processed, seconds)
 
     # ---- prefill ----------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_traces_record_the_rule_and_replays_leave_lossy_requests_out(tmp_path):
     from specdec.config import GenerationConfig, SpeculationConfig
     from specdec.drafters.ngram import NgramDrafter
     from specdec.engine import SpecDecoder
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.replay import replayable
     from specdec.trace import read_trace
     from tiny import loaded, tiny_llama

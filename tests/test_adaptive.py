@@ -1,7 +1,8 @@
 """The adaptive draft-length policy and its cost model."""
 import random
 
-from specdec.policy import CostModel, DraftLengthPolicy, draft_length
+from specdec.costs import CostModel
+from specdec.policy import DraftLengthPolicy, draft_length
 
 
 def flat_costs() -> CostModel:
@@ -56,6 +57,14 @@ def test_a_new_request_starts_from_what_earlier_requests_were_accepted_at():
     assert informed.acceptance()[0] > 0.75
     assert drafts_after_two_misses(informed)
     assert DraftLengthPolicy(8, costs.for_drafter("ngram")).acceptance()[0] == 0.5  # another kind starts afresh
+
+
+def test_a_tree_whose_every_level_was_accepted_counts_no_miss_below_it():
+    """A tree 3 levels deep (12 nodes) accepted to its last level: levels 1-3 were tried and accepted, and nothing
+    was tried at a fourth level it did not draft."""
+    policy = DraftLengthPolicy(8, flat_costs())
+    policy.observe(12, 3, positions=3)
+    assert policy.tried[:4] == [1.0, 1.0, 1.0, 0.0] and policy.accepted[:3] == [1.0, 1.0, 1.0]
 
 
 def test_k_grows_to_the_maximum_when_everything_is_accepted():

@@ -9,7 +9,8 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
-from specdec.policy import CostModel, DraftLengthPolicy, choose_lengths
+from specdec.costs import CostModel
+from specdec.policy import DraftLengthPolicy, choose_lengths
 from tiny import loaded, random_medusa_heads, tiny_llama
 
 

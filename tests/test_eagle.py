@@ -34,7 +34,7 @@ def test_tree_greedy_verify_walks_the_matching_branch():
 
 
 def test_tree_width_follows_the_cost_curve():
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.drafters.trees import tree_width
 
     assert tree_width(CostModel({1: 0.010, 64: 0.0105})) == 8  # flat (memory-bound) verify: wide trees
@@ -42,7 +42,7 @@ def test_tree_width_follows_the_cost_curve():
 
 
 def test_node_choice_follows_the_cost_curve():
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
 
     scores = [-0.1, -0.2, -0.3, -2.0, -0.4, -5.0]
     parents = [-1, 0, 1, -1, 2, 3]
@@ -55,7 +55,7 @@ def test_node_choice_follows_the_cost_curve():
 
 
 def test_fixed_size_node_choice_ignores_the_costs():
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
 
     scores = [-0.1, -0.2, -0.3, -2.0, -0.4, -5.0]
     parents = [-1, 0, 1, -1, 2, 3]
@@ -107,7 +107,7 @@ def test_eagle_drafting_keeps_greedy_output(models, backend, tree, head_products
 def test_fixed_size_trees_hold_their_nodes_and_keep_greedy_output(models, nodes):
     """A fixed-size tree holds exactly its nodes (within width x depth candidates) even where the measured costs
     would draft none, and the output is still exactly the target's."""
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.drafters.base import DraftRequest
     from specdec.verify import tree_depths
 
@@ -154,7 +154,7 @@ def test_eagle_self_consistent_head_is_fully_accepted(models):
     head = new_head(models, "tiny", torch.arange(models.config.vocab_size))
     chain, tree = EagleDrafter(head, tree=False), EagleDrafter(head, tree=True, width=1, max_depth=4)
     from specdec.drafters.base import DraftRequest
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
 
     prompt = list(range(5, 17))
     out = target.backend.forward(target.backend.new_cache(), torch.tensor(prompt), output_hidden=True)
@@ -185,7 +185,7 @@ def test_lookup_path_joins_the_tree_through_matching_nodes():
 
 
 def test_tree_drafts_hold_the_prompt_lookup_continuation(models):
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.drafters.base import DraftRequest
 
     target = loaded(models, "kernels")
@@ -273,7 +273,7 @@ def test_the_head_reads_the_prompt_during_prefill(models):
 
 
 def test_lookup_record_scores_what_was_accepted():
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.drafters.trees import LookupRecord
 
     record = LookupRecord()
@@ -293,7 +293,7 @@ def test_lookup_record_scores_what_was_accepted():
 
 
 def test_the_head_is_skipped_where_the_lookup_is_trusted(models):
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
     from specdec.drafters.base import DraftRequest
 
     target = loaded(models, "kernels")

@@ -66,6 +66,8 @@ ROLES = {
     "specdec.verify": ("specdec.models", "specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine",
                        "specdec.policy", "specdec.logits"),
     "specdec.policy": ("specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine"),
+    "specdec.costs": ("specdec.models", "specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine",
+                      "specdec.policy", "specdec.verify"),
     "specdec.logits": ("specdec.models", "specdec.drafters", "specdec.request", "specdec.scheduler", "specdec.engine"),
     "specdec.request": ("specdec.models", "specdec.scheduler", "specdec.engine"),
     "specdec.scheduler": ("specdec.engine",),

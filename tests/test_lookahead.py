@@ -115,7 +115,7 @@ def test_the_window_pauses_where_its_wide_passes_cannot_pay():
     """A verify curve where a few tokens cost little more than one but a pass's cost then grows with its tokens (a
     compute-bound CPU): after its warm-up the window pauses, longer each time it loses, and meanwhile the pool's
     guesses are drafted alone; on a flat curve (a GPU) the window keeps running."""
-    from specdec.policy import CostModel
+    from specdec.costs import CostModel
 
     class FixedCurve(CostModel):
         def observe_verify(self, T, seconds, weight=0.1):

@@ -13,7 +13,7 @@ from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.medusa_head import load_medusa_heads
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
-from specdec.policy import CostModel
+from specdec.costs import CostModel
 from tiny import drafted_keeping_greedy_output, loaded, random_medusa_heads, tiny_llama
 
 def flat() -> CostModel:

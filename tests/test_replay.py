@@ -10,7 +10,7 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
-from specdec.policy import CostModel
+from specdec.costs import CostModel
 from specdec.replay import replay_drafter, replay_logged, replay_plain, replayable
 from specdec.trace import read_trace
 from tiny import loaded, tiny_llama

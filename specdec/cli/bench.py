@@ -59,7 +59,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from ..policy import CostModel, measure_verify_costs
+    from ..costs import CostModel, measure_verify_costs
     from ..config import GenerationConfig, SpeculationConfig
     from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder

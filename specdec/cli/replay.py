@@ -43,7 +43,7 @@ def _policies(text: str, k_max: int) -> list[int | None]:
 
 
 def run(args) -> int:
-    from ..policy import CostModel
+    from ..costs import CostModel
     from ..drafters.ngram import NgramDrafter
     from ..drafters.suffix import SuffixDrafter
     from ..replay import replay_drafter, replay_logged, replay_plain, replayable

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from ..policy import CostModel
+from ..costs import CostModel
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix

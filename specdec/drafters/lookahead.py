@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..policy import CostModel, DraftLengthPolicy
+from ..costs import CostModel
+from ..policy import DraftLengthPolicy
 from ..tokens import common_prefix
 from .base import Budget, Draft, Drafter, DraftRequest
 from .jacobi import JacobiWindow

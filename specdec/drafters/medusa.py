@@ -14,7 +14,7 @@ import heapq
 
 import torch
 
-from ..policy import CostModel
+from ..costs import CostModel
 from ..sampling import probs_from_logits
 from .base import Budget, Draft, Drafter
 from .medusa_head import MedusaHeads

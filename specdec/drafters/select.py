@@ -20,7 +20,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..policy import CostModel, DraftLengthPolicy
+from ..costs import CostModel
+from ..policy import DraftLengthPolicy
 from ..errors import ConfigError
 from ..verify import tree_children
 from ..tokens import common_prefix

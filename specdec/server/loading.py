@@ -19,7 +19,7 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
     LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
     (prompt, output, drafts), at most the model's context (default: the model's)."""
-    from ..policy import CostModel, measure_verify_costs
+    from ..costs import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
     from ..drafters import create_drafter
     from ..engine import SpecDecoder

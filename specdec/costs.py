@@ -1,0 +1,154 @@
+"""What the draft-length policy reads: the measured cost of a target pass by tokens scored (the verify curve) and
+each kind of drafter's cost and acceptance, kept across the requests an engine serves."""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+
+class CostModel:
+    """Seconds per target forward by tokens scored (verify(T)), and seconds per drafted token."""
+
+    def __init__(self, verify_table: dict[int, float] | None = None, draft_per_token_s: float = 0.0):
+        # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
+        self.measured = bool(verify_table)
+        self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
+        self._curve: dict = {}  # the table made non-decreasing, as sorted (T, seconds) points; emptied on change
+        self.draft_per_token_s = draft_per_token_s
+        self.cheapest_draft_s = draft_per_token_s  # the lowest per-token drafting cost measured
+        self._drafted = False
+        self._views: dict[str, CostModel] = {}
+        self.memory = AcceptanceMemory()
+
+    def for_drafter(self, name: str) -> "CostModel":
+        """The view of one kind of drafter: the same verify curve (one table, which every pass updates) with
+        that drafter's own drafting cost, so that drafters serving side by side do not mix their costs."""
+        if name not in self._views:
+            view = copy.copy(self)  # shares `table`, `_curve` and `_views`; drafting figures are its own
+            view.memory = AcceptanceMemory()  # and so is what its drafts were accepted at
+            self._views[name] = view
+        return self._views[name]
+
+    def verify_s(self, T: int) -> float:
+        """Seconds for a pass over T tokens: the measured table, made non-decreasing in T (a pass over more tokens
+        never costs less; a noisy spell at one size would otherwise make its neighbours look cheap or dear), and
+        interpolated linearly between sizes (extrapolated from the last two past the largest)."""
+        if not self._curve:
+            self._curve["points"] = non_decreasing(sorted(self.table.items()))
+        return interpolate(self._curve["points"], T)
+
+    def _curve_changed(self) -> None:
+        self._curve.clear()  # shared with every view, so theirs is rebuilt too
+
+    def draft_s(self, k: int, cheapest: bool = False) -> float:
+        """Seconds to draft k positions (a tree's cost is counted per level); cheapest: at the lowest cost measured."""
+        return k * (self.cheapest_draft_s if cheapest else self.draft_per_token_s)
+
+    def reset_draft(self) -> None:
+        """Forgets the drafting cost (after a warm-up, whose first calls pay for allocations)."""
+        self.draft_per_token_s, self.cheapest_draft_s, self._drafted = 0.0, 0.0, False
+
+    def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
+        """Moves the cost of a pass over T tokens towards `seconds`. A size seen for the first time starts from the
+        curve's value there, so one slow pass does not set it alone."""
+        old = self.table.get(T)
+        if old is None and self.measured:
+            old = self.verify_s(T)
+        self.table[T] = seconds if old is None else (1 - weight) * old + weight * seconds
+        self._curve_changed()
+
+    def observe_draft(self, k: int, seconds: float, weight: float = 0.2) -> None:
+        if k <= 0:
+            return
+        per = seconds / k
+        self.draft_per_token_s = per if not self._drafted else (1 - weight) * self.draft_per_token_s + weight * per
+        self.cheapest_draft_s = per if not self._drafted else min(self.cheapest_draft_s, per)
+        self._drafted = True
+
+
+def non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The closest non-decreasing values (least squares: pool adjacent violators) at the same sizes."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs
+    for _, value in points:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [total / count for total, count in blocks for _ in range(int(count))]
+    return [(T, v) for (T, _), v in zip(points, values)]
+
+
+def interpolate(points: list[tuple[int, float]], T: int) -> float:
+    """The piecewise-linear value at T through sorted (size, seconds) points, extended from the last two."""
+    if len(points) == 1:
+        return points[0][1]
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if T <= t1 or (t1, v1) == points[-1]:
+            if T <= t0:
+                return v0
+            return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
+    return points[-1][1]
+
+
+class AcceptanceMemory:
+    """What one kind of drafter's drafts were accepted at, per position, over the requests it served (counts that
+    fade slowly): a new request's policy starts from it, worth a few steps of evidence, instead of from the flat
+    prior, so that one early miss does not switch drafting off for a pause where the drafter usually pays."""
+
+    START_WEIGHT = 4.0  # steps of evidence a new request's estimates start with, at most
+    DECAY = 0.99
+
+    def __init__(self):
+        self.tried: list[float] = []
+        self.accepted: list[float] = []
+
+    def observe(self, drafted: int, accepted: int, positions: int | None = None) -> None:
+        """A step where `accepted` of `drafted` drafts were kept, `positions` deep (a tree's levels; a chain's
+        length by default). Positions past the first rejection are not counted as tried: the estimates are
+        conditional on reaching them."""
+        positions = positions or drafted
+        reached = min(accepted + 1, positions)
+        if len(self.tried) < reached:
+            grow = reached - len(self.tried)
+            self.tried += [0.0] * grow
+            self.accepted += [0.0] * grow
+        self.tried = [t * self.DECAY for t in self.tried]
+        self.accepted = [a * self.DECAY for a in self.accepted]
+        for i in range(reached):
+            self.tried[i] += 1.0
+            self.accepted[i] += float(i < accepted)
+
+    def start(self, k_max: int) -> tuple[list[float], list[float]]:
+        """(tried, accepted) for a new policy's first k_max positions, scaled to at most START_WEIGHT steps."""
+        if not self.tried or self.tried[0] <= 0:
+            return [0.0] * k_max, [0.0] * k_max
+        scale = min(1.0, self.START_WEIGHT / self.tried[0])
+        pad = [0.0] * max(0, k_max - len(self.tried))
+        return ([t * scale for t in self.tried[:k_max]] + pad, [a * scale for a in self.accepted[:k_max]] + pad)
+
+
+@torch.inference_mode()
+def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128, repeats: int = 3) -> dict[int, float]:
+    """Times one target forward over T new tokens after `context` cached ones: {T: median seconds}."""
+    cache = backend.new_cache()
+    try:
+        vocab = backend.info.vocab_size
+        prompt = torch.randint(0, vocab, (context,))
+        backend.forward(cache, prompt, last_only=True)
+        table = {}
+        for T in sizes:
+            ids = torch.randint(0, vocab, (T,))
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                out = backend.forward(cache, ids)
+                out.logits[-1, 0].item()  # waits for the device
+                times.append(time.perf_counter() - start)
+                backend.truncate(cache, context)
+            table[T] = sorted(times[1:])[len(times[1:]) // 2]
+        return table
+    finally:
+        backend.release(cache)
