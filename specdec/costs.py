@@ -93,6 +93,15 @@ def interpolate(points: list[tuple[int, float]], T: int) -> float:
     return points[-1][1]
 
 
+def count_step(tried: list[float], accepted: list[float], reached: int, kept: int,
+               decay: float) -> tuple[list[float], list[float]]:
+    """Per-position counts after a step that reached its first `reached` positions and kept its first `kept`
+    drafts: earlier counts fade by `decay`, then each reached position counts one try, and a kept one an acceptance."""
+    tried = [t * decay + (i < reached) for i, t in enumerate(tried)]
+    accepted = [a * decay + (i < min(kept, reached)) for i, a in enumerate(accepted)]
+    return tried, accepted
+
+
 class AcceptanceMemory:
     """What one kind of drafter's drafts were accepted at, per position, over the requests it served (counts that
     fade slowly): a new request's policy starts from it, worth a few steps of evidence, instead of from the flat
@@ -109,17 +118,12 @@ class AcceptanceMemory:
         """A step where `accepted` of `drafted` drafts were kept, `positions` deep (a tree's levels; a chain's
         length by default). Positions past the first rejection are not counted as tried: the estimates are
         conditional on reaching them."""
-        positions = positions or drafted
-        reached = min(accepted + 1, positions)
+        reached = min(accepted + 1, positions or drafted)
         if len(self.tried) < reached:
             grow = reached - len(self.tried)
             self.tried += [0.0] * grow
             self.accepted += [0.0] * grow
-        self.tried = [t * self.DECAY for t in self.tried]
-        self.accepted = [a * self.DECAY for a in self.accepted]
-        for i in range(reached):
-            self.tried[i] += 1.0
-            self.accepted[i] += float(i < accepted)
+        self.tried, self.accepted = count_step(self.tried, self.accepted, reached, accepted, self.DECAY)
 
     def start(self, k_max: int) -> tuple[list[float], list[float]]:
         """(tried, accepted) for a new policy's first k_max positions, scaled to at most START_WEIGHT steps."""

@@ -13,7 +13,7 @@ noisy verify curve, and each failed probe costs a whole step.
 """
 from __future__ import annotations
 
-from .costs import AcceptanceMemory, CostModel
+from .costs import AcceptanceMemory, CostModel, count_step
 
 PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
 PROBE_MARGIN = 0.1  # a probe must promise 10% more tokens per second than plain decoding, at the prior
@@ -90,12 +90,8 @@ class DraftLengthPolicy:
         positions = positions or drafted
         if self.memory is not None:
             self.memory.observe(drafted, accepted, positions)
-        self.tried = [t * self.decay for t in self.tried]
-        self.accepted = [a * self.decay for a in self.accepted]
-        for i in range(min(accepted + 1, positions, self.k_max)):
-            self.tried[i] += 1.0
-            if i < accepted:
-                self.accepted[i] += 1.0
+        reached = min(accepted + 1, positions, self.k_max)
+        self.tried, self.accepted = count_step(self.tried, self.accepted, reached, accepted, self.decay)
         if accepted > 0:
             self.next_cooldown = self.first_cooldown
 

@@ -245,7 +245,7 @@ def open_request(backend, request: Request) -> Request:
                                            generator=None if request.generator is None else make_generator(
                                                request.seed + 1),  # its draws when sampling
                                            noise=request.noise if request.coupled else None, costs=request.costs,
-                                           adaptive=request.adaptive))
+                                           adaptive=request.adaptive, target_cache=request.cache))
     return request
 
 

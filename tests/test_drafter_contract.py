@@ -17,7 +17,8 @@ MEMBERS = ("name", "needs_features", "needs_scores", "sizes_itself", "decides_it
 
 
 def test_every_built_in_drafter_declares_the_protocol():
-    for module in ("cross_tokenizer", "draft_model", "eagle", "lookahead", "medusa", "ngram", "select", "suffix"):
+    for module in ("cross_tokenizer", "draft_model", "eagle", "lookahead", "medusa", "ngram", "quantized", "select",
+                   "suffix"):
         importlib.import_module(f"specdec.drafters.{module}")
     classes = [c for c in _all_subclasses(Drafter) if c.__module__.startswith("specdec.")]
     assert len(classes) >= 7

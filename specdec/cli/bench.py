@@ -29,7 +29,7 @@ def register(sub) -> None:
                                                        "eagle, medusa, ngram, suffix, those available)")
     p.add_argument("--draft-model", default=None, help="draft model for draft-model and hf_assisted")
     p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
-                   help="draft-model and layerskip stop drafting after a token they give a probability below P "
+                   help="draft-model, layerskip and quantized stop drafting after a token they give a probability below P "
                         "(default: 0, off)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     add_tree_options(p)

@@ -30,7 +30,7 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, select "
+                   help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, quantized, select "
                         "(default: auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
                         "else ngram); "
                         "select: each step, whichever of --select-from is predicted to be fastest")
@@ -52,7 +52,7 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     add_lookahead_options(p)
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
     p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
-                   help="draft-model and layerskip stop drafting after a token they give a probability below P, in "
+                   help="draft-model, layerskip and quantized stop drafting after a token they give a probability below P, in "
                         "[0, 1) (default: 0, off: the draft-length policy alone decides)")
     p.add_argument("--select-from", default=None,
                    help="comma-separated candidates of --drafter select (default: eagle, medusa, ngram, suffix, those "

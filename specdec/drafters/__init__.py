@@ -11,7 +11,7 @@ from typing import Callable
 from ..errors import ConfigError
 from .base import Budget, Draft, Drafter, DraftRequest
 from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions, MedusaOptions, NgramOptions,
-                      SelectOptions, SuffixOptions, bad_select_from)
+                      QuantizedOptions, SelectOptions, SuffixOptions, bad_select_from)
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,20 @@ def _layerskip(target, options: LayerSkipOptions) -> Drafter:
         raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
     return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip",
                              p_min=options.draft_p_min)
+
+
+@register("quantized", QuantizedOptions)
+def _quantized(target, options: QuantizedOptions) -> Drafter:
+    from ..models.kernel_llama import KernelLlama, four_bit_problem
+    from .quantized import QuantizedCopyDrafter
+
+    if not isinstance(target.backend, KernelLlama):
+        raise ConfigError("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on "
+                          "a CPU with AVX2 or AVX-512)")
+    problem = four_bit_problem(target.hf_model.config)
+    if problem:
+        raise ConfigError(f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}")
+    return QuantizedCopyDrafter(target.backend, target.backend.four_bit_copy(), p_min=options.draft_p_min)
 
 
 @register("eagle", EagleOptions)

@@ -38,6 +38,9 @@ class DraftRequest:
     noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
     costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
     adaptive: bool = True  # False: draft the most allowed every step (--no-adaptive), for drafters that decide it
+    # the request's KV cache in the target (models.backend.SequenceCache), for drafters that draft on it (the
+    # quantized copy): they may write only past its length, where the verify pass writes before anything reads
+    target_cache: object = None
 
     def draw(self, q: torch.Tensor, position: int) -> int:
         """A draft token from q (V,) for `position`: argmax(log q + that position's noise) in coupled mode,

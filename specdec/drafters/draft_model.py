@@ -52,20 +52,14 @@ class DraftModelDrafter(Drafter):
         k = budget.k
         if k <= 0:
             return Draft.empty()
-        keep = common_prefix(self.cached, context)
-        keep = min(keep, len(context) - 1)  # always re-feed at least the last token
-        self.draft.truncate(self.cache, keep)
-        pending = context[keep:]
-        self.cached = list(context)
+        pending = self._sync(context)
         sampling = self.request.sampling
         history = None
         if sampling.penalized:  # the request's penalties, as the target applies them: fewer rejected drafts
             history = TokenHistory.of(self.request.prompt_ids, context, self.vocab, self.draft.info.device)
         tokens, rows = [], []
         for i in range(k):
-            ids = torch.tensor(pending, dtype=torch.long)
-            logits = self.draft.forward(self.cache, ids, last_only=True).logits[-1]  # (V_draft,)
-            logits = _fit_vocab(logits.float(), self.vocab)
+            logits = _fit_vocab(self._next_logits(pending).float(), self.vocab)
             if history is not None:
                 logits = penalize(logits[None], history.counts[None], history.seen[None], sampling)[0]
             position = len(context) + i
@@ -85,6 +79,20 @@ class DraftModelDrafter(Drafter):
             self.cached.append(token)
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=probs)
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Rolls the draft cache back to what it shares with `context` (never all of it) and returns the tokens to
+        feed next."""
+        keep = common_prefix(self.cached, context)
+        keep = min(keep, len(context) - 1)  # always re-feed at least the last token
+        self.draft.truncate(self.cache, keep)
+        self.cached = list(context)
+        return context[keep:]
+
+    def _next_logits(self, pending: list[int]) -> torch.Tensor:
+        """Feeds `pending` to the draft and returns its logits (V_draft,) for the next token."""
+        ids = torch.tensor(pending, dtype=torch.long)
+        return self.draft.forward(self.cache, ids, last_only=True).logits[-1]
 
     def _unsure(self, logits: torch.Tensor, q: torch.Tensor | None, token: int) -> bool:
         """Whether the draft's probability of `token` is below p_min: softmax(logits (V,)) under greedy decoding,

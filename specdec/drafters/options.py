@@ -68,6 +68,16 @@ class DraftModelOptions:
 
 
 @dataclass(frozen=True)
+class QuantizedOptions:
+    """The target's 4-bit copy: draft_p_min as for a draft model."""
+
+    draft_p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_p_min(self.draft_p_min)
+
+
+@dataclass(frozen=True)
 class LayerSkipOptions:
     """Layer-skip: the target's first layerskip_layers layers draft (None or 0: the default depth); draft_p_min as
     for a draft model."""

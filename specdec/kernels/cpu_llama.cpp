@@ -15,8 +15,9 @@
 // Built for AVX-512 where the CPU has it, otherwise for AVX2 (vec16.h carries 16 lanes in two registers there, with
 // the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 //
-// One translation unit: products.h (the tiles), amx.h, weights.h (packing and linear()), row_ops.h (norms, RoPE,
-// SwiGLU), attention.h, this file's model, and head_layer.h (a drafter head's layer).
+// One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
+// and linear()), row_ops.h (norms, RoPE, SwiGLU), attention.h, this file's model, and head_layer.h (a drafter head's
+// layer).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -44,6 +45,7 @@ using vec::f32x16;
 
 #include "products.h"
 #include "amx.h"
+#include "quantized.h"
 #include "weights.h"
 #include "row_ops.h"
 #include "attention.h"
@@ -62,7 +64,8 @@ struct Layer {
 class CpuLlama {
  public:
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
-           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool pairs) {
+           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool pairs,
+           bool quantized) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
     TORCH_CHECK(cfg_.head_dim % 16 == 0 && cfg_.head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
@@ -71,19 +74,22 @@ class CpuLlama {
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const torch::Tensor* t = &layer_tensors[8 * l];
       Layer layer;
+      auto weight = [&](const torch::Tensor& w) {
+        return quantized ? make_quantized_weight(w, 4) : make_weight(w, pairs);
+      };
       layer.input_norm = t[0].contiguous().to(torch::kFloat32);
-      layer.qkv = make_weight(t[1], pairs);
+      layer.qkv = weight(t[1]);
       layer.qkv_bias = t[2].defined() && t[2].numel() ? t[2].contiguous().to(torch::kFloat32) : torch::Tensor();
-      layer.o = make_weight(t[3], pairs);
+      layer.o = weight(t[3]);
       layer.o_bias = t[4].defined() && t[4].numel() ? t[4].contiguous().to(torch::kFloat32) : torch::Tensor();
       layer.post_norm = t[5].contiguous().to(torch::kFloat32);
-      layer.gate_up = make_weight(t[6], pairs);
-      layer.down = make_weight(t[7], pairs);
+      layer.gate_up = weight(t[6]);
+      layer.down = weight(t[7]);
       layers_.push_back(layer);
     }
     embed_rows_ = embed.contiguous();
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
-    lm_head_ = make_weight(lm_head, pairs);
+    lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -96,7 +102,9 @@ class CpuLlama {
   // P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in blocks of
   // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
   // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
-  // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only).
+  // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only). A model built
+  // `quantized` (4-bit layers, an 8-bit LM head) is an approximate copy, for drafting: none of the above exactness
+  // holds for it.
   // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
   // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.
   // Returns (logits (R, V), hidden (N, H) after the final norm, aux (N, A * H)).
@@ -243,10 +251,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // module_local: an AVX2 and an AVX-512 build may share one process (tests compare them)
   pybind11::class_<CpuLlama>(m, "CpuLlama", pybind11::module_local())
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor, bool>())
+                          torch::Tensor, torch::Tensor, torch::Tensor, bool, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
       .def_static("matmul", &CpuLlama::matmul);
+  m.def("quantized_matmul", [](torch::Tensor x, torch::Tensor w, int64_t bits) {
+    x = x.contiguous().to(torch::kFloat32);
+    const Weight weight = make_quantized_weight(w, static_cast<int>(bits));
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == weight.K, "x must be (M, in_features)");
+    torch::Tensor y = torch::empty({x.size(0), weight.N}, torch::TensorOptions().dtype(torch::kFloat32));
+    linear(x.data_ptr<float>(), x.size(0), weight, nullptr, y.data_ptr<float>(), weight.N);
+    return y;
+  }, "x (M, K) @ w (N, K)^T, w in groups of 32 of `bits` 4 or 8, x rounded to int8 (a drafting copy's products)");
   m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
   m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },
         "turns the AMX products on or off (for comparisons); returns the previous setting");

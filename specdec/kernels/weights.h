@@ -26,6 +26,7 @@ struct Weight {
   int64_t N = 0, K = 0;
   int wtype = F32;  // the stored type: F32, BF16 or F16
   bool pairs = false;  // bfloat16 packed in pairs of k: products in float32 (BF16PAIRS) or bfloat16 (BF16DOT)
+  int qbits = 0;  // 4 or 8: quantized groups (quantized.h), approximate products for a drafting copy of a model
 };
 
 // pairs: pack bfloat16 weights for both kinds of product (a no-op for other dtypes)
@@ -48,10 +49,29 @@ Weight make_weight(const torch::Tensor& t, bool pairs = false) {
   return w;
 }
 
+// groups of 32 with `bits` 4 or 8 (quantized.h) from a float32, bfloat16 or float16 weight (N, K), K a multiple of 32
+Weight make_quantized_weight(const torch::Tensor& t, int bits) {
+  TORCH_CHECK(t.dim() == 2 && t.device().is_cpu(), "weights must be 2-D CPU tensors");
+  TORCH_CHECK(t.size(1) % kQGroup == 0, "quantized weights need inner sizes that are multiples of 32");
+  Weight w;
+  w.N = t.size(0);
+  w.K = t.size(1);
+  w.qbits = bits;
+  w.tensor = pack_quantized(t.to(torch::kFloat32), bits);
+  w.data = static_cast<const char*>(w.tensor.data_ptr());
+  return w;
+}
+
 // y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32; bf16_products: round x to bfloat16 and
 // multiply in pairs (only for weights packed in pairs)
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
             bool bf16_products = false) {
+  if (w.qbits) {
+    const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
+    if (w.qbits == 4) linear_quantized<4>(x, M, packed, w.N, w.K, bias, y, ldy);
+    else linear_quantized<8>(x, M, packed, w.N, w.K, bias, y, ldy);
+    return;
+  }
   TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
 #ifdef SPECDEC_AVX512
   if (w.pairs) {

@@ -29,6 +29,44 @@ def kernel_shape_problem(config) -> str | None:
     return None
 
 
+def kernel_model_args(hf_model, max_context: int) -> list:
+    """CpuLlama's arguments for a Llama-family model: dims, eps, 8 tensors per layer, embeddings, final norm, LM
+    head and RoPE tables for max_context positions (the packing flags follow)."""
+    cfg = hf_model.config
+    H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or H // nh
+    sd = hf_model.state_dict()
+
+    def cat(names: list[str], suffix: str) -> torch.Tensor:
+        parts = [sd.get(f"{n}.{suffix}") for n in names]
+        return torch.empty(0) if parts[0] is None else torch.cat(parts).contiguous()
+
+    tensors = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        qkv = [p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]
+        tensors += [sd[p + "input_layernorm.weight"].float(), cat(qkv, "weight"), cat(qkv, "bias").float(),
+                    sd[p + "self_attn.o_proj.weight"].contiguous(),
+                    sd.get(p + "self_attn.o_proj.bias", torch.empty(0)).float(),
+                    sd[p + "post_attention_layernorm.weight"].float(),
+                    cat([p + "mlp.gate_proj", p + "mlp.up_proj"], "weight"),
+                    sd[p + "mlp.down_proj.weight"].contiguous()]
+    embed = sd["model.embed_tokens.weight"].contiguous()
+    lm_head = sd.get("lm_head.weight", embed).contiguous()
+    cos, sin = rope_tables(hf_model, max_context)
+    dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
+    return [dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(), lm_head, cos.cpu(),
+            sin.cpu()]
+
+
+def four_bit_problem(config) -> str | None:
+    """Why the kernels cannot hold a 4-bit copy of this config (groups of 32 along every product's inner size)."""
+    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size)):
+        if size % 32:
+            return f"{name} {size} is not a multiple of 32"
+    return kernel_shape_problem(config)
+
+
 class KernelLlama(PooledCaches, CausalLM):
     """Llama family on the CPU kernels; KV cache float32 (layers, slots, kv_heads, capacity, head_dim)."""
 
@@ -59,31 +97,21 @@ class KernelLlama(PooledCaches, CausalLM):
             raise ValueError(problem)
         self.head_dim, self.kv_heads = hd, nkv
         self.max_context = -(-min(max_context or info.max_context, info.max_context) // 16) * 16
-        sd = hf_model.state_dict()
-
-        def cat(names: list[str], suffix: str) -> torch.Tensor:
-            parts = [sd.get(f"{n}.{suffix}") for n in names]
-            return torch.empty(0) if parts[0] is None else torch.cat(parts).contiguous()
-
-        tensors = []
-        for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            qkv = [p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]
-            tensors += [sd[p + "input_layernorm.weight"].float(), cat(qkv, "weight"), cat(qkv, "bias").float(),
-                        sd[p + "self_attn.o_proj.weight"].contiguous(),
-                        sd.get(p + "self_attn.o_proj.bias", torch.empty(0)).float(),
-                        sd[p + "post_attention_layernorm.weight"].float(),
-                        cat([p + "mlp.gate_proj", p + "mlp.up_proj"], "weight"), sd[p + "mlp.down_proj.weight"].contiguous()]
-        embed = sd["model.embed_tokens.weight"].contiguous()
-        lm_head = sd.get("lm_head.weight", embed).contiguous()
-        cos, sin = rope_tables(hf_model, self.max_context)
-        dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
         self.bf16_products = bf16_products
-        self.model = module.CpuLlama(dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(),
-                                     lm_head, cos.cpu(), sin.cpu(), bf16_products or self.bf16_prefill)
+        args = kernel_model_args(hf_model, self.max_context)
+        self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False)
+        self._hf_model = hf_model  # for four_bit_copy
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, torch.float32, info.device,
                            zeroed=False)
+
+    def four_bit_copy(self):
+        """The same model with 4-bit layers and an 8-bit LM head (kernels/quantized.h), on this one's RoPE tables: a
+        CpuLlama whose passes read about a third of bfloat16's bytes and approximate this model's, for drafting on
+        this backend's KV caches."""
+        from ..kernels import load
+
+        return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True)
 
     @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:

@@ -1,0 +1,203 @@
+// Quantized weights for a drafting copy of the target, in groups of 32 weights of an output row (llama.cpp's
+// formats): 4-bit, w = d * u + m with u in 0..15 (Q4_1), for the decoder layers; 8-bit, w = d * q with q in
+// -127..127 (Q8_0), for the LM head, whose logits decide the drafts. d and m are float16. Activations are rounded to
+// int8 per group of 32 (scale max|x| / 127) and multiplied in integers (pairs of u8 x s8 products summed into int32).
+// A one-token pass reads about a third of bfloat16's bytes: a cheap, approximate copy of the target. The target's
+// own passes never use these products (theirs are the exact float32 ones of products.h). Part of cpu_llama.cpp's
+// translation unit, included after products.h.
+#pragma once
+
+constexpr int kQGroup = 32;  // weights sharing one d (and m)
+
+// Bytes of one group of a block of 64 output rows: the weights, then d (and m) of the 64 rows.
+constexpr int64_t q_group_bytes(int bits) {
+  return kBlockCols * kQGroup * bits / 8 + (bits == 4 ? 2 : 1) * kBlockCols * 2;
+}
+
+// (N, K) float -> blocks of 64 output rows, each a run of K/32 groups of 8 quads of k (k = 4q + j), then d (and m)
+// of the 64 rows. 4 bits: a quad is 128 bytes, byte 64h + 4i + j holding u of row 32h + i in its low nibble and of
+// row 32h + 16 + i in its high one. 8 bits: a quad is 256 bytes, byte 64v + 4i + j holding q of row 16v + i. Rows
+// past N are zero.
+torch::Tensor pack_quantized(const torch::Tensor& weight, int bits) {
+  const int64_t N = weight.size(0), K = weight.size(1), G = K / kQGroup;
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  torch::Tensor w = torch::zeros({blocks * kBlockCols, K}, torch::kFloat32);
+  w.narrow(0, 0, N).copy_(weight);
+  torch::Tensor g = w.view({blocks, kBlockCols, G, kQGroup});
+  auto scales = [&](const torch::Tensor& s) {  // (blocks, 64, G, 1) -> float16 (blocks, G, 128) bytes
+    return s.squeeze(-1).to(torch::kFloat16).permute({0, 2, 1}).contiguous().view(torch::kUInt8)
+        .view({blocks, G, 2 * kBlockCols});
+  };
+  if (bits == 8) {
+    torch::Tensor d = (g.abs().amax(-1, true) / 127.0).to(torch::kFloat16).to(torch::kFloat32);
+    torch::Tensor q = torch::where(d > 0, (g / d.clamp_min(1e-30)).round().clamp(-127, 127), torch::zeros_like(g));
+    // (blocks, 4 v, 16 i, G, 8 quad, 4 j) -> (blocks, G, quad, v, i, j)
+    torch::Tensor packed = q.to(torch::kInt8).view({blocks, 4, 16, G, 8, 4}).permute({0, 3, 4, 1, 2, 5})
+                               .contiguous().view(torch::kUInt8).view({blocks, G, kQGroup * kBlockCols});
+    return torch::cat({packed, scales(d)}, -1).contiguous().view({-1});
+  }
+  TORCH_CHECK(bits == 4, "quantized weights have 4 or 8 bits");
+  torch::Tensor lo = std::get<0>(g.min(-1, true)), hi = std::get<0>(g.max(-1, true));
+  torch::Tensor m = lo.to(torch::kFloat16).to(torch::kFloat32);
+  torch::Tensor d = ((hi - lo) / 15.0).to(torch::kFloat16).to(torch::kFloat32);
+  torch::Tensor u = torch::where(d > 0, ((g - m) / d.clamp_min(1e-30)).round().clamp(0, 15), torch::zeros_like(g));
+  // (blocks, 64 n, G, 8 quad, 4 j) -> (blocks, G, quad, 2 h, 2 half, 16 i, 4 j)
+  torch::Tensor q = u.to(torch::kUInt8).view({blocks, 2, 2, 16, G, 8, 4}).permute({0, 4, 5, 1, 2, 3, 6});
+  torch::Tensor packed = q.select(4, 0).bitwise_or(q.select(4, 1).bitwise_left_shift(4)).contiguous()
+                             .view({blocks, G, kQGroup * kBlockCols / 2});
+  return torch::cat({packed, scales(d), scales(m)}, -1).contiguous().view({-1});
+}
+
+// x (M, K) float32 rounded to int8 per group of 32, with each group's scale (max|x| / 127) and exact sum (for m)
+struct Q8Rows {
+  std::vector<int8_t> q;
+  std::vector<float> scale, sum;
+};
+
+Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t G = K / kQGroup;
+  Q8Rows out{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
+  for (int64_t r = 0; r < M * G; ++r) {
+    const float* xg = x + r * kQGroup;
+    float amax = 0.f, sum = 0.f;
+    for (int k = 0; k < kQGroup; ++k) {
+      amax = std::max(amax, std::fabs(xg[k]));
+      sum += xg[k];
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int k = 0; k < kQGroup; ++k) out.q[r * kQGroup + k] = static_cast<int8_t>(std::nearbyint(xg[k] * inv));
+    out.scale[r] = amax / 127.f;
+    out.sum[r] = sum;
+  }
+  return out;
+}
+
+// 16 int32 lanes and the integer steps of the products, on one zmm or two ymm registers (lane l of the AVX2 pair is
+// lane l of the zmm: one byte layout serves both).
+namespace qv {
+#ifdef SPECDEC_AVX512
+using i32x16 = __m512i;
+inline i32x16 zero() { return _mm512_setzero_si512(); }
+inline i32x16 load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline i32x16 low_nibbles(i32x16 v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline i32x16 high_nibbles(i32x16 v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+inline i32x16 broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+inline i32x16 abs8(i32x16 x) { return _mm512_abs_epi8(x); }
+// w with the sign of x applied, byte by byte (0 where x is 0 does not matter: |x| is 0 there)
+inline i32x16 sign8(i32x16 w, i32x16 x) {
+  return _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
+}
+// acc + the sum over each lane's 4 bytes of u (unsigned) * x (signed); |pair sums| stay below 2^15
+inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+}
+inline f32x16 to_float(i32x16 v) { return _mm512_cvtepi32_ps(v); }
+#else
+struct i32x16 { __m256i lo, hi; };
+inline i32x16 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline i32x16 load(const uint8_t* p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
+inline __m256i nib(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline i32x16 low_nibbles(i32x16 v) { return {nib(v.lo), nib(v.hi)}; }
+inline i32x16 high_nibbles(i32x16 v) { return {nib(_mm256_srli_epi16(v.lo, 4)), nib(_mm256_srli_epi16(v.hi, 4))}; }
+inline i32x16 broadcast4(const int8_t* p) {
+  int32_t v; std::memcpy(&v, p, 4); const __m256i b = _mm256_set1_epi32(v); return {b, b};
+}
+inline i32x16 abs8(i32x16 x) { return {_mm256_abs_epi8(x.lo), _mm256_abs_epi8(x.hi)}; }
+inline i32x16 sign8(i32x16 w, i32x16 x) { return {_mm256_sign_epi8(w.lo, x.lo), _mm256_sign_epi8(w.hi, x.hi)}; }
+inline __m256i dot4_half(__m256i acc, __m256i u, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
+  return {dot4_half(acc.lo, u.lo, x.lo), dot4_half(acc.hi, u.hi, x.hi)};
+}
+inline f32x16 to_float(i32x16 v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+#endif
+inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
+}  // namespace qv
+
+// The 64 outputs of one packed block for MR rows of x (quantized): per group, integer sums of the stored integers
+// times x's, then acc += (d * scale_x) * sum (+ m * sum_x for 4 bits).
+template <int MR, int BITS>
+__attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
+                                              const uint8_t* __restrict block, int valid,
+                                              const float* __restrict bias, float* __restrict y, int64_t ldy) {
+  constexpr int64_t kQuadBytes = kBlockCols * 4 * BITS / 8;
+  const int64_t G = K / kQGroup;
+  f32x16 acc[MR][kVecs];
+  for (int j = 0; j < MR; ++j)
+    for (int v = 0; v < kVecs; ++v) acc[j][v] = vec::zero();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* group = block + g * q_group_bytes(BITS);
+    qv::i32x16 isum[MR][kVecs];
+    for (int j = 0; j < MR; ++j)
+      for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero();
+#pragma GCC unroll 8
+    for (int quad = 0; quad < kQGroup / 4; ++quad) {
+      const uint8_t* at = group + quad * kQuadBytes;
+      qv::i32x16 w[kVecs];
+      if constexpr (BITS == 4) {
+        const qv::i32x16 first = qv::load(at), second = qv::load(at + 64);
+        w[0] = qv::low_nibbles(first), w[1] = qv::high_nibbles(first);
+        w[2] = qv::low_nibbles(second), w[3] = qv::high_nibbles(second);
+      } else {
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) w[v] = qv::load(at + 64 * v);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < MR; ++j) {
+        const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
+        if constexpr (BITS == 4) {
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], w[v], xb);
+        } else {  // s8 x s8 as |x| (unsigned) times w with x's sign
+          const qv::i32x16 xa = qv::abs8(xb);
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], xa, qv::sign8(w[v], xb));
+        }
+      }
+    }
+    const uint8_t* scales = group + kQGroup * kBlockCols * BITS / 8;
+    for (int v = 0; v < kVecs; ++v) {
+      const f32x16 d = qv::load_f16(scales + 32 * v);
+      for (int j = 0; j < MR; ++j) {
+        const int64_t r = (row0 + j) * G + g;
+        acc[j][v] = vec::fmadd(qv::to_float(isum[j][v]), vec::mul(d, vec::set1(x.scale[r])), acc[j][v]);
+        if constexpr (BITS == 4) acc[j][v] = vec::fmadd(qv::load_f16(scales + 2 * kBlockCols + 32 * v),
+                                                        vec::set1(x.sum[r]), acc[j][v]);
+      }
+    }
+  }
+  store_tile<MR, kVecs>(acc, 0, valid, bias, y, ldy);
+}
+
+constexpr int kQMaxRows = 4;
+
+template <int BITS, int MR = kQMaxRows>
+void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K, const uint8_t* block, int valid,
+                         const float* bias, float* y, int64_t ldy) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return tile_quantized<MR, BITS>(x, row0, K, block, valid, bias, y, ldy);
+    tile_quantized_rows<BITS, MR - 1>(rows, x, row0, K, block, valid, bias, y, ldy);
+  }
+}
+
+// y (M, ldy) columns [0, N) = x (M, K) @ W^T (+ bias) for W packed by pack_quantized with `bits`
+template <int BITS>
+void linear_quantized(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
+                      float* y, int64_t ldy) {
+  const Q8Rows xq = quantize_rows(x, M, K);
+  const int64_t block_bytes = (K / kQGroup) * q_group_bytes(BITS);
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * kBlockCols;
+      const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
+      for (int64_t m = 0; m < M; m += kQMaxRows)
+        tile_quantized_rows<BITS>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
+                                  bias ? bias + n : nullptr, y + m * ldy + n, ldy);
+    }
+  });
+}

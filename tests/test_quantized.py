@@ -1,0 +1,138 @@
+"""Quantized self-speculation: the target's 4-bit copy drafts on the target's own KV cache; output stays the
+target's."""
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.drafters import create_drafter
+from specdec.engine import SpecDecoder
+from specdec.errors import ConfigError
+from tiny import loaded, tiny_llama
+
+
+def _tiny():
+    return tiny_llama(seed=5, vocab=96, hidden=64, heads=4, kv_heads=2, layers=3, init_range=0.1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny model whose layers' weights are 4-bit groups already, as the default model's (from a Q4_1 GGUF) are."""
+    return _snap_layers(_tiny())
+
+
+def _snap_layers(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "layers" in name:
+                p.copy_(_snapped(p))
+    return model
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, bits: int) -> torch.Tensor:
+    """What the quantized product computes, in float64: w in groups of 32 (Q4_1: d u + m, Q8_0: d q; float16 d and
+    m) times x rounded to int8 per group of 32, plus m times the exact x (its group sums)."""
+    g = w.double().view(w.shape[0], -1, 32)
+    m = torch.zeros_like(g[..., :1])
+    if bits == 4:
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        m, d = lo.half().double(), ((hi - lo) / 15).half().double()
+        steps = torch.where(d > 0, ((g - m) / d.clamp_min(1e-30)).round().clamp(0, 15), 0) * d
+    else:
+        d = (g.abs().amax(-1, keepdim=True) / 127).half().double()
+        steps = torch.where(d > 0, (g / d.clamp_min(1e-30)).round().clamp(-127, 127), 0) * d
+    xg = x.double().view(x.shape[0], -1, 32)
+    scale = xg.abs().amax(-1, keepdim=True) / 127
+    xq = torch.where(scale > 0, (xg / scale.clamp_min(1e-300)).round(), 0) * scale
+    return xq.view(x.shape) @ steps.view(w.shape).T + x.double() @ m.expand_as(g).reshape(w.shape).T
+
+
+def _snapped(w: torch.Tensor) -> torch.Tensor:
+    """w rounded to its own 4-bit groups (Q4_1, float16 d and m), as a Q4_1 GGUF's weights are."""
+    g = w.double().view(w.shape[0], -1, 32)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    m, d = lo.half().double(), ((hi - lo) / 15).half().double()
+    return (torch.where(d > 0, ((g - m) / d.clamp_min(1e-30)).round().clamp(0, 15), 0) * d + m).view(w.shape).float()
+
+
+def _builds():
+    from specdec import kernels
+
+    reason = kernels.unavailable_reason()
+    if reason:
+        pytest.skip(f"the CPU kernels cannot run here: {reason}")
+    return [kernels.load()] + ([kernels.load("avx2")] if kernels.instruction_set() == "avx512" else [])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows,out_features,in_features", [(1, 64, 32), (3, 100, 96), (6, 130, 576)])
+def test_quantized_products_equal_the_dequantized_reference_in_every_build(bits, rows, out_features, in_features):
+    gen = torch.Generator().manual_seed(bits * 100 + rows)
+    x = torch.randn(rows, in_features, generator=gen)
+    w = torch.randn(out_features, in_features, generator=gen) * 0.05
+    w[:, :32] = 0.25  # a group with d = 0
+    want = _reference(x, w, bits)
+    for module in _builds():
+        got = module.quantized_matmul(x, w, bits).double()
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_a_copy_of_weights_already_in_4_bit_groups_reproduces_them(model):
+    """Weights that are 4-bit groups already (as a Q4_1 GGUF's are) are the copy's own: its logits then differ from
+    the target's by the rounding of activations (and the 8-bit LM head) alone, far less than for other weights."""
+    errors = []
+    for weights in (_tiny(), model):
+        backend = loaded(weights, "kernels").backend
+        cache = backend.new_cache()
+        ids = torch.arange(1, 40)
+        want = backend.forward(cache, ids).logits
+        backend.truncate(cache, 0)
+        got = backend.four_bit_copy().forward(
+            ids, torch.tensor([0, len(ids)]), torch.tensor([cache.slot]), torch.tensor([0]), torch.arange(len(ids)),
+            torch.empty(0, dtype=torch.uint8), backend.pool.keys, backend.pool.values, torch.arange(len(ids)), 0, False,
+            torch.empty(0, dtype=torch.long))[0]
+        errors.append(((got - want).abs().mean() / want.abs().mean()).item())
+    assert errors[1] < 0.5 * errors[0], errors
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_quantized_copy_keeps_greedy_output(model, adaptive):
+    target = loaded(model, "kernels")
+    drafter = create_drafter("quantized", target)
+    assert drafter.name == "quantized" and drafter.fork().name == "quantized"
+    spec = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=5, adaptive=adaptive))
+    base = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    accepted = drafted = 0
+    for prompt in ([1, 2, 3], list(range(5, 60)), [9] * 12):
+        got, metrics = spec.generate_ids(prompt, config)
+        assert got == base.generate_ids(prompt, config)[0]
+        accepted, drafted = accepted + metrics.accepted_tokens, drafted + metrics.drafted_tokens
+    assert drafted > 0 and accepted / drafted > 0.5  # a copy guesses its model most of the time
+
+
+def test_the_quantized_copy_in_a_batch_and_with_sampling(model):
+    """Several requests at once, each drafting on its own cache slot, and seed-stable sampling (coupled): the text
+    is plain decoding's."""
+    target = loaded(model, "kernels", slots=4)
+    speculation = SpeculationConfig(num_speculative_tokens=4, adaptive=False, sampling_verifier="coupled")
+    spec = SpecDecoder(target, create_drafter("quantized", target), speculation)
+    base = SpecDecoder(target, None, SpeculationConfig(sampling_verifier="coupled"))
+    prompts = [[1, 2, 3], list(range(10, 40)), [7] * 9]
+    greedy = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    want = [base.generate_ids(p, greedy)[0] for p in prompts]
+    assert [r.token_ids for r in spec.generate_many(prompts, greedy)] == want
+    sampled = GenerationConfig(max_new_tokens=30, ignore_eos=True, sampling=SamplingConfig(temperature=0.8, seed=11))
+    for p in prompts:
+        got, metrics = spec.generate_ids(p, sampled)
+        assert got == base.generate_ids(p, sampled)[0]
+        assert metrics.accepted_tokens > 0
+
+
+def test_the_quantized_drafter_refuses_what_it_cannot_run(model):
+    with pytest.raises(ConfigError, match="runs on the CPU kernels"):
+        create_drafter("quantized", loaded(model, "torch"))
+    odd = tiny_llama(seed=1, hidden=48, heads=3, kv_heads=1, layers=1)
+    with pytest.raises(ConfigError, match="hidden size 48 is not a multiple of 32"):
+        create_drafter("quantized", loaded(odd, "kernels"))
