@@ -204,7 +204,7 @@ def test_models_health_and_metrics(server, client):
                                        max_tokens=20, temperature=0,
                                        extra_body={"speculation": {"drafter": "suffix", "adaptive": False}})
     health = httpx.get(server.url + "/health").json()  # no key needed
-    assert health["status"] == "ok" and health["drafter"] == "ngram"
+    assert health["status"] == "ok" and health["drafter"] == "quantized"  # auto: the 4-bit copy, where the kernels run
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in ("specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generation_tokens_total",
                  "specdec_draft_tokens_total", "specdec_accepted_tokens_total", "specdec_acceptance_rate",

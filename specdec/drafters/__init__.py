@@ -71,10 +71,12 @@ def _takes(entry: _Entry) -> list[str]:
 
 
 def auto_drafter_name(target, options: dict) -> str:
-    """A draft model when one is given, else an EAGLE head or Medusa heads when given, else prompt lookup.
+    """A draft model when one is given, else an EAGLE head or Medusa heads when given, else the target's 4-bit copy
+    where the CPU kernels run the target and can hold one, else prompt lookup.
 
-    The head shipped for smollm2-135m is not picked by default: on the CPU it was measured on, its drafts
-    cost about as much as a target pass and are accepted too rarely to pay (docs/drafters.md).
+    The copy guesses every kind of prompt about as the target does, with no training, and its drafts pay wherever
+    the policy measures that they do (it drafts nothing where they do not, as in large batches); measured against
+    prompt lookup and the shipped EAGLE head in docs/drafters.md.
     """
     if options.get("draft_model"):
         return "draft-model"
@@ -82,7 +84,20 @@ def auto_drafter_name(target, options: dict) -> str:
         return "eagle"
     if options.get("medusa_head"):
         return "medusa"
+    if quantized_copy_problem(target) is None:
+        return "quantized"
     return "ngram"
+
+
+def quantized_copy_problem(target) -> str | None:
+    """Why the quantized drafter cannot run for this LoadedModel, or None."""
+    from ..models.kernel_llama import KernelLlama, four_bit_problem
+
+    if not isinstance(target.backend, KernelLlama):
+        return ("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
+                "AVX2 or AVX-512)")
+    problem = four_bit_problem(target.hf_model.config)
+    return f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}" if problem else None
 
 
 def bundled_head(model_name: str, kind: str = "eagle"):
@@ -163,15 +178,11 @@ def _layerskip(target, options: LayerSkipOptions) -> Drafter:
 
 @register("quantized", QuantizedOptions)
 def _quantized(target, options: QuantizedOptions) -> Drafter:
-    from ..models.kernel_llama import KernelLlama, four_bit_problem
     from .quantized import QuantizedCopyDrafter
 
-    if not isinstance(target.backend, KernelLlama):
-        raise ConfigError("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on "
-                          "a CPU with AVX2 or AVX-512)")
-    problem = four_bit_problem(target.hf_model.config)
+    problem = quantized_copy_problem(target)
     if problem:
-        raise ConfigError(f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}")
+        raise ConfigError(problem)
     return QuantizedCopyDrafter(target.backend, target.backend.four_bit_copy(), p_min=options.draft_p_min)
 
 
