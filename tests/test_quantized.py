@@ -136,3 +136,42 @@ def test_the_quantized_drafter_refuses_what_it_cannot_run(model):
     odd = tiny_llama(seed=1, hidden=48, heads=3, kv_heads=1, layers=1)
     with pytest.raises(ConfigError, match="hidden size 48 is not a multiple of 32"):
         create_drafter("quantized", loaded(odd, "kernels"))
+
+
+class _CountingCopy:
+    """A stand-in for the 4-bit copy: after token t it predicts t + 1 (mod V); it counts its passes."""
+
+    def __init__(self, vocab: int):
+        self.vocab, self.passes, self.fed = vocab, 0, []
+
+    def forward(self, ids, offsets, slots, starts, positions, masks, keys, values, rows, layers, bf16, aux):
+        self.passes += 1
+        self.fed.append((int(starts[0]), ids.tolist()))
+        assert positions.tolist() == list(range(int(starts[0]), int(starts[0]) + len(ids)))
+        return torch.nn.functional.one_hot((ids + 1) % self.vocab, self.vocab).float() * 5, None, None
+
+
+def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
+    """Greedy: the lookup guess after [.. 1 2] in [1 2 3 4 5 9 1 2] is [3 4 5 9 ...]; a copy that predicts t + 1
+    agrees with 3 4 5, then drafts 6 itself, all in the first pass; the rest of k comes one pass a token, fed where
+    the verify pass will score it."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.base import Budget, DraftRequest
+    from specdec.drafters.quantized import QuantizedCopyDrafter
+    from specdec.models.backend import SequenceCache
+
+    vocab = 16
+    target = SimpleNamespace(info=SimpleNamespace(vocab_size=vocab, device=torch.device("cpu")), max_context=64,
+                             pool=SimpleNamespace(keys=None, values=None))
+    copy = _CountingCopy(vocab)
+    drafter = QuantizedCopyDrafter(target, copy)
+    context = [1, 2, 3, 4, 5, 9, 1, 2]
+    drafter.begin(DraftRequest(prompt_ids=context, target_cache=SequenceCache(length=len(context) - 1, slot=3)))
+    draft = drafter.propose(context, Budget(6))
+    assert draft.tokens.tolist() == [3, 4, 5, 6, 7, 8]
+    assert copy.passes == 3  # one pass for 3 4 5 6, then 7 and 8
+    assert copy.fed == [(7, [2, 3, 4, 5, 9, 1, 2]), (11, [6]), (12, [7])]
+    assert drafter.propose(context, Budget(2)).tokens.tolist() == [3, 4]
+    # a cache that is not one token behind the context (the engine's invariant broken) drafts nothing
+    assert drafter.propose(context + [3], Budget(4)).tokens.numel() == 0

@@ -14,23 +14,28 @@ bfloat16 loses more to the rounding (docs/drafters.md).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import Budget, Draft, DraftRequest
 from .draft_model import DraftModelDrafter
+from .ngram import ngram_lookup
+
+LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess the copy checks (greedy requests)
 
 
 class QuantizedCopyDrafter(DraftModelDrafter):
-    """Drafts k tokens one pass at a time with the target's 4-bit copy, on the request's target cache
-    (DraftRequest.target_cache); p_min: stop after a draft the copy gives less than p_min (DraftModelDrafter)."""
+    """Drafts k tokens with the target's 4-bit copy, one pass a token, on the request's target cache
+    (DraftRequest.target_cache); for greedy requests prompt lookup's guess rides along in the first pass, and the
+    part of it the copy agrees with costs nothing more. p_min: stop after a draft the copy gives less than p_min
+    (DraftModelDrafter)."""
 
     def __init__(self, target, copy, p_min: float = 0.0):
         """target: the KernelLlama whose caches the request uses; copy: its four_bit_copy()."""
         super().__init__(target, target.info.vocab_size, name="quantized", p_min=p_min)
         self.copy = copy
         self.position = 0  # the position the next fed token takes
-        self._fixed = {"offsets": torch.tensor([0, 1]), "rows": torch.tensor([0]),
-                       "masks": torch.empty(0, dtype=torch.uint8), "aux": torch.empty(0, dtype=torch.long)}
+        self._fixed = {"masks": torch.empty(0, dtype=torch.uint8), "aux": torch.empty(0, dtype=torch.long)}
 
     def fork(self) -> "QuantizedCopyDrafter":
         return QuantizedCopyDrafter(self.draft, self.copy, self.p_min)
@@ -47,21 +52,42 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         # the target caches everything but the last token, which the verify pass feeds with the drafts
         if self.cache is None or self.cache.length != len(context) - 1:
             return Draft.empty()
-        room = self.draft.max_context - len(context)  # the verify pass writes len(context) - 1 + k + 1 positions
-        return super().propose(context, Budget(min(budget.k, room), budget.tree))
+        k = min(budget.k, self.draft.max_context - len(context))  # the verify pass writes k + 1 positions
+        sampling = self.request.sampling
+        if k <= 0 or not sampling.greedy or sampling.penalized:
+            return super().propose(context, Budget(k, budget.tree))
+        # Greedy: prompt lookup's guess is checked by the copy in the pass that drafts the first token; the part
+        # it agrees with is drafted at no further cost (what the output copies from the context: names, code,
+        # a document's sentences), then the copy drafts on one token at a time.
+        guess = ngram_lookup(np.asarray(context, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
+        self.position = len(context) - 1
+        logits = self._pass([context[-1]] + guess)  # (1 + len(guess), V)
+        choices = logits.argmax(-1).tolist()
+        agreed = 0
+        while agreed < len(guess) and choices[agreed] == guess[agreed]:
+            agreed += 1
+        tokens, last = guess[:agreed] + [choices[agreed]], logits[agreed]
+        self.position = len(context) + agreed  # where the copy's own token is fed next
+        while len(tokens) < k and not self._unsure(last, None, tokens[-1]):
+            last = self._pass(tokens[-1:])[0]
+            tokens.append(int(last.argmax()))
+        return Draft(tokens=torch.tensor(tokens[:k], dtype=torch.long))
 
     def _sync(self, context: list[int]) -> list[int]:
         self.position = len(context) - 1
         return context[-1:]
 
     def _next_logits(self, pending: list[int]) -> torch.Tensor:
-        """One pass of the copy over the single token `pending` at self.position, writing its keys and values into
-        the target's cache there (past its length): logits (V,)."""
-        (token,) = pending
-        at = torch.tensor([self.position])
+        return self._pass(pending)[-1]
+
+    def _pass(self, tokens: list[int]) -> torch.Tensor:
+        """One pass of the copy over `tokens` (T,) from self.position on, writing their keys and values into the
+        target's cache there (past its length): logits (T, V)."""
+        T = len(tokens)
         f = self._fixed
-        logits, _, _ = self.copy.forward(torch.tensor([token]), f["offsets"], torch.tensor([self.cache.slot]), at, at,
-                                         f["masks"], self.draft.pool.keys, self.draft.pool.values, f["rows"], 0, False,
-                                         f["aux"])
-        self.position += 1
-        return logits[0]
+        logits, _, _ = self.copy.forward(torch.tensor(tokens), torch.tensor([0, T]), torch.tensor([self.cache.slot]),
+                                         torch.tensor([self.position]), torch.arange(self.position, self.position + T),
+                                         f["masks"], self.draft.pool.keys, self.draft.pool.values, torch.arange(T), 0,
+                                         False, f["aux"])
+        self.position += T
+        return logits
