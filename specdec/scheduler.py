@@ -21,9 +21,10 @@ from typing import Callable
 import torch
 
 from .config import GenerationConfig, SpeculationConfig
-from .drafters.base import Budget, Drafter, DraftRequest
+from .drafters.base import Drafter, DraftRequest
 from .errors import ConstraintError
 from .costs import CostModel
+from .drafting import propose_all
 from .policy import choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
@@ -100,7 +101,8 @@ class BatchEngine:
             return events
         ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
         solo = len(requests) == 1  # alone, a request may draft a tree (the batched pass scores chains only)
-        drafts = [self._propose(r, Budget(k, tree=solo)) for r, k in zip(requests, self._draft_lengths(requests, solo))]
+        lengths = self._draft_lengths(requests, solo)
+        drafts = propose_all(requests, lengths, solo) if any(lengths) else [Draft.empty()] * len(requests)
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
         t0 = time.perf_counter()
         if solo:
@@ -126,20 +128,6 @@ class BatchEngine:
             r = requests[0]
             return [draft_length(r.policy, self.costs, r.draft_cap(), r.drafter.sizes_itself, r.drafter.decides_itself)]
         return choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests])
-
-    def _propose(self, request: Request, budget: Budget) -> Draft:
-        """Up to budget.k drafts for the request: the tokens its constraint forces next, else its drafter's."""
-        if budget.k <= 0:
-            return Draft.empty()
-        if request.logits is not None and (forced := request.logits.forced(budget.k)):
-            return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
-        t0 = time.perf_counter()
-        # the verify pass caches every draft for a moment: a tree larger than the context's room is cut to fit
-        draft = request.drafter.propose(request.tokens, budget).head(request.max_context - len(request.tokens))
-        seconds = time.perf_counter() - t0
-        request.metrics.draft_time_s += seconds
-        request.costs.observe_draft(draft.positions, seconds)
-        return draft
 
     def _verify(self, request: Request, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,
                 seconds: float) -> list[int]:

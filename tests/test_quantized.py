@@ -146,8 +146,10 @@ class _CountingCopy:
 
     def forward(self, ids, offsets, slots, starts, positions, masks, keys, values, rows, layers, bf16, aux):
         self.passes += 1
-        self.fed.append((int(starts[0]), ids.tolist()))
-        assert positions.tolist() == list(range(int(starts[0]), int(starts[0]) + len(ids)))
+        bounds = offsets.tolist()
+        self.fed.append([(int(slot), int(start), ids[a:b].tolist())
+                         for slot, start, a, b in zip(slots, starts, bounds, bounds[1:])])
+        assert positions.tolist() == [s + i for s, a, b in zip(starts.tolist(), bounds, bounds[1:]) for i in range(b - a)]
         return torch.nn.functional.one_hot((ids + 1) % self.vocab, self.vocab).float() * 5, None, None
 
 
@@ -171,7 +173,17 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     draft = drafter.propose(context, Budget(6))
     assert draft.tokens.tolist() == [3, 4, 5, 6, 7, 8]
     assert copy.passes == 3  # one pass for 3 4 5 6, then 7 and 8
-    assert copy.fed == [(7, [2, 3, 4, 5, 9, 1, 2]), (11, [6]), (12, [7])]
+    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1, 2])], [(3, 11, [6])], [(3, 12, [7])]]
     assert drafter.propose(context, Budget(2)).tokens.tolist() == [3, 4]
     # a cache that is not one token behind the context (the engine's invariant broken) drafts nothing
     assert drafter.propose(context + [3], Budget(4)).tokens.numel() == 0
+
+    # two requests drafted together share each pass, each in its own slot and at its own positions
+    other = drafter.fork()
+    other_context = [7, 7, 7, 1]
+    other.begin(DraftRequest(prompt_ids=other_context, target_cache=SequenceCache(length=3, slot=5)))
+    copy.passes, copy.fed = 0, []
+    made = drafter.propose_together([(drafter, context, 5), (other, other_context, 2)])
+    assert [d.tokens.tolist() for d in made] == [[3, 4, 5, 6, 7], [2, 3]]
+    assert copy.passes == 2
+    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1]), (5, 3, [1])], [(3, 11, [6]), (5, 4, [2])]]

@@ -27,15 +27,14 @@ LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess 
 class QuantizedCopyDrafter(DraftModelDrafter):
     """Drafts k tokens with the target's 4-bit copy, one pass a token, on the request's target cache
     (DraftRequest.target_cache); for greedy requests prompt lookup's guess rides along in the first pass, and the
-    part of it the copy agrees with costs nothing more. p_min: stop after a draft the copy gives less than p_min
-    (DraftModelDrafter)."""
+    part of it the copy agrees with costs nothing more. Greedy requests drafted together (propose_together) share
+    each pass. p_min: stop after a draft the copy gives less than p_min (DraftModelDrafter)."""
 
     def __init__(self, target, copy, p_min: float = 0.0):
         """target: the KernelLlama whose caches the request uses; copy: its four_bit_copy()."""
         super().__init__(target, target.info.vocab_size, name="quantized", p_min=p_min)
         self.copy = copy
         self.position = 0  # the position the next fed token takes
-        self._fixed = {"masks": torch.empty(0, dtype=torch.uint8), "aux": torch.empty(0, dtype=torch.long)}
 
     def fork(self) -> "QuantizedCopyDrafter":
         return QuantizedCopyDrafter(self.draft, self.copy, self.p_min)
@@ -49,45 +48,73 @@ class QuantizedCopyDrafter(DraftModelDrafter):
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
-        # the target caches everything but the last token, which the verify pass feeds with the drafts
+        return self.propose_together([(self, context, budget.k)])[0]
+
+    @torch.inference_mode()
+    def propose_together(self, jobs: list[tuple["QuantizedCopyDrafter", list[int], int]]) -> list[Draft]:
+        """Drafts for requests (drafter, context, k) whose drafters share this copy. Greedy ones draft in shared
+        passes: the first feeds each one's last token and prompt lookup's guess, the next ones each one's latest
+        draft, until each has k drafts or the copy is unsure (p_min). Others draft alone."""
+        drafts: dict[int, Draft] = {}
+        live = []  # [index, drafter, drafts so far, k, last logits (V,)]
+        feeds = []
+        for i, (drafter, context, k) in enumerate(jobs):
+            k = drafter._room(context, k)
+            sampling = drafter.request.sampling if k > 0 else None
+            if sampling is None or not sampling.greedy or sampling.penalized:
+                drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k)) if k > 0 else Draft.empty()
+                continue
+            guess = ngram_lookup(np.asarray(context, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
+            drafter.position = len(context) - 1
+            live.append([i, drafter, guess, k, None])
+            feeds.append([context[-1]] + guess)
+        for job, logits in zip(live, self._passes([j[1] for j in live], feeds)):
+            guess, choices = job[2], logits.argmax(-1).tolist()
+            agreed = 0
+            while agreed < len(guess) and choices[agreed] == guess[agreed]:
+                agreed += 1
+            job[2], job[4] = guess[:agreed] + [choices[agreed]], logits[agreed]
+            job[1].position -= len(guess) - agreed  # the copy's own token is fed next, after the agreed guesses
+        active = live
+        while active := [j for j in active if len(j[2]) < j[3] and not j[1]._unsure(j[4], None, j[2][-1])]:
+            for job, logits in zip(active, self._passes([j[1] for j in active], [j[2][-1:] for j in active])):
+                job[2].append(int(logits[-1].argmax()))
+                job[4] = logits[-1]
+        for i, _, tokens, k, _ in live:
+            drafts[i] = Draft(tokens=torch.tensor(tokens[:k], dtype=torch.long))
+        return [drafts[i] for i in range(len(jobs))]
+
+    def _room(self, context: list[int], k: int) -> int:
+        """k, cut so that the verify pass (k + 1 positions from len(context) - 1) stays in the cache; 0 unless the
+        target caches everything but the context's last token (which the verify pass feeds with the drafts)."""
         if self.cache is None or self.cache.length != len(context) - 1:
-            return Draft.empty()
-        k = min(budget.k, self.draft.max_context - len(context))  # the verify pass writes k + 1 positions
-        sampling = self.request.sampling
-        if k <= 0 or not sampling.greedy or sampling.penalized:
-            return super().propose(context, Budget(k, budget.tree))
-        # Greedy: prompt lookup's guess is checked by the copy in the pass that drafts the first token; the part
-        # it agrees with is drafted at no further cost (what the output copies from the context: names, code,
-        # a document's sentences), then the copy drafts on one token at a time.
-        guess = ngram_lookup(np.asarray(context, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
-        self.position = len(context) - 1
-        logits = self._pass([context[-1]] + guess)  # (1 + len(guess), V)
-        choices = logits.argmax(-1).tolist()
-        agreed = 0
-        while agreed < len(guess) and choices[agreed] == guess[agreed]:
-            agreed += 1
-        tokens, last = guess[:agreed] + [choices[agreed]], logits[agreed]
-        self.position = len(context) + agreed  # where the copy's own token is fed next
-        while len(tokens) < k and not self._unsure(last, None, tokens[-1]):
-            last = self._pass(tokens[-1:])[0]
-            tokens.append(int(last.argmax()))
-        return Draft(tokens=torch.tensor(tokens[:k], dtype=torch.long))
+            return 0
+        return min(k, self.draft.max_context - len(context))
 
     def _sync(self, context: list[int]) -> list[int]:
         self.position = len(context) - 1
         return context[-1:]
 
     def _next_logits(self, pending: list[int]) -> torch.Tensor:
-        return self._pass(pending)[-1]
+        return self._passes([self], [pending])[0][-1]
 
-    def _pass(self, tokens: list[int]) -> torch.Tensor:
-        """One pass of the copy over `tokens` (T,) from self.position on, writing their keys and values into the
-        target's cache there (past its length): logits (T, V)."""
-        T = len(tokens)
-        f = self._fixed
-        logits, _, _ = self.copy.forward(torch.tensor(tokens), torch.tensor([0, T]), torch.tensor([self.cache.slot]),
-                                         torch.tensor([self.position]), torch.arange(self.position, self.position + T),
-                                         f["masks"], self.draft.pool.keys, self.draft.pool.values, torch.arange(T), 0,
-                                         False, f["aux"])
-        self.position += T
-        return logits
+    def _passes(self, drafters: list["QuantizedCopyDrafter"], feeds: list[list[int]]) -> list[torch.Tensor]:
+        """One pass of the copy over each drafter's `feed` tokens from its position on, in its request's target
+        cache (past its length, where it writes the copy's keys and values), all in one call: logits (len(feed), V)
+        of each; positions move past the feeds."""
+        if not drafters:
+            return []
+        lengths = [len(f) for f in feeds]
+        starts = [d.position for d in drafters]
+        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)])
+        slots = torch.tensor([d.cache.slot for d in drafters])
+        logits, _, _ = self.copy.forward(torch.tensor([t for f in feeds for t in f]),
+                                         torch.tensor([0] + lengths).cumsum(0), slots, torch.tensor(starts), positions,
+                                         _NO_MASK, self.draft.pool.keys, self.draft.pool.values,
+                                         torch.arange(sum(lengths)), 0, False, _NO_LAYERS)
+        for d, n in zip(drafters, lengths):
+            d.position += n
+        return list(logits.split(lengths))
+
+
+_NO_MASK, _NO_LAYERS = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long)

@@ -1,0 +1,51 @@
+"""A step's drafts: each running request's drafter proposes up to its draft length (the scheduler's step, before
+the verify pass), or the tokens its constraint forces next; drafters that draft several requests in shared passes
+(propose_together: the target's 4-bit copy) do so. Each request's drafting time goes to its metrics and costs."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .drafters.base import Budget
+from .request import Request
+from .verify import Draft
+
+
+def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list[Draft]:
+    """Each request's draft, of at most lengths[i] positions (a tree only when `solo`). Requests whose drafters
+    share a copy (propose_together) and that force no tokens draft together, each charged an equal share of the
+    time."""
+    shared: dict = {}
+    for i, (r, k) in enumerate(zip(requests, lengths)):
+        if k > 0 and r.logits is None and hasattr(r.drafter, "propose_together"):
+            shared.setdefault(id(r.drafter.copy), []).append(i)
+    drafts = {}
+    for members in (m for m in shared.values() if len(m) > 1):
+        t0 = time.perf_counter()
+        made = requests[members[0]].drafter.propose_together(
+            [(requests[i].drafter, requests[i].tokens, lengths[i]) for i in members])
+        share = (time.perf_counter() - t0) / len(members)
+        drafts.update({i: charge(requests[i], draft, share) for i, draft in zip(members, made)})
+    return [drafts[i] if i in drafts else propose(r, Budget(k, tree=solo))
+            for i, (r, k) in enumerate(zip(requests, lengths))]
+
+
+def propose(request: Request, budget: Budget) -> Draft:
+    """Up to budget.k drafts for the request: the tokens its constraint forces next, else its drafter's."""
+    if budget.k <= 0:
+        return Draft.empty()
+    if request.logits is not None and (forced := request.logits.forced(budget.k)):
+        return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
+    t0 = time.perf_counter()
+    draft = request.drafter.propose(request.tokens, budget)
+    return charge(request, draft, time.perf_counter() - t0)
+
+
+def charge(request: Request, draft: Draft, seconds: float) -> Draft:
+    """The draft cut to the context's room (the verify pass caches every draft for a moment: a tree larger than the
+    room is cut to fit), its drafting time counted in the request's metrics and costs."""
+    draft = draft.head(request.max_context - len(request.tokens))
+    request.metrics.draft_time_s += seconds
+    request.costs.observe_draft(draft.positions, seconds)
+    return draft
