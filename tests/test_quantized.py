@@ -187,3 +187,24 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     assert [d.tokens.tolist() for d in made] == [[3, 4, 5, 6, 7], [2, 3]]
     assert copy.passes == 2
     assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1]), (5, 3, [1])], [(3, 11, [6]), (5, 4, [2])]]
+
+
+def test_the_copys_logits_are_a_4_bit_screen_with_its_highest_rescored_in_8_bits(model):
+    """Each row's 16 highest 4-bit logits are replaced by the 8-bit LM head's own values (bit for bit those of the
+    8-bit product), the others keep their 4-bit values."""
+    from specdec import kernels
+
+    backend = loaded(model, "kernels").backend
+    cache = backend.new_cache()
+    ids = torch.arange(1, 12)
+    logits, hidden, _ = backend.four_bit_copy().forward(
+        ids, torch.tensor([0, len(ids)]), torch.tensor([cache.slot]), torch.tensor([0]), torch.arange(len(ids)),
+        torch.empty(0, dtype=torch.uint8), backend.pool.keys, backend.pool.values, torch.arange(len(ids)), 0, False,
+        torch.empty(0, dtype=torch.long))
+    head = model.lm_head.weight.detach()
+    screen = kernels.load().quantized_matmul(hidden, head, 4)
+    exact = kernels.load().quantized_matmul(hidden, head, 8)
+    top = screen.topk(16, dim=-1).indices
+    rescored = torch.zeros_like(screen, dtype=torch.bool).scatter_(1, top, True)
+    assert torch.equal(logits[rescored], exact[rescored])
+    assert torch.equal(logits[~rescored], screen[~rescored])

@@ -50,6 +50,8 @@ using vec::f32x16;
 #include "row_ops.h"
 #include "attention.h"
 
+constexpr int kRescoredLogits = 16;  // a drafting copy's highest 4-bit logits per row, computed again in 8 bits
+
 struct Config {
   int64_t hidden, heads, kv_heads, head_dim, intermediate, layers, vocab;
   float eps;
@@ -90,6 +92,7 @@ class CpuLlama {
     embed_rows_ = embed.contiguous();
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
     lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
+    if (quantized) lm_screen_ = make_quantized_weight(lm_head, 4);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -201,7 +204,12 @@ class CpuLlama {
     torch::Tensor picked = torch::empty({R, H}, f32);
     for (int64_t r = 0; r < R; ++r) std::copy(h + rows[r] * H, h + (rows[r] + 1) * H, picked.data_ptr<float>() + r * H);
     torch::Tensor logits = torch::empty({R, lm_head_.N}, f32);
-    linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
+    if (lm_screen_.qbits)
+      screened_logits(picked.data_ptr<float>(), R, reinterpret_cast<const uint8_t*>(lm_screen_.data),
+                      reinterpret_cast<const uint8_t*>(lm_head_.data), lm_head_.N, H, kRescoredLogits,
+                      logits.data_ptr<float>());
+    else
+      linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
     return {logits, h_t, aux_t};
   }
 
@@ -240,6 +248,7 @@ class CpuLlama {
   torch::Tensor embed_rows_;  // (V, H) as given, for lookups
   int embed_type_ = F32;
   Weight lm_head_;
+  Weight lm_screen_;  // a drafting copy's 4-bit LM head, which screens the outputs its 8-bit one rescores
   torch::Tensor final_norm_, cos_, sin_;
 };
 
