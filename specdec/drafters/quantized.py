@@ -1,12 +1,12 @@
 """Quantized self-speculation: a 4-bit copy of the target drafts, on the target's own KV cache.
 
-The copy (kernels/quantized.h: the layers' weights in groups of 32 as d * u + m with u in 0..15, the LM head in 8
-bits, activations rounded to int8) is the whole target at about a third of bfloat16's bytes, so it guesses every kind
-of prompt about as the target would, with no training. It needs no KV cache of its own and no prefill: the target's
-cache already holds every accepted token's keys and values, exactly. Drafting writes the copy's approximate keys and
-values for the positions it drafts, past the cache's length, where the verify pass that follows writes the target's
-own before anything reads them; the cache's length is never moved. So the output stays the target's: only which
-drafts are proposed depends on the copy.
+The copy (kernels/quantized.h: the layers' weights in groups of 32 as d * u + m with u in 0..15, a 4-bit LM head
+whose highest logits are rescored in 8 bits, activations rounded to int8) is the whole target at about a third of
+bfloat16's bytes, so it guesses every kind of prompt about as the target would, with no training. It needs no KV
+cache of its own and no prefill: the target's cache already holds every accepted token's keys and values, exactly.
+Drafting writes the copy's approximate keys and values for the positions it drafts, past the cache's length, where
+the verify pass that follows writes the target's own before anything reads them; the cache's length is never moved.
+So the output stays the target's: only which drafts are proposed depends on the copy.
 
 How close the copy is depends on the model: for a model whose weights came from a Q4_1 GGUF (the built-in
 smollm2-135m) the groups hold exactly the target's weights and only the int8 activations differ; a model trained in

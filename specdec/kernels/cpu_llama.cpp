@@ -106,7 +106,7 @@ class CpuLlama {
   // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
   // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
   // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only). A model built
-  // `quantized` (4-bit layers, an 8-bit LM head) is an approximate copy, for drafting: none of the above exactness
+  // `quantized` (4-bit layers, a screened LM head) is an approximate copy, for drafting: none of the above exactness
   // holds for it.
   // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
   // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.

@@ -1,10 +1,11 @@
 // Quantized weights for a drafting copy of the target, in groups of 32 weights of an output row (llama.cpp's
 // formats): 4-bit, w = d * u + m with u in 0..15 (Q4_1), for the decoder layers; 8-bit, w = d * q with q in
-// -127..127 (Q8_0), for the LM head, whose logits decide the drafts. d and m are float16. Activations are rounded to
-// int8 per group of 32 (scale max|x| / 127) and multiplied in integers (pairs of u8 x s8 products summed into int32).
-// A one-token pass reads about a third of bfloat16's bytes: a cheap, approximate copy of the target. The target's
-// own passes never use these products (theirs are the exact float32 ones of products.h). Part of cpu_llama.cpp's
-// translation unit, included after products.h.
+// -127..127 (Q8_0), for the LM head's best logits, which decide the drafts (screened_logits: a 4-bit head scores
+// them all first). d and m are float16. Activations are rounded to int8 per group of 32 (scale max|x| / 127) and
+// multiplied in integers (pairs of u8 x s8 products summed into int32). A one-token pass reads about a third of
+// bfloat16's bytes: a cheap, approximate copy of the target. The target's own passes never use these products
+// (theirs are the exact float32 ones of products.h). Part of cpu_llama.cpp's translation unit, included after
+// products.h.
 #pragma once
 
 constexpr int kQGroup = 32;  // weights sharing one d (and m)

@@ -106,7 +106,7 @@ class KernelLlama(PooledCaches, CausalLM):
                            zeroed=False)
 
     def four_bit_copy(self):
-        """The same model with 4-bit layers and an 8-bit LM head (kernels/quantized.h), on this one's RoPE tables: a
+        """The same model with 4-bit layers and a screened LM head (kernels/quantized.h), on this one's RoPE tables: a
         CpuLlama whose passes read about a third of bfloat16's bytes and approximate this model's, for drafting on
         this backend's KV caches."""
         from ..kernels import load
