@@ -62,7 +62,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
             k = drafter._room(context, k)
             sampling = drafter.request.sampling if k > 0 else None
             if sampling is None or not sampling.greedy or sampling.penalized:
-                drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k)) if k > 0 else Draft.empty()
+                drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k))  # empty where k <= 0
                 continue
             guess = ngram_lookup(np.asarray(context, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
             drafter.position = len(context) - 1

@@ -233,14 +233,7 @@ class CpuLlama {
   }
 
   // y = x @ w^T with the same kernel (for drafter heads and tests): x (M, K) float32, w (N, K).
-  static torch::Tensor matmul(torch::Tensor x, torch::Tensor w) {
-    x = x.contiguous().to(torch::kFloat32);
-    Weight weight = make_weight(w.contiguous());
-    TORCH_CHECK(x.size(1) == weight.K, "inner sizes differ");
-    torch::Tensor y = torch::empty({x.size(0), weight.N}, torch::TensorOptions().dtype(torch::kFloat32));
-    linear(x.data_ptr<float>(), x.size(0), weight, nullptr, y.data_ptr<float>(), weight.N);
-    return y;
-  }
+  static torch::Tensor matmul(torch::Tensor x, torch::Tensor w) { return product(x, make_weight(w.contiguous())); }
 
  private:
   Config cfg_;
@@ -265,12 +258,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("compact", &CpuLlama::compact)
       .def_static("matmul", &CpuLlama::matmul);
   m.def("quantized_matmul", [](torch::Tensor x, torch::Tensor w, int64_t bits) {
-    x = x.contiguous().to(torch::kFloat32);
-    const Weight weight = make_quantized_weight(w, static_cast<int>(bits));
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == weight.K, "x must be (M, in_features)");
-    torch::Tensor y = torch::empty({x.size(0), weight.N}, torch::TensorOptions().dtype(torch::kFloat32));
-    linear(x.data_ptr<float>(), x.size(0), weight, nullptr, y.data_ptr<float>(), weight.N);
-    return y;
+    return product(x, make_quantized_weight(w, static_cast<int>(bits)));
   }, "x (M, K) @ w (N, K)^T, w in groups of 32 of `bits` 4 or 8, x rounded to int8 (a drafting copy's products)");
   m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
   m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },

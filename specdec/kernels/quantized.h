@@ -185,11 +185,11 @@ void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K,
   }
 }
 
-// y (M, ldy) columns [0, N) = x (M, K) @ W^T (+ bias) for W packed by pack_quantized with `bits`
+// y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed by pack_quantized
+// with `bits`
 template <int BITS>
-void linear_quantized(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
+void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
                       float* y, int64_t ldy) {
-  const Q8Rows xq = quantize_rows(x, M, K);
   const int64_t block_bytes = (K / kQGroup) * q_group_bytes(BITS);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -229,8 +229,8 @@ float quantized_output8(const Q8Rows& x, int64_t row, const uint8_t* packed, int
 // matter, for the bytes of a 4-bit pass.
 void screened_logits(const float* x, int64_t R, const uint8_t* screen, const uint8_t* exact, int64_t N, int64_t K,
                      int rescored, float* y) {
-  linear_quantized<4>(x, R, screen, N, K, nullptr, y, N);
-  const Q8Rows xq = quantize_rows(x, R, K);
+  const Q8Rows xq = quantize_rows(x, R, K);  // the screen's and the rescoring's
+  linear_quantized<4>(xq, R, screen, N, K, nullptr, y, N);
   const int64_t top = std::min<int64_t>(rescored, N);
   std::vector<int64_t> best;  // the row's highest outputs so far, highest first (ties: the lower index)
   for (int64_t r = 0; r < R; ++r) {

@@ -68,8 +68,9 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
             bool bf16_products = false) {
   if (w.qbits) {
     const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
-    if (w.qbits == 4) linear_quantized<4>(x, M, packed, w.N, w.K, bias, y, ldy);
-    else linear_quantized<8>(x, M, packed, w.N, w.K, bias, y, ldy);
+    const Q8Rows xq = quantize_rows(x, M, w.K);
+    if (w.qbits == 4) linear_quantized<4>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    else linear_quantized<8>(xq, M, packed, w.N, w.K, bias, y, ldy);
     return;
   }
   TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");
@@ -97,6 +98,17 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
   }
 }
 
+// y (M, N) float32 = x (M, K) @ w^T (+ bias: float32 (N,) or undefined), as linear() computes it
+torch::Tensor product(torch::Tensor x, const Weight& w, const torch::Tensor& bias = torch::Tensor(),
+                      bool bf16_products = false) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.K, "x must be (M, in_features)");
+  x = x.contiguous().to(torch::kFloat32);
+  torch::Tensor y = torch::empty({x.size(0), w.N}, torch::TensorOptions().dtype(torch::kFloat32));
+  linear(x.data_ptr<float>(), x.size(0), w, bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+         w.N, bf16_products);
+  return y;
+}
+
 // A weight packed once for the kernels; y = x @ w^T (+ bias) in float32, with the same reduction order as
 // the model's own products (batch-invariant).
 class PackedLinear {
@@ -105,14 +117,7 @@ class PackedLinear {
       : weight_(make_weight(weight.contiguous(), bf16_dot)), bf16_dot_(bf16_dot && weight_.pairs) {
     if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
   }
-  torch::Tensor call(torch::Tensor x) const {
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == weight_.K, "x must be (M, in_features)");
-    x = x.contiguous().to(torch::kFloat32);
-    torch::Tensor y = torch::empty({x.size(0), weight_.N}, torch::TensorOptions().dtype(torch::kFloat32));
-    linear(x.data_ptr<float>(), x.size(0), weight_, bias_.defined() ? bias_.data_ptr<float>() : nullptr,
-           y.data_ptr<float>(), weight_.N, bf16_dot_);
-    return y;
-  }
+  torch::Tensor call(torch::Tensor x) const { return product(x, weight_, bias_, bf16_dot_); }
   int64_t out_features() const { return weight_.N; }
   int64_t in_features() const { return weight_.K; }
 
