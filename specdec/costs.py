@@ -2,6 +2,7 @@
 each kind of drafter's cost and acceptance, kept across the requests an engine serves."""
 from __future__ import annotations
 
+import bisect
 import copy
 import time
 
@@ -15,7 +16,8 @@ class CostModel:
         # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
         self.measured = bool(verify_table)
         self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
-        self._curve: dict = {}  # the table made non-decreasing, as sorted (T, seconds) points; emptied on change
+        self._curve: dict = {}  # the table made non-decreasing ("points": sorted (T, seconds)), and values read
+        # from it by T; emptied on change
         self.draft_per_token_s = draft_per_token_s
         self.cheapest_draft_s = draft_per_token_s  # the lowest per-token drafting cost measured
         self._drafted = False
@@ -37,7 +39,10 @@ class CostModel:
         interpolated linearly between sizes (extrapolated from the last two past the largest)."""
         if not self._curve:
             self._curve["points"] = non_decreasing(sorted(self.table.items()))
-        return interpolate(self._curve["points"], T)
+        seconds = self._curve.get(T)  # the policy asks for the same sizes many times a step
+        if seconds is None:
+            seconds = self._curve[T] = interpolate(self._curve["points"], T)
+        return seconds
 
     def _curve_changed(self) -> None:
         self._curve.clear()  # shared with every view, so theirs is rebuilt too
@@ -85,12 +90,11 @@ def interpolate(points: list[tuple[int, float]], T: int) -> float:
     """The piecewise-linear value at T through sorted (size, seconds) points, extended from the last two."""
     if len(points) == 1:
         return points[0][1]
-    for (t0, v0), (t1, v1) in zip(points, points[1:]):
-        if T <= t1 or (t1, v1) == points[-1]:
-            if T <= t0:
-                return v0
-            return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
-    return points[-1][1]
+    if T <= points[0][0]:
+        return points[0][1]
+    j = min(max(bisect.bisect_left(points, (T,)), 1), len(points) - 1)  # the segment (j - 1, j) holding T
+    (t0, v0), (t1, v1) = points[j - 1], points[j]
+    return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
 
 
 def count_step(tried: list[float], accepted: list[float], reached: int, kept: int,

@@ -9,9 +9,13 @@ that could pay at all (at the prior acceptance and the cheapest cost measured) t
 drafts anyway and measures again: a slow spell or a run of misses would otherwise switch it off for good,
 while a drafter that cannot pay here (layer-skip on a model not trained for it) is not probed. A probe
 needs a clear expected gain (PROBE_MARGIN): one that only just pays at the prior tips either way on a
-noisy verify curve, and each failed probe costs a whole step.
+noisy verify curve, and each failed probe costs a whole step. In a batch a probe is judged in the pass it would
+join: drafts that pay alone can cost more than they find in a pass over many sequences, where the verify pass is
+compute-bound.
 """
 from __future__ import annotations
+
+import heapq
 
 from .costs import AcceptanceMemory, CostModel, count_step
 
@@ -82,6 +86,18 @@ class DraftLengthPolicy:
         self.paused = self.next_cooldown
         self.next_cooldown = min(2 * self.next_cooldown, self.max_cooldown)
 
+    def defer(self) -> None:
+        """Skips a probe that would not pay in this step's pass: another pause, as long as the next one was to
+        be and not doubling it, since nothing was measured."""
+        self.paused = self.next_cooldown
+
+    def probe_pays(self, sequences: int, length: int) -> bool:
+        """Whether `length` drafts for one of `sequences` sequences verified together would raise the pass's
+        tokens per second by PROBE_MARGIN, at the prior acceptance and the cheapest drafting cost measured."""
+        gain = sum(self.prior ** j for j in range(1, length + 1))
+        rate = (sequences + gain) / (self.costs.verify_s(sequences + length) + self.costs.draft_s(length, True))
+        return rate > (1.0 + PROBE_MARGIN) * sequences / self.costs.verify_s(sequences)
+
     def observe(self, drafted: int, accepted: int, positions: int | None = None) -> None:
         """Records a step where `accepted` of `drafted` tokens were kept, `positions` deep (a tree's levels; a
         chain's length by default); steps without drafts teach nothing."""
@@ -115,28 +131,33 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
             continue
         if not policy.adaptive:
             ks[i] = cap
-        elif policy.probing:
+        elif policy.probing:  # alone, ready() judged it; in a batch, judge it in this pass
             policy.probing = False
-            ks[i] = min(cap, PROBE_LENGTH)
+            if len(policies) == 1 or policy.probe_pays(len(policies), min(cap, PROBE_LENGTH)):
+                ks[i] = min(cap, PROBE_LENGTH)
+            else:
+                policy.defer()
         elif policy.ready():
-            if policy.best_k() == 0:
+            acceptance = policy.acceptance()
+            if policy.best_k(acceptance) == 0:
                 policy.pause()
             else:
-                candidates.append((i, cap, policy.acceptance()))
+                candidates.append((i, cap, acceptance))
     tokens = len(policies) + sum(ks)
     drafting = sum(policy.costs.draft_s(k) for policy, k in zip(policies, ks) if policy is not None)  # its own cost
     expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
     best_rate = expected / (costs.verify_s(tokens) + drafting)
-    reach = {i: 1.0 for i, _, _ in candidates}
-    given = {i: 0 for i, _, _ in candidates}
+    # each candidate's next draft token, by its gain (the likeliest first; on a tie, the later sequence)
+    options = [(-acc[0], -i, 0) for i, _, acc in candidates]
+    heapq.heapify(options)
+    caps_of = {i: (cap, acc) for i, cap, acc in candidates}
     order, best_prefix = [], 0
-    while True:
-        options = [(reach[i] * acc[given[i]], i) for i, cap, acc in candidates if given[i] < cap]
-        if not options:
-            break
-        gain, i = max(options)
-        reach[i] = gain
-        given[i] += 1
+    while options:
+        negative_gain, negative_i, given = heapq.heappop(options)
+        i, gain = -negative_i, -negative_gain
+        cap, acc = caps_of[i]
+        if given + 1 < cap:
+            heapq.heappush(options, (-gain * acc[given + 1], negative_i, given + 1))
         expected += gain
         tokens += 1
         drafting += policies[i].costs.draft_s(1)

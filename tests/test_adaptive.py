@@ -230,3 +230,23 @@ def test_no_probe_when_drafts_would_only_just_pay_at_the_prior():
             policy.observe(2, 0)
         ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
         assert (ks[-1] > 0) == probed, ks
+
+
+def test_a_probe_that_pays_alone_is_skipped_in_a_compute_bound_batch():
+    """After a pause, a request drafts a probe when alone, but not in a pass over 16 sequences whose verify cost
+    grows with every token (a CPU without AMX): there the probe waits for another pause, not doubled."""
+    from specdec.policy import PROBE_LENGTH, choose_lengths
+
+    costs = CostModel({1: 0.010, 2: 0.0105, 4: 0.011, 8: 0.016, 16: 0.024, 32: 0.045})
+    costs.observe_draft(1, 0.002)
+    for batch, probed in ((1, True), (16, False)):
+        policies = [DraftLengthPolicy(8, costs) for _ in range(batch)]
+        for policy in policies:
+            for _ in range(20):
+                policy.observe(2, 0)
+            policy.pause()
+        cooldown = policies[0].paused
+        ks = [choose_lengths(policies, costs, [8] * batch) for _ in range(cooldown + 1)]  # the pause, then the probe
+        assert (ks[-1][0] == PROBE_LENGTH) == probed, ks[-1]
+        if not probed:
+            assert ks[-1] == [0] * batch and policies[0].paused == policies[0].next_cooldown == 2 * cooldown

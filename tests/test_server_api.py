@@ -228,13 +228,32 @@ def test_bench_serve_against_the_running_server(server, tmp_path, capsys):
                                for i in range(4)))
     out, report = tmp_path / "bench.json", tmp_path / "bench.md"
     rc = main(["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(prompts), "--max-tokens", "8",
-               "--concurrency", "1,4", "--out-json", str(out), "--report", str(report)])
+               "--concurrency", "1,4", "--rounds", "2", "--out-json", str(out), "--report", str(report)])
     assert rc == 0
     summary = json.loads(out.read_text())
-    assert [(r["concurrency"], r["speculation"]) for r in summary["runs"]] == [(1, "off"), (1, "on"), (4, "off"),
-                                                                             (4, "on")]
+    assert [(r["concurrency"], r["round"], r["speculation"]) for r in summary["runs"]] == [
+        (1, 1, "off"), (1, 1, "on"), (1, 2, "on"), (1, 2, "off"), (4, 1, "off"), (4, 1, "on"), (4, 2, "on"),
+        (4, 2, "off")]
     assert all(r["ok"] == 4 and r["failed"] == r["lost"] == 0 and r["tokens_per_s"] > 0 for r in summary["runs"])
     assert summary["floors"]["lost_or_failed"] == 0 and "| concurrency |" in report.read_text()
+    assert {"speculation_on_over_off_c1", "speculation_on_over_off_c4"} <= set(summary["floors"])
+
+
+def test_serving_floors_pool_repeated_runs():
+    """Rounds of one (concurrency, speculation) count as one run: their tokens over their seconds."""
+    from specdec.server.loadgen import floors
+
+    def run(c, mode, tokens, wall, latency):
+        return {"concurrency": c, "speculation": mode, "completion_tokens": tokens, "wall_s": wall, "ok": 4,
+                "failed": 0, "lost": 0, "latency_s": {"mean": latency}}
+
+    runs = [run(1, "off", 100, 10.0, 2.0), run(1, "on", 100, 5.0, 1.0), run(1, "on", 100, 15.0, 3.0),
+            run(1, "off", 100, 10.0, 2.0), run(4, "off", 400, 10.0, 2.0), run(4, "on", 400, 8.0, 1.5)]
+    got = floors(runs)
+    assert got["speculation_on_over_off_c1"] == 1.0  # 200 tokens in 20 s either way
+    assert got["speculation_on_over_off_c4"] == 1.25
+    assert got["latency_speedup_c1_speculation"] == 1.0
+    assert got["throughput_scaling_c4_over_c1_no_speculation"] == 4.0 and got["lost_or_failed"] == 0
 
 
 def test_stop_strings_and_seeds(client, local):

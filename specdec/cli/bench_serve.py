@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     p.add_argument("--speculation", default="off,on", help="off (drafting off per request), on (the server's drafter)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each speculation mode per concurrency, the order of the modes alternating round by "
+                        "round (on a shared machine, pooled rounds compare on and off more fairly; default: 1)")
     p.add_argument("--model", default=None, help="model of the server started here (default: smollm2-135m)")
     p.add_argument("--drafter", default="auto", help="drafter of the server started here (default: auto)")
     p.add_argument("--draft-model", default=None)
@@ -130,8 +133,9 @@ def run(args) -> int:
         return _soak(args)
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     modes = [m.strip() for m in args.speculation.split(",") if m.strip()]
-    if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1:
-        raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens >= 1")
+    if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1 or args.rounds < 1:
+        raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens and "
+                          "--rounds >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
     server = _Server(args, args.max_batch or max(levels))
@@ -143,19 +147,18 @@ def run(args) -> int:
             asyncio.run(run_level(url, model, prompts[:1], 1, MODES[mode], **{**common, "max_tokens": 8}))
         runs = []
         for c in levels:
-            for mode in modes:
-                wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common))
-                runs.append(summarize(c, mode, wall, results))
-                r = runs[-1]
-                print(f"concurrency {c:>3} speculation {mode:>3}: {r['tokens_per_s']:7.1f} tok/s, latency "
-                      f"{r['latency_s']['mean'] or 0:.2f}s, TTFT {r['ttft_s']['mean'] or 0:.2f}s, ok {r['ok']}, failed "
-                      f"{r['failed']}, lost {r['lost']}", file=sys.stderr, flush=True)
+            for round_ in range(1, args.rounds + 1):
+                for mode in modes if round_ % 2 else modes[::-1]:  # off, on; then on, off; ...
+                    wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common))
+                    runs.append({**summarize(c, mode, wall, results), "round": round_})
+                    _say(runs[-1])
     finally:
         server.stop()
     summary = {"meta": {"url": server.where, "model": model, "drafter": health.get("drafter"),
                         "max_batch": health.get("max_batch"), "prefix_cache": health.get("prefix_cache"),
                         "prompt_file": str(args.prompts), "prompts": len(prompts),
                         "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": levels,
+                        "rounds": args.rounds,
                         "server_exit_status": server.exit_status, "client_machine": machine_info(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
                "runs": runs, "floors": floors(runs)}
@@ -170,6 +173,13 @@ def run(args) -> int:
         Path(args.report).write_text(report, encoding="utf-8")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0 if summary["floors"]["lost_or_failed"] == 0 else 1
+
+
+def _say(r: dict) -> None:
+    print(f"concurrency {r['concurrency']:>3} round {r['round']} speculation {r['speculation']:>3}: "
+          f"{r['tokens_per_s']:7.1f} tok/s, latency {r['latency_s']['mean'] or 0:.2f}s, TTFT "
+          f"{r['ttft_s']['mean'] or 0:.2f}s, ok {r['ok']}, failed {r['failed']}, lost {r['lost']}",
+          file=sys.stderr, flush=True)
 
 
 def _fuzz(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 FLOORS = {  # name prefix -> (minimum, what it means)
     "throughput_scaling": (3.0, "aggregate tokens/s at the highest concurrency over the lowest, no speculation"),
     "latency_speedup": (2.0, "mean latency at the lowest concurrency without speculation over with it"),
+    "speculation_on_over_off": (1.0, "aggregate tokens/s with speculation over without (never slower)"),
 }
 
 
@@ -20,12 +21,12 @@ def markdown(summary: dict) -> str:
              f"{meta['temperature']}, server drafter `{meta.get('drafter', '?')}`, {meta.get('url', '')}; 1-minute "
              f"load average {_f((meta.get('load_average_before') or [None])[0])} before, "
              f"{_f((meta.get('load_average_after') or [None])[0])} after", "",
-             "| concurrency | speculation | ok / failed / lost | prompt / completion tokens | tokens/s "
+             "| concurrency | round | speculation | ok / failed / lost | prompt / completion tokens | tokens/s "
              "| TTFT mean / p90 (s) | latency mean / p90 (s) | acceptance | MAT | MAL |",
-             "|---:|---|---|---|---:|---|---|---:|---:|---:|"]
+             "|---:|---:|---|---|---|---:|---|---|---:|---:|---:|"]
     for r in summary["runs"]:
         ttft, lat = r["ttft_s"], r["latency_s"]
-        lines.append(f"| {r['concurrency']} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
+        lines.append(f"| {r['concurrency']} | {r.get('round', 1)} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
                      f"{r.get('prompt_tokens', '?')} / {r['completion_tokens']} | {r['tokens_per_s']:.1f} | "
                      f"{_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / {_f(lat['p90'])} | "
                      f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} | "
@@ -36,5 +37,5 @@ def markdown(summary: dict) -> str:
             lines.append(f"| requests lost or failed (all runs) | {value} | 0 | {'yes' if value == 0 else 'NO'} |")
             continue
         minimum, what = next(v for k, v in FLOORS.items() if name.startswith(k))
-        lines.append(f"| {name} ({what}) | {value:.2f}x | {minimum:.0f}x | {'yes' if value >= minimum else 'NO'} |")
+        lines.append(f"| {name} ({what}) | {value:.2f}x | {minimum:g}x | {'yes' if value >= minimum else 'NO'} |")
     return "\n".join(lines) + "\n"

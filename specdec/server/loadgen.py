@@ -119,17 +119,29 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
 
 
 def floors(runs: list[dict]) -> dict:
-    """The serving floors, measured: throughput scaling without speculation, failures, latency gain at c=1."""
-    def find(c, mode):
-        return next((r for r in runs if r["concurrency"] == c and r["speculation"] == mode), None)
+    """The serving floors, measured: throughput scaling without speculation, failures, latency gain at c=1, and
+    speculation on over off at each concurrency. Repeated runs of one (concurrency, speculation) are pooled: their
+    tokens over their seconds, their latencies weighted by requests."""
+    def pooled(c, mode):
+        same = [r for r in runs if r["concurrency"] == c and r["speculation"] == mode]
+        wall = sum(r["wall_s"] for r in same)
+        if not same or wall <= 0:
+            return None
+        timed = [r for r in same if r["latency_s"]["mean"]]
+        latency = (sum(r["latency_s"]["mean"] * r["ok"] for r in timed) / max(1, sum(r["ok"] for r in timed))
+                   if timed else None)
+        return {"tokens_per_s": sum(r["completion_tokens"] for r in same) / wall, "latency_s": latency}
 
     levels = sorted({r["concurrency"] for r in runs})
     lo, hi = levels[0], levels[-1]
     out = {"lost_or_failed": sum(r["failed"] + r["lost"] for r in runs)}
-    if (a := find(lo, "off")) and (b := find(hi, "off")) and a["tokens_per_s"] > 0:
+    if (a := pooled(lo, "off")) and (b := pooled(hi, "off")) and a["tokens_per_s"] > 0:
         out[f"throughput_scaling_c{hi}_over_c{lo}_no_speculation"] = b["tokens_per_s"] / a["tokens_per_s"]
-    if (a := find(lo, "off")) and (b := find(lo, "on")) and b["latency_s"]["mean"]:
-        out[f"latency_speedup_c{lo}_speculation"] = a["latency_s"]["mean"] / b["latency_s"]["mean"]
+    if (a := pooled(lo, "off")) and (b := pooled(lo, "on")) and a["latency_s"] and b["latency_s"]:
+        out[f"latency_speedup_c{lo}_speculation"] = a["latency_s"] / b["latency_s"]
+    for c in levels:
+        if (a := pooled(c, "off")) and (b := pooled(c, "on")) and a["tokens_per_s"] > 0:
+            out[f"speculation_on_over_off_c{c}"] = b["tokens_per_s"] / a["tokens_per_s"]
     return out
 
 
