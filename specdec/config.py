@@ -13,7 +13,7 @@ from .errors import ConfigError
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "torch", "hf")
 DEVICES = ("auto", "cpu", "cuda")
-SAMPLING_VERIFIERS = ("rejection", "coupled")
+SAMPLING_VERIFIERS = ("auto", "rejection", "coupled")
 ACCEPTANCE_FORMS = "exact, top-k:K (K >= 1), threshold:P (0 < P <= 1) or typical:EPS (0 < EPS < 1)"
 MAX_TOP_LOGPROBS = 20  # alternatives listed per token, as OpenAI's top_logprobs
 LOGPROBS_MODES = ("raw", "processed")  # logprobs of the raw logits, or of the distribution sampled from (vLLM's)
@@ -241,6 +241,9 @@ class SpeculationConfig:
       "coupled": every position's sample is the argmax of log p plus Gumbel noise drawn from
                  (seed, position); a draft token is accepted when it equals that sample. Equally
                  lossless, and the same seed gives the same text with or without speculation.
+      "auto" (the default): coupled for a request with a seed, which asks for the same text again (rejection
+                 sampling's text depends on how many tokens were drafted, and that follows measured costs);
+                 rejection otherwise.
     max_batch_for_drafting (vLLM's disable_by_batch_size): in batched decoding, a step that verifies more
     sequences than this drafts for none of them (k = 0, no probes, drafters not called) until the batch
     shrinks; None: no limit, the cost model alone decides.
@@ -249,9 +252,15 @@ class SpeculationConfig:
 
     num_speculative_tokens: int = 8
     adaptive: bool = True
-    sampling_verifier: str = "rejection"
+    sampling_verifier: str = "auto"
     max_batch_for_drafting: int | None = None
     acceptance: Acceptance = EXACT
+
+    def verifier_for(self, sampling) -> str:
+        """"rejection" or "coupled" for a request with this SamplingConfig ("auto" decided by its seed)."""
+        if self.sampling_verifier != "auto":
+            return self.sampling_verifier
+        return "coupled" if sampling.seed is not None else "rejection"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "acceptance", Acceptance.parse(self.acceptance))  # "top-k:4" -> Acceptance

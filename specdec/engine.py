@@ -60,7 +60,7 @@ class SpecDecoder:
     @classmethod
     def load(cls, model: str | None = None, *, drafter: str = "auto", draft_model=None, device: str = "auto",
              dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
-             sampling_verifier: str = "rejection", chat: bool = True, trust_remote_code: bool = False,
+             sampling_verifier: str = "auto", chat: bool = True, trust_remote_code: bool = False,
              backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
              acceptance: str = "exact", **drafter_options) -> "SpecDecoder":
         """Loads a target (default: the built-in smollm2-135m) and a drafter by name. max_batch_for_drafting: see

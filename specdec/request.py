@@ -56,7 +56,7 @@ class Request:
         self.logits = LogitsProcessor(prompt_ids, config, info, tokenizer) if wanted else None
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = None if sampling.greedy else make_generator(self.seed)  # rejection sampling's draws
-        self.coupled = not sampling.greedy and speculation.sampling_verifier == "coupled"
+        self.coupled = not sampling.greedy and speculation.verifier_for(sampling) == "coupled"
         self.eos = () if config.ignore_eos else info.eos_token_ids
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None

@@ -155,8 +155,8 @@ class _CountingCopy:
 
 def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     """Greedy: the lookup guess after [.. 1 2] in [1 2 3 4 5 9 1 2] is [3 4 5 9 ...]; a copy that predicts t + 1
-    agrees with 3 4 5, then drafts 6 itself, all in the first pass; the rest of k comes one pass a token, fed where
-    the verify pass will score it."""
+    agrees with 3 4 5, then drafts 6 itself, all in the first pass; the rest of k comes one pass a token (no guess
+    follows [5 6]), fed where the verify pass will score it. A guess found after a later draft rides along too."""
     from types import SimpleNamespace
 
     from specdec.drafters.base import Budget, DraftRequest
@@ -173,7 +173,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     draft = drafter.propose(context, Budget(6))
     assert draft.tokens.tolist() == [3, 4, 5, 6, 7, 8]
     assert copy.passes == 3  # one pass for 3 4 5 6, then 7 and 8
-    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1, 2])], [(3, 11, [6])], [(3, 12, [7])]]
+    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1])], [(3, 11, [6])], [(3, 12, [7])]]
     assert drafter.propose(context, Budget(2)).tokens.tolist() == [3, 4]
     # a cache that is not one token behind the context (the engine's invariant broken) drafts nothing
     assert drafter.propose(context + [3], Budget(4)).tokens.numel() == 0
@@ -186,7 +186,15 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     made = drafter.propose_together([(drafter, context, 5), (other, other_context, 2)])
     assert [d.tokens.tolist() for d in made] == [[3, 4, 5, 6, 7], [2, 3]]
     assert copy.passes == 2
-    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9, 1]), (5, 3, [1])], [(3, 11, [6]), (5, 4, [2])]]
+    assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9]), (5, 3, [1])], [(3, 11, [6]), (5, 4, [2])]]
+
+    # no guess follows [9 2]; after the copy's 3, [2 3] was seen at the start: 4 5 6 0 ride along, 4 5 6 agreed
+    later = drafter.fork()
+    later_context = [2, 3, 4, 5, 6, 0, 9, 2]
+    later.begin(DraftRequest(prompt_ids=later_context, target_cache=SequenceCache(length=7, slot=2)))
+    copy.passes, copy.fed = 0, []
+    assert later.propose(later_context, Budget(6)).tokens.tolist() == [3, 4, 5, 6, 7, 8]
+    assert copy.fed == [[(2, 7, [2])], [(2, 8, [3, 4, 5, 6, 0])], [(2, 12, [7])]]
 
 
 def test_the_copys_logits_are_a_4_bit_screen_with_its_highest_rescored_in_8_bits(model):

@@ -269,3 +269,22 @@ def test_broken_tree_rule_is_caught(monkeypatch):
     decoder = decoder_for("tree")
     exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
     assert fit_p_value(draw(decoder, sampling), exact) < P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft", "tree"])
+def test_a_seed_gives_one_text_by_default_whatever_is_drafted(kind):
+    """The default verifier ("auto") verifies a request with a seed by coupled sampling: the same seed gives the same
+    text with drafts of any length, and without any; rejection sampling, asked for by name, does not promise it."""
+    default = SpeculationConfig()
+    assert default.sampling_verifier == "auto"
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True,
+                              sampling=SamplingConfig(temperature=0.9, seed=7))
+    texts = set()
+    for k in (0, 1, 4):
+        drafter = make_drafter(kind) if k else None
+        decoder = SpecDecoder(table_target(VOCAB, seed=0), drafter, replace(default, num_speculative_tokens=k,
+                                                                               adaptive=False))
+        texts.add(tuple(decoder.generate_ids([1, 2, 3], config)[0]))
+    assert len(texts) == 1
+    unseeded = replace(config.sampling, seed=None)
+    assert default.verifier_for(unseeded) == "rejection" and default.verifier_for(config.sampling) == "coupled"

@@ -49,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--out-json", default=None, help="write the report here")
     p.add_argument("--no-chat", action="store_true", help="send prompts as raw text, without the chat template")
     add_model_options(p, dtype="float32", dtype_note="float32, where greedy equality is exact")
-    add_speculation_options(p, k=2)
+    add_speculation_options(p, k=2, verifier="rejection")  # its samples all have seeds: auto would test coupled
     p.set_defaults(run=run)
 
 

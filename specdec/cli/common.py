@@ -28,7 +28,7 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
 
 
-def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
+def add_speculation_options(p: argparse.ArgumentParser, k: int = 8, verifier: str = "auto") -> None:
     p.add_argument("--drafter", default="auto",
                    help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, quantized, select "
                         "(default: auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
@@ -37,8 +37,9 @@ def add_speculation_options(p: argparse.ArgumentParser, k: int = 8) -> None:
     p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=k, help=f"most tokens drafted per step (default: {k})")
     p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
-    p.add_argument("--sampling-verifier", default="rejection", choices=("rejection", "coupled"),
-                   help="lossless check when sampling: rejection (min(1, p/q)) or coupled (seed-stable Gumbel coupling)")
+    p.add_argument("--sampling-verifier", default=verifier, choices=("auto", "rejection", "coupled"),
+                   help="lossless check when sampling: rejection (min(1, p/q)), coupled (seed-stable Gumbel coupling) "
+                        f"or auto (coupled for a request with a seed, else rejection) (default: {verifier})")
     p.add_argument("--ngram-min", type=int, default=2, help="smallest n-gram the ngram drafter matches (default: 2)")
     p.add_argument("--ngram-max", type=int, default=4, help="largest n-gram the ngram drafter matches (default: 4)")
     p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head: specdec's, or an EAGLE-1/2/3 "

@@ -26,7 +26,7 @@ LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess 
 
 class QuantizedCopyDrafter(DraftModelDrafter):
     """Drafts k tokens with the target's 4-bit copy, one pass a token, on the request's target cache
-    (DraftRequest.target_cache); for greedy requests prompt lookup's guess rides along in the first pass, and the
+    (DraftRequest.target_cache); for greedy requests prompt lookup's guess rides along in every pass, and the
     part of it the copy agrees with costs nothing more. Greedy requests drafted together (propose_together) share
     each pass. p_min: stop after a draft the copy gives less than p_min (DraftModelDrafter)."""
 
@@ -53,34 +53,33 @@ class QuantizedCopyDrafter(DraftModelDrafter):
     @torch.inference_mode()
     def propose_together(self, jobs: list[tuple["QuantizedCopyDrafter", list[int], int]]) -> list[Draft]:
         """Drafts for requests (drafter, context, k) whose drafters share this copy. Greedy ones draft in shared
-        passes: the first feeds each one's last token and prompt lookup's guess, the next ones each one's latest
-        draft, until each has k drafts or the copy is unsure (p_min). Others draft alone."""
+        passes, each feeding every request's latest token (its last context token, then its latest draft) and
+        prompt lookup's guess of what follows, until each has k drafts or the copy is unsure (p_min): the part of a
+        guess the copy agrees with is drafted by the same pass. Others draft alone."""
         drafts: dict[int, Draft] = {}
-        live = []  # [index, drafter, drafts so far, k, last logits (V,)]
-        feeds = []
+        live = []  # [index, drafter, context, drafts so far, k, last logits (V,)]
         for i, (drafter, context, k) in enumerate(jobs):
             k = drafter._room(context, k)
             sampling = drafter.request.sampling if k > 0 else None
             if sampling is None or not sampling.greedy or sampling.penalized:
                 drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k))  # empty where k <= 0
                 continue
-            guess = ngram_lookup(np.asarray(context, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
             drafter.position = len(context) - 1
-            live.append([i, drafter, guess, k, None])
-            feeds.append([context[-1]] + guess)
-        for job, logits in zip(live, self._passes([j[1] for j in live], feeds)):
-            guess, choices = job[2], logits.argmax(-1).tolist()
-            agreed = 0
-            while agreed < len(guess) and choices[agreed] == guess[agreed]:
-                agreed += 1
-            job[2], job[4] = guess[:agreed] + [choices[agreed]], logits[agreed]
-            job[1].position -= len(guess) - agreed  # the copy's own token is fed next, after the agreed guesses
+            live.append([i, drafter, context, [], k, None])
         active = live
-        while active := [j for j in active if len(j[2]) < j[3] and not j[1]._unsure(j[4], None, j[2][-1])]:
-            for job, logits in zip(active, self._passes([j[1] for j in active], [j[2][-1:] for j in active])):
-                job[2].append(int(logits[-1].argmax()))
-                job[4] = logits[-1]
-        for i, _, tokens, k, _ in live:
+        while active:
+            guesses = [_lookup(job[2] + job[3], job[4] - len(job[3]) - 1) for job in active]
+            feeds = [(job[3][-1:] or job[2][-1:]) + guess for job, guess in zip(active, guesses)]
+            for job, guess, logits in zip(active, guesses, self._passes([j[1] for j in active], feeds)):
+                choices = logits.argmax(-1).tolist()
+                agreed = 0
+                while agreed < len(guess) and choices[agreed] == guess[agreed]:
+                    agreed += 1
+                job[3] += guess[:agreed] + [choices[agreed]]
+                job[5] = logits[agreed]
+                job[1].position -= len(guess) - agreed  # the copy's own token is fed next, after the agreed guesses
+            active = [j for j in active if len(j[3]) < j[4] and not j[1]._unsure(j[5], None, j[3][-1])]
+        for i, _, _, tokens, k, _ in live:
             drafts[i] = Draft(tokens=torch.tensor(tokens[:k], dtype=torch.long))
         return [drafts[i] for i in range(len(jobs))]
 
@@ -115,6 +114,13 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         for d, n in zip(drafters, lengths):
             d.position += n
         return list(logits.split(lengths))
+
+
+def _lookup(tokens: list[int], k: int) -> list[int]:
+    """Prompt lookup's guess of up to k tokens after `tokens` (none where k <= 0)."""
+    if k <= 0:
+        return []
+    return ngram_lookup(np.asarray(tokens, dtype=np.int64), k, LOOKUP_MIN_N, LOOKUP_MAX_N).tolist()
 
 
 _NO_MASK, _NO_LAYERS = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long)

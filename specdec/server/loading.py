@@ -11,7 +11,7 @@ from __future__ import annotations
 
 def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: str | None = None,
                  device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
-                 adaptive: bool = True, sampling_verifier: str = "rejection", trust_remote_code: bool = False,
+                 adaptive: bool = True, sampling_verifier: str = "auto", trust_remote_code: bool = False,
                  max_batch_for_drafting: int | None = None, acceptance: str = "exact", max_context: int | None = None,
                  **drafter_options):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any

@@ -64,7 +64,7 @@ class Limits:
 class SpeculationChoice:
     drafter: str  # one of Limits.drafters; "none" is plain decoding
     num_speculative_tokens: int | None = None  # None: the server's k
-    sampling_verifier: str | None = None  # None: the server's ("rejection" or "coupled")
+    sampling_verifier: str | None = None  # None: the server's ("auto", "rejection" or "coupled")
     adaptive: bool | None = None  # None: the server's; False drafts num_speculative_tokens every step
     acceptance: str | None = None  # None: the server's; else "exact" or a lossy rule (config.Acceptance)
 

@@ -190,10 +190,6 @@ class EngineWorker:
             speculation = speculation.with_k(request.speculation.num_speculative_tokens)
         if request.speculation.sampling_verifier is not None:
             speculation = replace(speculation, sampling_verifier=request.speculation.sampling_verifier)
-        elif request.config.sampling.seed is not None:
-            # a seed asks for the same text again: coupled sampling gives it whatever the drafts (rejection sampling's
-            # text depends on how many tokens were drafted, which follows the measured costs)
-            speculation = replace(speculation, sampling_verifier="coupled")
         if request.speculation.adaptive is not None:
             speculation = replace(speculation, adaptive=request.speculation.adaptive)
         if request.speculation.acceptance is not None:  # a lossy one labels the response (usage.speculation)
