@@ -114,6 +114,31 @@ def test_cancel_frees_the_slot_at_once():
     assert {e.request_id for e in events} == {"b", "c"}
 
 
+def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeypatch):
+    """Where the policy gives a batch no drafts (large batches, where drafts do not pay), it is asked again after
+    IDLE_RECHECK steps at the same size, and at once when the batch's size changes."""
+    from specdec import scheduler
+
+    asked = []
+
+    def no_drafts(policies, costs, caps):
+        asked.append(len(policies))
+        return [0] * len(policies)
+
+    monkeypatch.setattr(scheduler, "choose_lengths", no_drafts)
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    engine = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3)).batch_engine(max_batch=3)
+    for name in "abc":
+        engine.add(name, [1, 2, 3], GenerationConfig(max_new_tokens=60, ignore_eos=True))
+    engine.step()  # the prefill
+    for _ in range(2 * (scheduler.IDLE_RECHECK + 1)):
+        engine.step()
+    assert asked == [3, 3]
+    engine.cancel("a")
+    engine.step()
+    assert asked == [3, 3, 2]
+
+
 def test_sampling_in_a_batch_is_reproducible_per_seed():
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     decoder = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3),
