@@ -15,7 +15,7 @@ from test_sampling_lossless import _accept_all
 from tiny import TableLM, loaded, table_target, tiny_llama
 
 VOCAB, PROMPT = 5, [1, 3, 1, 3, 2]
-SPECULATION = SpeculationConfig(num_speculative_tokens=3)
+SPECULATION = SpeculationConfig(num_speculative_tokens=3, sampling_verifier="rejection")  # its samples have seeds
 
 
 def table_decoder() -> SpecDecoder:
