@@ -208,3 +208,18 @@ def test_plain_decoding_is_exact_whatever_acceptance_was_asked_for(target):
     decoder = SpecDecoder(target, None, SpeculationConfig(acceptance="threshold:0.1"))
     _, metrics = decoder.generate_ids(_prompts(1)[0], GenerationConfig(max_new_tokens=5))
     assert metrics.acceptance == "exact" and not metrics.lossy
+
+
+def test_greedy_choices_are_torch_argmax_ties_included():
+    """The CPU's fast argmax picks what torch.argmax picks: the first of equal maxima, in 1-D and 2-D, and torch's
+    own on other dtypes."""
+    from specdec.verify import greedy_choices
+
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(7,), (3, 49152), (5, 11)]:
+        scores = torch.randint(0, 4, shape, generator=gen).float()  # many ties
+        assert torch.equal(greedy_choices(scores), scores.argmax(-1))
+    rows = torch.randn(4, 100, generator=gen)
+    assert torch.equal(greedy_choices(rows[:, ::2]), rows[:, ::2].argmax(-1))  # strided
+    assert torch.equal(greedy_choices(rows.bfloat16()), rows.bfloat16().argmax(-1))
+    assert greedy_choices(torch.tensor([1.0, 3.0, 3.0])).item() == 1

