@@ -26,6 +26,16 @@ def test_the_build_follows_the_cpu_flags(monkeypatch, flags, isa):
     assert not kernels.has_bf16_products()  # none of these has AVX-512 BF16
 
 
+@pytest.mark.parametrize("flags,isa,vnni", [(AVX512 | {"avx512_vnni"}, "avx512", True), (AVX512, "avx512", False),
+                                            (AVX512 | {"avx512_vnni"}, "avx2", False)])
+def test_vnni_is_compiled_in_only_where_the_cpu_has_it(monkeypatch, flags, isa, vnni):
+    """-mavx512vnni lets the compiler use VNNI anywhere in the build, so only a CPU that has it may get it (and the
+    flags are part of the build's cache tag, so a cache shared by two CPUs keeps two builds)."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: set(flags))
+    assert ("-mavx512vnni" in kernels.build_flags(isa)) == vnni
+    assert kernels.build_flags(isa)[: len(kernels.BUILD_FLAGS[isa])] == kernels.BUILD_FLAGS[isa]
+
+
 def test_an_unknown_or_unsupported_build_is_refused(monkeypatch):
     if kernels.unavailable_reason():
         pytest.skip(kernels.unavailable_reason())

@@ -70,11 +70,18 @@ def test_quantized_products_equal_the_dequantized_reference_in_every_build(bits,
     x = torch.randn(rows, in_features, generator=gen)
     w = torch.randn(out_features, in_features, generator=gen) * 0.05
     w[:, :32] = 0.25  # a group with d = 0
+    x[0, :32] = torch.tensor([4.0, -4.0] * 16)  # a group rounded to +-127: the largest integer products
     want = _reference(x, w, bits)
-    for module in _builds():
+    builds = _builds()
+    for module in builds:
         got = module.quantized_matmul(x, w, bits).double()
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # every build sums the same integers in the same order (VNNI's dot products where the CPU has them, 16-bit pair
+    # sums that never saturate elsewhere), so their floats agree to the bit
+    first = builds[0].quantized_matmul(x, w, bits)
+    for module in builds[1:]:
+        assert torch.equal(module.quantized_matmul(x, w, bits), first)
 
 
 def test_a_copy_of_weights_already_in_4_bit_groups_reproduces_them(model):

@@ -185,7 +185,7 @@ def machine_info() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
             "platform": platform.platform(),
-            "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
+            "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"}),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 

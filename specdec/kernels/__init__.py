@@ -2,7 +2,8 @@
 
 `load()` builds cpu_llama.cpp with torch's C++ extension tools into the specdec cache (once per
 source version and CPU), or raises KernelUnavailable with the reason (no AVX2, no compiler, ...). The build is
-for AVX-512 where the CPU has it, else for AVX2 (vec16.h); bfloat16 products need AVX-512 BF16 either way.
+for AVX-512 where the CPU has it, else for AVX2 (vec16.h); bfloat16 products need AVX-512 BF16 either way. An
+AVX-512 build on a CPU with AVX-512 VNNI also uses its integer dot products (vpdpbusd) for the drafting copy.
 """
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def build_flags(isa: str) -> list[str]:
+    """The compiler's instruction-set flags for an `isa` build on this CPU. VNNI is added only where the CPU has
+    it, since the compiler may then use it anywhere in the build; the build's cache tag includes these flags."""
+    flags = list(BUILD_FLAGS[isa])
+    if isa == "avx512" and "avx512_vnni" in cpu_flags():
+        flags.append("-mavx512vnni")
+    return flags
 
 
 def has_bf16_products() -> bool:
@@ -98,7 +108,8 @@ def _build(isa: str):
     from ..models.registry import cache_root
 
     source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
-    tag = hashlib.sha256(source + isa.encode()).hexdigest()[:12]
+    flags = build_flags(isa)
+    tag = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:12]
     build_dir = cache_root() / "kernels" / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     first = not any(build_dir.glob("*.so"))
@@ -107,7 +118,7 @@ def _build(isa: str):
     try:
         return cpp_extension.load(
             name=f"specdec_cpu_llama_{tag}", sources=[str(SOURCE)], build_directory=str(build_dir),
-            extra_cflags=["-O3", *BUILD_FLAGS[isa], "-ffp-contract=off", "-fopenmp"],
+            extra_cflags=["-O3", *flags, "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=_openmp_link_flags(),
             verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
     except (RuntimeError, OSError, ImportError) as exc:

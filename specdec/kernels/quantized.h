@@ -88,9 +88,14 @@ inline i32x16 abs8(i32x16 x) { return _mm512_abs_epi8(x); }
 inline i32x16 sign8(i32x16 w, i32x16 x) {
   return _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
 }
-// acc + the sum over each lane's 4 bytes of u (unsigned) * x (signed); |pair sums| stay below 2^15
+// acc + the sum over each lane's 4 bytes of u (unsigned) * x (signed). Without VNNI, pairs are summed in 16 bits
+// first (saturating), but |pair sums| stay below 2^15 (|u| <= 127, |x| <= 127), so both give the same integers.
 inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(acc, u, x);
+#else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
 }
 inline f32x16 to_float(i32x16 v) { return _mm512_cvtepi32_ps(v); }
 #else

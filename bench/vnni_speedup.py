@@ -1,0 +1,98 @@
+"""The quantized copy's drafting with and without AVX-512 VNNI, beside plain decoding, alternated prompt by prompt in
+one process (so that a busy spell on a shared machine falls on all three): what vpdpbusd buys the default drafter
+on a CPU that has it. Both copies come from the same source; the one without VNNI is built as for a CPU that lacks it
+(its 16-bit pair sums give the same integers, so both propose the same drafts).
+
+    python bench/vnni_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
+        --out-json bench/results/zen4_vnni_copy.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def named_copy_class():
+    """QuantizedCopyDrafter under another name, so that each copy keeps its own measured drafting cost."""
+    from specdec.drafters.quantized import QuantizedCopyDrafter
+
+    class NamedCopy(QuantizedCopyDrafter):
+        def __init__(self, target, copy, name: str):
+            super().__init__(target, copy)
+            self.name = name
+
+        def fork(self):
+            return NamedCopy(self.draft, self.copy, self.name)
+
+    return NamedCopy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--limit", type=int, default=26)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out-json", required=True)
+    args = parser.parse_args()
+
+    import specdec.kernels as kernels
+
+    if "-mavx512vnni" not in kernels.build_flags(kernels.instruction_set() or "avx2"):
+        sys.exit("this CPU has no AVX-512 VNNI: nothing to compare")
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.runner import machine_info
+    from specdec.config import GenerationConfig
+    from specdec.engine import SpecDecoder
+    from specdec.models.kernel_llama import kernel_model_args
+
+    decoder = SpecDecoder.load(drafter="quantized", dtype=args.dtype)
+    backend = decoder.target.backend
+    with_vnni = kernels.load()
+    flags = kernels.build_flags
+    kernels.build_flags = lambda isa: list(kernels.BUILD_FLAGS[isa])  # as on a CPU without VNNI
+    without_vnni = kernels._build.__wrapped__("avx512")
+    kernels.build_flags = flags
+    NamedCopy = named_copy_class()
+    model_args = kernel_model_args(backend._hf_model, backend.max_context)
+    drafters = {name: NamedCopy(backend, module.CpuLlama(*model_args, False, True), f"quantized_{name}")
+                for name, module in (("vnni", with_vnni), ("no_vnni", without_vnni))}
+    for drafter in drafters.values():
+        decoder.warm_up(drafter=drafter)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    names = ["none", *drafters]
+    totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft_s": 0.0} for name in names}
+    equal = 0
+    prompts = load_prompts(args.prompts, args.limit)
+    for i, prompt in enumerate(prompts):
+        ids, outputs = decoder.encode(prompt.text), {}
+        for name in names[i % 3:] + names[: i % 3]:
+            start = time.perf_counter()
+            state = decoder.complete(ids, config, drafter=drafters.get(name))
+            total = totals[name]
+            total["seconds"] += time.perf_counter() - start
+            total["tokens"] += len(state.generated)
+            total["steps"] += state.metrics.steps
+            total["draft_s"] += state.metrics.draft_time_s
+            outputs[name] = list(state.generated)
+        equal += outputs["none"] == outputs["vnni"] == outputs["no_vnni"]
+    for total in totals.values():
+        total["tokens_per_s"] = total["tokens"] / total["seconds"]
+        total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
+    speedup = {name: totals[name]["tokens_per_s"] / totals["none"]["tokens_per_s"] for name in drafters}
+    result = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "equal_to_plain": equal, "speedup_over_none": speedup, "methods": totals, "machine": machine_info()}
+    Path(args.out_json).write_text(json.dumps(result, indent=1))
+    print(f"quantized copy with VNNI {speedup['vnni']:.2f}x plain decoding, without {speedup['no_vnni']:.2f}x "
+          f"(drafting {totals['vnni']['draft_s']:.1f} s against {totals['no_vnni']['draft_s']:.1f} s); "
+          f"{equal}/{len(prompts)} equal")
+
+
+if __name__ == "__main__":
+    main()
