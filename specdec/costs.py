@@ -73,6 +73,22 @@ class CostModel:
         self._drafted = True
 
 
+class SharedPasses:
+    """A drafter whose passes serve several sequences at once (the 4-bit copy drafting for a batch): its pass time
+    by rows fed (a curve like the verify one, `curve.verify_s(rows)`, measured at load and moved by every pass),
+    so that the policy charges a sequence's draft what one more row adds to a shared pass."""
+
+    def __init__(self, table: dict[int, float]):
+        self.curve = CostModel(table)
+
+    def ratio(self, rows: int) -> float:
+        """A pass over `rows` rows against a pass over one (0 for none)."""
+        return self.curve.verify_s(rows) / self.curve.verify_s(1) if rows > 0 else 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self.curve.observe_verify(rows, seconds)
+
+
 def non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """The closest non-decreasing values (least squares: pool adjacent violators) at the same sizes."""
     blocks: list[list[float]] = []  # [sum, count] of pooled runs
@@ -146,6 +162,9 @@ def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128
         vocab = backend.info.vocab_size
         prompt = torch.randint(0, vocab, (context,))
         backend.forward(cache, prompt, last_only=True)
+        for T in sizes:  # untimed: a process's first pass at each size runs slower (measured: up to 1.6x at 8-16)
+            backend.forward(cache, torch.randint(0, vocab, (T,)))
+            backend.truncate(cache, context)
         table = {}
         for T in sizes:
             ids = torch.randint(0, vocab, (T,))

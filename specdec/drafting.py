@@ -1,12 +1,14 @@
 """A step's drafts: each running request's drafter proposes up to its draft length (the scheduler's step, before
 the verify pass), or the tokens its constraint forces next; drafters that draft several requests in shared passes
-(propose_together: the target's 4-bit copy) do so. Each request's drafting time goes to its metrics and costs."""
+(propose_together: the target's 4-bit copy) do so. Each request's drafting time goes to its metrics and costs.
+Shared passes are charged to the policy by what a row adds to them (policy.choose_lengths, costs.SharedPasses)."""
 from __future__ import annotations
 
 import time
 
 import torch
 
+from .costs import SharedPasses
 from .drafters.base import Budget
 from .request import Request
 from .verify import Draft
@@ -16,19 +18,28 @@ def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list
     """Each request's draft, of at most lengths[i] positions (a tree only when `solo`). Requests whose drafters
     share a copy (propose_together) and that force no tokens draft together, each charged an equal share of the
     time."""
-    shared: dict = {}
+    groups: dict = {}
     for i, (r, k) in enumerate(zip(requests, lengths)):
-        if k > 0 and r.logits is None and hasattr(r.drafter, "propose_together"):
-            shared.setdefault(id(r.drafter.copy), []).append(i)
+        if k > 0 and (passes := shared_passes(r)) is not None:
+            groups.setdefault(id(passes), []).append(i)
     drafts = {}
-    for members in (m for m in shared.values() if len(m) > 1):
+    for members in (m for m in groups.values() if len(m) > 1):
         t0 = time.perf_counter()
         made = requests[members[0]].drafter.propose_together(
             [(requests[i].drafter, requests[i].tokens, lengths[i]) for i in members])
-        share = (time.perf_counter() - t0) / len(members)
-        drafts.update({i: charge(requests[i], draft, share) for i, draft in zip(members, made)})
+        seconds = time.perf_counter() - t0
+        # each is charged an equal share, and its cost model learns what drafting alone would have cost it
+        alone = seconds / shared_passes(requests[members[0]]).ratio(len(members))
+        drafts.update({i: charge(requests[i], draft, seconds / len(members), alone) for i, draft in zip(members, made)})
     return [drafts[i] if i in drafts else propose(r, Budget(k, tree=solo))
             for i, (r, k) in enumerate(zip(requests, lengths))]
+
+
+def shared_passes(request: Request) -> SharedPasses | None:
+    """The passes a request's drafts share with other requests' (the 4-bit copy drafting for greedy requests that
+    no constraint steers), or None where it drafts alone."""
+    sharing = getattr(request.drafter, "pass_sharing", None)
+    return sharing() if sharing is not None and request.logits is None else None
 
 
 def propose(request: Request, budget: Budget) -> Draft:
@@ -42,10 +53,11 @@ def propose(request: Request, budget: Budget) -> Draft:
     return charge(request, draft, time.perf_counter() - t0)
 
 
-def charge(request: Request, draft: Draft, seconds: float) -> Draft:
+def charge(request: Request, draft: Draft, seconds: float, alone: float | None = None) -> Draft:
     """The draft cut to the context's room (the verify pass caches every draft for a moment: a tree larger than the
-    room is cut to fit), its drafting time counted in the request's metrics and costs."""
+    room is cut to fit), its drafting time counted in the request's metrics, and in its costs as what drafting
+    alone took or would have taken (`alone`, for drafts made in passes shared with other requests)."""
     draft = draft.head(request.max_context - len(request.tokens))
     request.metrics.draft_time_s += seconds
-    request.costs.observe_draft(draft.positions, seconds)
+    request.costs.observe_draft(draft.positions, seconds if alone is None else alone)
     return draft

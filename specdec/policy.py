@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 
-from .costs import AcceptanceMemory, CostModel, count_step
+from .costs import AcceptanceMemory, CostModel, SharedPasses, count_step
 
 PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
 PROBE_MARGIN = 0.1  # a probe must promise 10% more tokens per second than plain decoding, at the prior
@@ -112,10 +112,13 @@ class DraftLengthPolicy:
             self.next_cooldown = self.first_cooldown
 
 
-def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int]) -> list[int]:
+def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int],
+                   shared: list[SharedPasses | None] | None = None) -> list[int]:
     """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
     drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
-    drafter) drafts nothing, but its token counts in the pass.
+    drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes sequence i shares
+    with the others of its group (the same 4-bit copy drafting for several greedy requests): its j-th draft then
+    costs its solo cost per draft times what one more row adds to the group's j-th pass, not a pass of its own.
 
     Every sequence emits at least one token; giving sequence i its next draft token adds the chance
     that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
@@ -143,8 +146,21 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
                 policy.pause()
             else:
                 candidates.append((i, cap, acceptance))
+    shared = shared or [None] * len(policies)
+    widths: dict[int, list[int]] = {}  # group -> how many of its sequences draft at each depth so far
+
+    def added_cost(i: int, depth: int) -> float:
+        """What sequence i's draft at `depth` (0-based) adds to the step's drafting time."""
+        per_draft = policies[i].costs.draft_s(1)
+        if shared[i] is None:
+            return per_draft
+        width = widths.setdefault(id(shared[i]), [])
+        width.extend([0] * (depth + 1 - len(width)))
+        width[depth] += 1
+        return per_draft * (shared[i].ratio(width[depth]) - shared[i].ratio(width[depth] - 1))
+
     tokens = len(policies) + sum(ks)
-    drafting = sum(policy.costs.draft_s(k) for policy, k in zip(policies, ks) if policy is not None)  # its own cost
+    drafting = sum(added_cost(i, depth) for i, k in enumerate(ks) for depth in range(k))  # fixed-length ones
     expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
     best_rate = expected / (costs.verify_s(tokens) + drafting)
     # each candidate's next draft token, by its gain (the likeliest first; on a tie, the later sequence)
@@ -160,7 +176,7 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
             heapq.heappush(options, (-gain * acc[given + 1], negative_i, given + 1))
         expected += gain
         tokens += 1
-        drafting += policies[i].costs.draft_s(1)
+        drafting += added_cost(i, given)
         order.append(i)
         rate = expected / (costs.verify_s(tokens) + drafting)
         if rate > best_rate:

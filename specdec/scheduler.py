@@ -26,7 +26,7 @@ from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter, DraftRequest
 from .errors import ConstraintError
 from .costs import CostModel
-from .drafting import propose_all
+from .drafting import propose_all, shared_passes
 from .policy import choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
@@ -136,7 +136,8 @@ class BatchEngine:
         if size == len(requests) and left > 0:
             self._idle = (size, left - 1)
             return [0] * len(requests)
-        lengths = choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests])
+        lengths = choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
+                                 [shared_passes(r) for r in requests])
         self._idle = (len(requests), 0 if any(lengths) else IDLE_RECHECK)
         return lengths
 

@@ -250,3 +250,32 @@ def test_a_probe_that_pays_alone_is_skipped_in_a_compute_bound_batch():
         assert (ks[-1][0] == PROBE_LENGTH) == probed, ks[-1]
         if not probed:
             assert ks[-1] == [0] * batch and policies[0].paused == policies[0].next_cooldown == 2 * cooldown
+
+
+def test_drafts_made_in_shared_passes_are_charged_what_a_row_adds():
+    """Four greedy requests the 4-bit copy drafts for in shared passes (a pass over 4 rows costing 1.4 one-row
+    passes, as measured on a Zen 4): charged a whole pass per draft, drafting would not pay in the batch's compute-
+    bound verify pass; charged what each row adds, it does. A copy whose passes cost as much per row as passes
+    apart (ratio n) is charged as before."""
+    from specdec.costs import SharedPasses
+    from specdec.policy import choose_lengths
+
+    costs = CostModel({1: 0.010, 4: 0.011, 8: 0.014, 16: 0.026, 32: 0.050})
+    copy_costs = costs.for_drafter("quantized")
+    copy_costs.observe_draft(1, 0.0042)
+
+    def ready(batch: int) -> list[DraftLengthPolicy]:
+        policies = [DraftLengthPolicy(8, copy_costs) for _ in range(batch)]
+        for policy in policies:
+            for _ in range(30):
+                policy.observe(5, 5)
+        return policies
+
+    shared = SharedPasses({1: 0.0042, 2: 0.0044, 4: 0.0058, 8: 0.0106, 16: 0.020})
+    apart = SharedPasses({1: 0.0042, 2: 0.0084, 4: 0.0168, 8: 0.0336, 16: 0.0672})
+    assert choose_lengths(ready(4), costs, [8] * 4) == [0] * 4
+    assert choose_lengths(ready(4), costs, [8] * 4, [apart] * 4) == [0] * 4
+    lengths = choose_lengths(ready(4), costs, [8] * 4, [shared] * 4)
+    assert min(lengths) > 0 and max(lengths) - min(lengths) <= 1, lengths
+    # alone there is nothing to share: the same length either way
+    assert choose_lengths(ready(1), costs, [8], [shared]) == choose_lengths(ready(1), costs, [8])

@@ -121,7 +121,7 @@ def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeyp
 
     asked = []
 
-    def no_drafts(policies, costs, caps):
+    def no_drafts(policies, costs, caps, shared=None):
         asked.append(len(policies))
         return [0] * len(policies)
 

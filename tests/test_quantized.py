@@ -137,6 +137,32 @@ def test_the_quantized_copy_in_a_batch_and_with_sampling(model):
         assert metrics.accepted_tokens > 0
 
 
+def test_greedy_requests_share_the_copys_passes_and_its_measured_curve(model):
+    """The copy's pass time by rows is measured at load and shared by every fork. Greedy requests share passes
+    (the policy charges them what a row adds); sampled or penalized ones draft alone. A batch of greedy requests
+    drafts in passes over several rows, which the curve records, and its text is plain decoding's."""
+    from specdec.drafters.base import DraftRequest
+
+    target = loaded(model, "kernels", slots=4)
+    drafter = create_drafter("quantized", target)
+    assert {1, 2, 4, 8, 16} <= set(drafter.passes.curve.table) and drafter.fork().passes is drafter.passes
+    assert drafter.passes.ratio(0) == 0 and drafter.passes.ratio(1) == 1 <= drafter.passes.ratio(16)
+    for sampling, shares in ((SamplingConfig(), True), (SamplingConfig(temperature=0.7), False),
+                             (SamplingConfig(repetition_penalty=1.3), False)):
+        fork = drafter.fork()
+        fork.begin(DraftRequest(prompt_ids=[1, 2], sampling=sampling))
+        assert (fork.pass_sharing() is drafter.passes) == shares
+    rows = []
+    observe = drafter.passes.observe
+    drafter.passes.observe = lambda n, seconds: (rows.append(n), observe(n, seconds))
+    spec = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    prompts = [[1, 2, 3], list(range(10, 40)), [7] * 9]
+    config = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+    want = [SpecDecoder(target, None).generate_ids(p, config)[0] for p in prompts]
+    assert [r.token_ids for r in spec.generate_many(prompts, config)] == want
+    assert max(rows) >= len(prompts)
+
+
 def test_the_quantized_drafter_refuses_what_it_cannot_run(model):
     with pytest.raises(ConfigError, match="runs on the CPU kernels"):
         create_drafter("quantized", loaded(model, "torch"))
@@ -166,6 +192,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     follows [5 6]), fed where the verify pass will score it. A guess found after a later draft rides along too."""
     from types import SimpleNamespace
 
+    from specdec.costs import SharedPasses
     from specdec.drafters.base import Budget, DraftRequest
     from specdec.drafters.quantized import QuantizedCopyDrafter
     from specdec.models.backend import SequenceCache
@@ -174,7 +201,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     target = SimpleNamespace(info=SimpleNamespace(vocab_size=vocab, device=torch.device("cpu")), max_context=64,
                              pool=SimpleNamespace(keys=None, values=None))
     copy = _CountingCopy(vocab)
-    drafter = QuantizedCopyDrafter(target, copy)
+    drafter = QuantizedCopyDrafter(target, copy, passes=SharedPasses({1: 1.0}))  # a fake copy: nothing to time
     context = [1, 2, 3, 4, 5, 9, 1, 2]
     drafter.begin(DraftRequest(prompt_ids=context, target_cache=SequenceCache(length=len(context) - 1, slot=3)))
     draft = drafter.propose(context, Budget(6))

@@ -14,9 +14,12 @@ bfloat16 loses more to the rounding (docs/drafters.md).
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
+from ..costs import SharedPasses
 from .base import Budget, Draft, DraftRequest
 from .draft_model import DraftModelDrafter
 from ..verify import greedy_choices
@@ -31,14 +34,23 @@ class QuantizedCopyDrafter(DraftModelDrafter):
     part of it the copy agrees with costs nothing more. Greedy requests drafted together (propose_together) share
     each pass. p_min: stop after a draft the copy gives less than p_min (DraftModelDrafter)."""
 
-    def __init__(self, target, copy, p_min: float = 0.0):
-        """target: the KernelLlama whose caches the request uses; copy: its four_bit_copy()."""
+    def __init__(self, target, copy, p_min: float = 0.0, passes: SharedPasses | None = None):
+        """target: the KernelLlama whose caches the request uses; copy: its four_bit_copy(). passes: the copy's
+        pass time by rows, shared by every fork (None: measured now)."""
         super().__init__(target, target.info.vocab_size, name="quantized", p_min=p_min)
         self.copy = copy
         self.position = 0  # the position the next fed token takes
+        self.passes = passes or SharedPasses(self._measure_passes())
 
     def fork(self) -> "QuantizedCopyDrafter":
-        return QuantizedCopyDrafter(self.draft, self.copy, self.p_min)
+        return QuantizedCopyDrafter(self.draft, self.copy, self.p_min, self.passes)
+
+    def pass_sharing(self) -> SharedPasses | None:
+        """The copy's pass costs where this request drafts in passes shared with others (greedy, no penalties:
+        propose_together), else None."""
+        request = getattr(self, "request", None)
+        sampling = request.sampling if request is not None else None
+        return self.passes if sampling is not None and sampling.greedy and not sampling.penalized else None
 
     def begin(self, request: DraftRequest) -> None:
         self.request = request
@@ -104,6 +116,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         of each; positions move past the feeds."""
         if not drafters:
             return []
+        start = time.perf_counter()
         lengths = [len(f) for f in feeds]
         starts = [d.position for d in drafters]
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)])
@@ -112,9 +125,35 @@ class QuantizedCopyDrafter(DraftModelDrafter):
                                          torch.tensor([0] + lengths).cumsum(0), slots, torch.tensor(starts), positions,
                                          _NO_MASK, self.draft.pool.keys, self.draft.pool.values,
                                          torch.arange(sum(lengths)), 0, False, _NO_LAYERS)
+        self.passes.observe(sum(lengths), time.perf_counter() - start)
         for d, n in zip(drafters, lengths):
             d.position += n
         return list(logits.split(lengths))
+
+    @torch.inference_mode()
+    def _measure_passes(self, sizes=(1, 2, 4, 8, 16), context: int = 128, repeats: int = 3) -> dict[int, float]:
+        """{rows: median seconds} of the copy's pass over that many rows after `context` cached tokens."""
+        context = max(1, min(context, self.draft.max_context - max(sizes)))
+        cache = self.draft.new_cache()
+        try:
+            self.draft.forward(cache, torch.randint(0, self.draft.info.vocab_size, (context,)), last_only=True)
+            probe = QuantizedCopyDrafter(self.draft, self.copy, passes=SharedPasses({1: 1.0}))
+            probe.cache, table = cache, {}
+            for rows in sizes:  # untimed, as for the verify curve (costs.measure_verify_costs)
+                probe.position = context
+                probe._passes([probe], [[0] * rows])
+            for rows in sizes:
+                feed = torch.randint(0, self.draft.info.vocab_size, (rows,)).tolist()
+                times = []
+                for _ in range(repeats + 1):
+                    probe.position = context
+                    start = time.perf_counter()
+                    probe._passes([probe], [feed])
+                    times.append(time.perf_counter() - start)
+                table[rows] = sorted(times[1:])[len(times[1:]) // 2]
+            return table
+        finally:
+            self.draft.release(cache)
 
 
 def _lookup(tokens: list[int], k: int) -> list[int]:
