@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +33,7 @@ def main() -> None:
     if args.isa == "avx512" and kernels.instruction_set() != "avx512":
         sys.exit("this CPU does not run the avx512 build")
     kernels.instruction_set = lambda: args.isa  # what the loader builds for, as on a CPU with no more than that
+    from specdec.bench.alternate import alternate
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
@@ -41,25 +41,8 @@ def main() -> None:
 
     decoder = SpecDecoder.load(drafter=args.drafter, dtype=args.dtype)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft_s": 0.0} for name in ("none", "drafter")}
-    equal = 0
     prompts = load_prompts(args.prompts, args.limit)
-    for i, prompt in enumerate(prompts):
-        ids, outputs = decoder.encode(prompt.text), {}
-        order = [("none", None), ("drafter", "default")]
-        for name, drafter in order if i % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            state = decoder.complete(ids, config, drafter=drafter)
-            total = totals[name]
-            total["seconds"] += time.perf_counter() - start
-            total["tokens"] += len(state.generated)
-            total["steps"] += state.metrics.steps
-            total["draft_s"] += state.metrics.draft_time_s
-            outputs[name] = list(state.generated)
-        equal += outputs["none"] == outputs["drafter"]
-    for total in totals.values():
-        total["tokens_per_s"] = total["tokens"] / total["seconds"]
-        total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
+    totals, equal = alternate(decoder, prompts, config, {"none": None, "drafter": "default"})
     result = {"isa": args.isa, "bf16_products": kernels.has_bf16_products(),
               "drafter": decoder.drafter.name if decoder.drafter else None, "dtype": args.dtype,
               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "equal_to_plain": equal,

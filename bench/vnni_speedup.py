@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +45,7 @@ def main() -> None:
 
     if "-mavx512vnni" not in kernels.build_flags(kernels.instruction_set() or "avx2"):
         sys.exit("this CPU has no AVX-512 VNNI: nothing to compare")
+    from specdec.bench.alternate import alternate
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
@@ -66,25 +66,8 @@ def main() -> None:
     for drafter in drafters.values():
         decoder.warm_up(drafter=drafter)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    names = ["none", *drafters]
-    totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft_s": 0.0} for name in names}
-    equal = 0
     prompts = load_prompts(args.prompts, args.limit)
-    for i, prompt in enumerate(prompts):
-        ids, outputs = decoder.encode(prompt.text), {}
-        for name in names[i % 3:] + names[: i % 3]:
-            start = time.perf_counter()
-            state = decoder.complete(ids, config, drafter=drafters.get(name))
-            total = totals[name]
-            total["seconds"] += time.perf_counter() - start
-            total["tokens"] += len(state.generated)
-            total["steps"] += state.metrics.steps
-            total["draft_s"] += state.metrics.draft_time_s
-            outputs[name] = list(state.generated)
-        equal += outputs["none"] == outputs["vnni"] == outputs["no_vnni"]
-    for total in totals.values():
-        total["tokens_per_s"] = total["tokens"] / total["seconds"]
-        total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
+    totals, equal = alternate(decoder, prompts, config, {"none": None, **drafters})
     speedup = {name: totals[name]["tokens_per_s"] / totals["none"]["tokens_per_s"] for name in drafters}
     result = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "equal_to_plain": equal, "speedup_over_none": speedup, "methods": totals, "machine": machine_info()}

@@ -87,3 +87,29 @@ def test_fidelity_script_compares_variants_with_the_reference(tmp_path, tiny_fol
 
     assert compare([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == {"identical": 1, "prompts": 2, "mean_common_prefix": 2,
                                                                  "median_common_prefix": 2.0}
+
+
+def test_alternated_methods_rotate_and_count_equal_outputs(monkeypatch):
+    """bench/isa_speedup.py's and bench/vnni_speedup.py's loop: every method runs every prompt, in an order that
+    rotates, and a prompt counts as equal only when every method gave the same tokens."""
+    from types import SimpleNamespace
+
+    from specdec.bench.alternate import alternate
+
+    calls = []
+
+    class Decoder:
+        def encode(self, text):
+            return [len(text)]
+
+        def complete(self, ids, config, drafter=None):
+            calls.append(drafter)
+            tokens = [1, 2] if drafter != "odd" or ids != [3] else [1, 3]
+            return SimpleNamespace(generated=tokens, metrics=SimpleNamespace(steps=1, draft_time_s=0.5))
+
+    prompts = [SimpleNamespace(text=t) for t in ("a", "bb", "ccc")]
+    totals, equal = alternate(Decoder(), prompts, None, {"none": None, "d": "default", "o": "odd"})
+    assert calls == [None, "default", "odd", "default", "odd", None, "odd", None, "default"]
+    assert equal == 2  # the third prompt differs under "odd"
+    assert totals["d"]["tokens"] == 6 and totals["d"]["steps"] == 3 and totals["d"]["draft_s"] == 1.5
+    assert totals["d"]["mean_accepted_tokens"] == 2.0 and totals["d"]["tokens_per_s"] > 0

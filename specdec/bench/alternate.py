@@ -1,0 +1,32 @@
+"""Methods alternated prompt by prompt in one process, so that a busy spell on a shared machine falls on all of them:
+the loop of the A/B scripts under bench/ (an ISA build, VNNI against none)."""
+from __future__ import annotations
+
+import time
+
+
+def alternate(decoder, prompts, config, methods: dict) -> tuple[dict[str, dict], int]:
+    """Runs every method on every prompt, the order rotating by one each prompt. methods: name -> the drafter
+    `decoder.complete` takes (None: plain decoding; "default": the decoder's own; or a Drafter). Returns per method
+    its totals (tokens, seconds, steps, draft_s, tokens_per_s, mean_accepted_tokens) and the number of prompts whose
+    outputs were the same for every method."""
+    names = list(methods)
+    totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft_s": 0.0} for name in names}
+    equal = 0
+    for i, prompt in enumerate(prompts):
+        ids, outputs = decoder.encode(prompt.text), []
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            state = decoder.complete(ids, config, drafter=methods[name])
+            total = totals[name]
+            total["seconds"] += time.perf_counter() - start
+            total["tokens"] += len(state.generated)
+            total["steps"] += state.metrics.steps
+            total["draft_s"] += state.metrics.draft_time_s
+            outputs.append(list(state.generated))
+        equal += all(out == outputs[0] for out in outputs)
+    for total in totals.values():
+        total["tokens_per_s"] = total["tokens"] / total["seconds"]
+        total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
+    return totals, equal
