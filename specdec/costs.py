@@ -154,28 +154,37 @@ class AcceptanceMemory:
         return ([t * scale for t in self.tried[:k_max]] + pad, [a * scale for a in self.accepted[:k_max]] + pad)
 
 
+def time_by_size(run, reset, sizes, repeats: int = 3) -> dict[int, float]:
+    """{size: median seconds of `repeats` timed calls run(size)}, reset(size) after each call, untimed. Every size
+    runs once untimed first, and each size's first timed call is dropped too: a process's first pass at a size runs
+    slower (measured: up to 1.6x at 8-16 tokens), and a curve that kept it made drafting look dear in every batch."""
+    for size in sizes:
+        run(size)
+        reset(size)
+    table = {}
+    for size in sizes:
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            run(size)
+            times.append(time.perf_counter() - start)
+            reset(size)
+        table[size] = sorted(times[1:])[len(times[1:]) // 2]
+    return table
+
+
 @torch.inference_mode()
 def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128, repeats: int = 3) -> dict[int, float]:
     """Times one target forward over T new tokens after `context` cached ones: {T: median seconds}."""
     cache = backend.new_cache()
     try:
         vocab = backend.info.vocab_size
-        prompt = torch.randint(0, vocab, (context,))
-        backend.forward(cache, prompt, last_only=True)
-        for T in sizes:  # untimed: a process's first pass at each size runs slower (measured: up to 1.6x at 8-16)
-            backend.forward(cache, torch.randint(0, vocab, (T,)))
-            backend.truncate(cache, context)
-        table = {}
-        for T in sizes:
-            ids = torch.randint(0, vocab, (T,))
-            times = []
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                out = backend.forward(cache, ids)
-                out.logits[-1, 0].item()  # waits for the device
-                times.append(time.perf_counter() - start)
-                backend.truncate(cache, context)
-            table[T] = sorted(times[1:])[len(times[1:]) // 2]
-        return table
+        backend.forward(cache, torch.randint(0, vocab, (context,)), last_only=True)
+        ids = {T: torch.randint(0, vocab, (T,)) for T in sizes}
+
+        def run(T: int) -> None:
+            backend.forward(cache, ids[T]).logits[-1, 0].item()  # .item(): waits for the device
+
+        return time_by_size(run, lambda T: backend.truncate(cache, context), sizes, repeats)
     finally:
         backend.release(cache)

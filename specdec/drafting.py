@@ -18,18 +18,18 @@ def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list
     """Each request's draft, of at most lengths[i] positions (a tree only when `solo`). Requests whose drafters
     share a copy (propose_together) and that force no tokens draft together, each charged an equal share of the
     time."""
-    groups: dict = {}
+    groups: dict = {}  # id(passes) -> (passes, members)
     for i, (r, k) in enumerate(zip(requests, lengths)):
         if k > 0 and (passes := shared_passes(r)) is not None:
-            groups.setdefault(id(passes), []).append(i)
+            groups.setdefault(id(passes), (passes, []))[1].append(i)
     drafts = {}
-    for members in (m for m in groups.values() if len(m) > 1):
+    for passes, members in (g for g in groups.values() if len(g[1]) > 1):
         t0 = time.perf_counter()
         made = requests[members[0]].drafter.propose_together(
             [(requests[i].drafter, requests[i].tokens, lengths[i]) for i in members])
         seconds = time.perf_counter() - t0
         # each is charged an equal share, and its cost model learns what drafting alone would have cost it
-        alone = seconds / shared_passes(requests[members[0]]).ratio(len(members))
+        alone = seconds / passes.ratio(len(members))
         drafts.update({i: charge(requests[i], draft, seconds / len(members), alone) for i, draft in zip(members, made)})
     return [drafts[i] if i in drafts else propose(r, Budget(k, tree=solo))
             for i, (r, k) in enumerate(zip(requests, lengths))]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from ..costs import SharedPasses
+from ..costs import SharedPasses, time_by_size
 from .base import Budget, Draft, DraftRequest
 from .draft_model import DraftModelDrafter
 from ..verify import greedy_choices
@@ -138,20 +138,13 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         try:
             self.draft.forward(cache, torch.randint(0, self.draft.info.vocab_size, (context,)), last_only=True)
             probe = QuantizedCopyDrafter(self.draft, self.copy, passes=SharedPasses({1: 1.0}))
-            probe.cache, table = cache, {}
-            for rows in sizes:  # untimed, as for the verify curve (costs.measure_verify_costs)
+            probe.cache, probe.position = cache, context
+            feeds = {rows: torch.randint(0, self.draft.info.vocab_size, (rows,)).tolist() for rows in sizes}
+
+            def reset(_rows: int) -> None:
                 probe.position = context
-                probe._passes([probe], [[0] * rows])
-            for rows in sizes:
-                feed = torch.randint(0, self.draft.info.vocab_size, (rows,)).tolist()
-                times = []
-                for _ in range(repeats + 1):
-                    probe.position = context
-                    start = time.perf_counter()
-                    probe._passes([probe], [feed])
-                    times.append(time.perf_counter() - start)
-                table[rows] = sorted(times[1:])[len(times[1:]) // 2]
-            return table
+
+            return time_by_size(lambda rows: probe._passes([probe], [feeds[rows]]), reset, sizes, repeats)
         finally:
             self.draft.release(cache)
 
