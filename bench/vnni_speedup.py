@@ -17,21 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def named_copy_class():
-    """QuantizedCopyDrafter under another name, so that each copy keeps its own measured drafting cost."""
-    from specdec.drafters.quantized import QuantizedCopyDrafter
-
-    class NamedCopy(QuantizedCopyDrafter):
-        def __init__(self, target, copy, name: str):
-            super().__init__(target, copy)
-            self.name = name
-
-        def fork(self):
-            return NamedCopy(self.draft, self.copy, self.name)
-
-    return NamedCopy
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", required=True)
@@ -45,7 +30,7 @@ def main() -> None:
 
     if "-mavx512vnni" not in kernels.build_flags(kernels.instruction_set() or "avx2"):
         sys.exit("this CPU has no AVX-512 VNNI: nothing to compare")
-    from specdec.bench.alternate import alternate
+    from specdec.bench.alternate import alternate, named_copy
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
@@ -59,9 +44,8 @@ def main() -> None:
     kernels.build_flags = lambda isa: list(kernels.BUILD_FLAGS[isa])  # as on a CPU without VNNI
     without_vnni = kernels._build.__wrapped__("avx512")
     kernels.build_flags = flags
-    NamedCopy = named_copy_class()
     model_args = kernel_model_args(backend._hf_model, backend.max_context)
-    drafters = {name: NamedCopy(backend, module.CpuLlama(*model_args, False, True), f"quantized_{name}")
+    drafters = {name: named_copy(backend, module.CpuLlama(*model_args, False, True), f"quantized_{name}")
                 for name, module in (("vnni", with_vnni), ("no_vnni", without_vnni))}
     for drafter in drafters.values():
         decoder.warm_up(drafter=drafter)

@@ -1,5 +1,5 @@
 """Methods alternated prompt by prompt in one process, so that a busy spell on a shared machine falls on all of them:
-the loop of the A/B scripts under bench/ (an ISA build, VNNI against none)."""
+the loop of the A/B scripts under bench/ (an ISA build, VNNI against none, the copy's attention by pieces of keys)."""
 from __future__ import annotations
 
 import time
@@ -30,3 +30,27 @@ def alternate(decoder, prompts, config, methods: dict) -> tuple[dict[str, dict],
         total["tokens_per_s"] = total["tokens"] / total["seconds"]
         total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
     return totals, equal
+
+
+def named_copy(target, copy, name: str, split_attention: bool | None = None, module=None):
+    """The quantized copy drafter under its own name (so that each keeps its own measured drafting cost).
+    split_attention: module.set_split_attention's setting around its passes (module: the kernels build); None: as
+    built."""
+    from ..drafters.quantized import QuantizedCopyDrafter
+
+    class NamedCopy(QuantizedCopyDrafter):
+        def fork(self):
+            return named_copy(self.draft, self.copy, name, split_attention, module)
+
+        def _passes(self, drafters, feeds):
+            if split_attention is None:
+                return super()._passes(drafters, feeds)
+            was = module.set_split_attention(split_attention)
+            try:
+                return super()._passes(drafters, feeds)
+            finally:
+                module.set_split_attention(was)
+
+    drafter = NamedCopy(target, copy)
+    drafter.name = name
+    return drafter

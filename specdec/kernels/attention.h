@@ -100,10 +100,11 @@ void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int
 // blocks of 16 keys, score = sum over d in increasing order of q[d] k[d]; the softmax sum and the
 // weighted sum of values run over the visible keys in increasing order.
 // nh query heads share nkv KV heads of hd floats; qkv (N, qkv_width) holds each token's q, k and v after RoPE;
-// kc, vc: one layer's cache (slots, nkv, P, hd), keys in blocks of 16 positions; out (N, nh * hd).
+// kc, vc: one layer's cache (slots, nkv, P, hd), keys in blocks of 16 positions; out (N, nh * hd). skip: sequences
+// left to attention_split_keys (none if null).
 void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const float* kc,
                const float* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot, const int64_t* start,
-               bool causal, int64_t T, const uint8_t* mask, float* out) {
+               bool causal, int64_t T, const uint8_t* mask, float* out, const std::vector<uint8_t>* skip = nullptr) {
   const int64_t groups = nh / nkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // tasks: (sequence, KV head, chunk of query rows); a chunk shares every key load among its rows, so chunks are
@@ -113,7 +114,7 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
   const int64_t splits = std::max<int64_t>(1, (wanted + S * nkv - 1) / (S * nkv));
   std::vector<std::array<int64_t, 4>> tasks;  // s, g, first row, row count
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t g = 0; g < nkv; ++g) {
+    for (int64_t g = 0; g < nkv && !(skip && (*skip)[s]); ++g) {
       const int64_t rows = (off[s + 1] - off[s]) * groups;
       const int64_t chunk = std::clamp<int64_t>((rows + splits - 1) / splits, 1, 8);
       for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});

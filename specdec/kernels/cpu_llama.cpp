@@ -16,7 +16,8 @@
 // the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 //
 // One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
-// and linear()), row_ops.h (norms, RoPE, SwiGLU), attention.h, this file's model, and head_layer.h (a drafter head's
+// and linear()), row_ops.h (norms, RoPE, SwiGLU), attention.h,
+// attention_split.h (a drafting copy's), this file's model, and head_layer.h (a drafter head's
 // layer).
 
 #include <torch/extension.h>
@@ -49,6 +50,7 @@ using vec::f32x16;
 #include "weights.h"
 #include "row_ops.h"
 #include "attention.h"
+#include "attention_split.h"
 
 constexpr int kRescoredLogits = 16;  // a drafting copy's highest 4-bit logits per row, computed again in 8 bits
 
@@ -164,6 +166,9 @@ class CpuLlama {
       TORCH_CHECK(aux_at[j] >= 0 && aux_at[j] < depth, "aux layer out of range");
     torch::Tensor aux_t = torch::empty({N, A * H}, f32);
     float* aux = aux_t.data_ptr<float>();
+    // a drafting copy's sequences of one or two tokens split their keys among threads (attention_split.h)
+    const std::vector<uint8_t> split = lm_screen_.qbits && causal ? split_sequences(S, off, nh / nkv)
+                                                                   : std::vector<uint8_t>(S, 0);
     for (int64_t l = 0; l < depth; ++l) {
       const Layer& L = layers_[l];
       for (int64_t j = 0; j < A; ++j)
@@ -189,7 +194,8 @@ class CpuLlama {
         }
       }
       });
-      attention(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn);
+      attention(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn, &split);
+      attention_split_keys(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, attn, split);
       linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H, bf16_products);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
       rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
@@ -263,6 +269,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
   m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },
         "turns the AMX products on or off (for comparisons); returns the previous setting");
+  m.def("set_split_attention", [](bool on) {
+    const bool was = split_attention_enabled;
+    split_attention_enabled = on;
+    return was;
+  }, "a drafting copy's attention by pieces of keys (on) or in the target's order (off), for comparisons; returns "
+     "the previous setting");
   pybind11::class_<PackedLinear>(m, "PackedLinear", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, torch::Tensor, bool>(), pybind11::arg("weight"), pybind11::arg("bias"),
            pybind11::arg("bf16_dot"))
