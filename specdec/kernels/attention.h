@@ -5,16 +5,16 @@
 // Attention scores of R query rows against blocks of 16 cached keys ([blocks][hd][16]): scores[r * width + j] =
 // scale * sum over d in increasing order of q[r][d] k_j[d]. R is a template argument so the accumulators stay in
 // registers.
-template <int R>
-void score_block_rows(const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+template <int R, typename KV>
+void score_block_rows(const float* const* q, const KV* kbase, int64_t hd, int64_t blocks, float scale,
                       float* scores, int64_t width) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* kb = kbase + b * hd * 16;
+    const KV* kb = kbase + b * hd * 16;
     f32x16 acc[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = vec::zero();
     for (int64_t d = 0; d < hd; ++d) {
-      const f32x16 kv = vec::load(kb + d * 16);
+      const f32x16 kv = load_kv(kb + d * 16);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[r] = vec::fmadd(vec::set1(q[r][d]), kv, acc[r]);
     }
@@ -29,34 +29,34 @@ constexpr int kScoreRows = 8;  // query rows sharing each key load (their accumu
 constexpr int kScoreRows = 4;
 #endif
 
-template <int R = kScoreRows>
-void score_rows(int64_t rows, const float* const* q, const float* kbase, int64_t hd, int64_t blocks, float scale,
+template <int R = kScoreRows, typename KV>
+void score_rows(int64_t rows, const float* const* q, const KV* kbase, int64_t hd, int64_t blocks, float scale,
                 float* scores, int64_t width) {
   if (rows > kScoreRows) {  // each row's scores are its own: splitting the rows changes nothing in them
     score_rows(kScoreRows, q, kbase, hd, blocks, scale, scores, width);
     return score_rows(rows - kScoreRows, q + kScoreRows, kbase, hd, blocks, scale, scores + kScoreRows * width, width);
   }
   if constexpr (R > 0) {
-    if (rows == R) return score_block_rows<R>(q, kbase, hd, blocks, scale, scores, width);
-    score_rows<R - 1>(rows, q, kbase, hd, blocks, scale, scores, width);
+    if (rows == R) return score_block_rows<R, KV>(q, kbase, hd, blocks, scale, scores, width);
+    score_rows<R - 1, KV>(rows, q, kbase, hd, blocks, scale, scores, width);
   }
 }
 
 // Value sums of R attention rows over consecutive keys [i0, i1): acc_r[d] += w_r[i] v[i][d], i in increasing order,
 // for DV vectors of 16 lanes of d (v rows of hd floats). The rows share every load of v; each row's sum is the
 // same chain of fused multiply-adds as if it ran alone, so a row's result does not depend on its neighbours.
-template <int R, int DV>
-void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd, float* const* acc) {
+template <int R, int DV, typename KV>
+void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd, float* const* acc) {
   f32x16 a[R][DV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int j = 0; j < DV; ++j) a[r][j] = vec::load(acc[r] + j * 16);
   for (int64_t i = i0; i < i1; ++i) {
-    const float* row = v + i * hd;
+    const KV* row = v + i * hd;
     f32x16 vv[DV];
 #pragma GCC unroll 16
-    for (int j = 0; j < DV; ++j) vv[j] = vec::load(row + j * 16);
+    for (int j = 0; j < DV; ++j) vv[j] = load_kv(row + j * 16);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const f32x16 wi = vec::set1(w[r][i]);
@@ -77,21 +77,21 @@ constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
 constexpr int rows_per_pass(int dv) { return dv <= 2 ? 2 : 1; }
 #endif
 
-template <int DV>
-void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+template <int DV, typename KV>
+void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
                      float* const* acc) {
   constexpr int R = rows_per_pass(DV);
   int64_t r = 0;
-  for (; r + R <= rows; r += R) accumulate_rows<R, DV>(w + r, i0, i1, v, hd, acc + r);
-  for (; r < rows; ++r) accumulate_rows<1, DV>(w + r, i0, i1, v, hd, acc + r);
+  for (; r + R <= rows; r += R) accumulate_rows<R, DV, KV>(w + r, i0, i1, v, hd, acc + r);
+  for (; r < rows; ++r) accumulate_rows<1, DV, KV>(w + r, i0, i1, v, hd, acc + r);
 }
 
-template <int DV = 16>
-void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int64_t i1, const float* v, int64_t hd,
+template <int DV = 16, typename KV>
+void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
                 float* const* acc) {
   if constexpr (DV > 0) {
-    if (dv == DV) return accumulate_some<DV>(rows, w, i0, i1, v, hd, acc);
-    accumulate<DV - 1>(dv, rows, w, i0, i1, v, hd, acc);
+    if (dv == DV) return accumulate_some<DV, KV>(rows, w, i0, i1, v, hd, acc);
+    accumulate<DV - 1, KV>(dv, rows, w, i0, i1, v, hd, acc);
   }
 }
 
@@ -102,8 +102,9 @@ void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int
 // nh query heads share nkv KV heads of hd floats; qkv (N, qkv_width) holds each token's q, k and v after RoPE;
 // kc, vc: one layer's cache (slots, nkv, P, hd), keys in blocks of 16 positions; out (N, nh * hd). skip: sequences
 // left to attention_split_keys (none if null).
-void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const float* kc,
-               const float* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot, const int64_t* start,
+template <typename KV>
+void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const KV* kc,
+               const KV* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot, const int64_t* start,
                bool causal, int64_t T, const uint8_t* mask, float* out, const std::vector<uint8_t>* skip = nullptr) {
   const int64_t groups = nh / nkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -133,8 +134,8 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
       const int64_t keys = causal ? base + (first + rows - 1) / groups + 1 : base + Ts;
       const int64_t blocks = (keys + 15) / 16, width = blocks * 16;
       scores.assign(rows * width, 0.0f);
-      const float* kbase = kc + (slot[s] * nkv + g) * P * hd;
-      const float* vbase = vc + (slot[s] * nkv + g) * P * hd;
+      const KV* kbase = kc + (slot[s] * nkv + g) * P * hd;
+      const KV* vbase = vc + (slot[s] * nkv + g) * P * hd;
       const float* q[8];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = first + r;
@@ -188,8 +189,8 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
         float* a = aptr[r];
         for (int64_t i = contig[r]; i < count[r]; ++i) {
           const f32x16 wi = vec::set1(wr[i]);
-          const float* vrow = vbase + tail_keys[r * Ts + (i - contig[r])] * hd;
-          for (int64_t d = 0; d < hd; d += 16) vec::store(a + d, vec::fmadd(wi, vec::load(vrow + d), vec::load(a + d)));
+          const KV* vrow = vbase + tail_keys[r * Ts + (i - contig[r])] * hd;
+          for (int64_t d = 0; d < hd; d += 16) vec::store(a + d, vec::fmadd(wi, load_kv(vrow + d), vec::load(a + d)));
         }
         const int64_t row = first + r, t = row / groups;
         float* o = out + (off[s] + t) * nh * hd + (g * groups + row % groups) * hd;

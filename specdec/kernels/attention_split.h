@@ -21,8 +21,9 @@ std::vector<uint8_t> split_sequences(int64_t S, const int64_t* off, int64_t grou
 }
 
 // Same arguments as attention() with causal order (no masks), for the sequences `split` marks.
-void attention_split_keys(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const float* kc,
-                          const float* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot,
+template <typename KV>
+void attention_split_keys(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const KV* kc,
+                          const KV* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot,
                           const int64_t* start, float* out, const std::vector<uint8_t>& split) {
   const int64_t groups = nh / nkv, part = hd + 2;  // a partial: highest score, sum of exponentials, hd value sums
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -83,7 +84,7 @@ void attention_split_keys(int64_t nh, int64_t nkv, int64_t hd, const float* qkv,
         wptr[r] = wr;
         aptr[r] = pr + 2;
       }
-      const float* vpiece = vc + head + p0 * hd;
+      const KV* vpiece = vc + head + p0 * hd;
       accumulate(hd / 16, c.rows, wptr, 0, shared, vpiece, hd, aptr);
       for (int64_t r = 0; r < c.rows; ++r) accumulate(hd / 16, 1, wptr + r, shared, visible[r], vpiece, hd, aptr + r);
     }

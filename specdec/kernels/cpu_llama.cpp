@@ -16,7 +16,7 @@
 // the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 //
 // One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
-// and linear()), row_ops.h (norms, RoPE, SwiGLU), attention.h,
+// and linear()), row_ops.h (norms, RoPE, SwiGLU), kv_cache.h, attention.h,
 // attention_split.h (a drafting copy's), this file's model, and head_layer.h (a drafter head's
 // layer).
 
@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -49,6 +50,7 @@ using vec::f32x16;
 #include "quantized.h"
 #include "weights.h"
 #include "row_ops.h"
+#include "kv_cache.h"
 #include "attention.h"
 #include "attention_split.h"
 
@@ -113,17 +115,33 @@ class CpuLlama {
   // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
   // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.
   // Returns (logits (R, V), hidden (N, H) after the final norm, aux (N, A * H)).
+  // The caches hold float32 or bfloat16 (both the same): keys and values are rounded to it as they are written,
+  // and every row reads them as written, so a row's result still depends only on the keys it sees.
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
                                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
                                      int64_t num_layers, bool bf16_products, torch::Tensor aux_layers) {
+    const auto kv_type = k_cache.scalar_type();
+    TORCH_CHECK((kv_type == torch::kFloat32 || kv_type == torch::kBFloat16) && v_cache.scalar_type() == kv_type,
+                "k_cache and v_cache: both float32 or both bfloat16");
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "k_cache and v_cache must be contiguous");
+    if (kv_type == torch::kBFloat16)
+      return forward_on<uint16_t>(ids, offsets, slots, starts, positions, masks, k_cache, v_cache, logit_rows,
+                                  num_layers, bf16_products, aux_layers);
+    return forward_on<float>(ids, offsets, slots, starts, positions, masks, k_cache, v_cache, logit_rows, num_layers,
+                             bf16_products, aux_layers);
+  }
+
+  template <typename KV>
+  std::vector<torch::Tensor> forward_on(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
+                                        torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
+                                        torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
+                                        int64_t num_layers, bool bf16_products, torch::Tensor aux_layers) {
     const auto& c = cfg_;
     const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
     const int64_t I = c.intermediate, S = offsets.size(0) - 1;
     const int64_t qkv_width = (nh + 2 * nkv) * hd;
-    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous(), "k_cache: float32, contiguous");
     TORCH_CHECK(k_cache.size(3) % 16 == 0, "cache capacity must be a multiple of 16");
-    TORCH_CHECK(v_cache.scalar_type() == torch::kFloat32 && v_cache.is_contiguous(), "v_cache: float32, contiguous");
     const int64_t P = k_cache.size(3);
     const int64_t slot_count = k_cache.size(1);
     const int64_t* id = ids.data_ptr<int64_t>();
@@ -174,8 +192,8 @@ class CpuLlama {
       for (int64_t j = 0; j < A; ++j)
         if (aux_at[j] == l)
           for (int64_t i = 0; i < N; ++i) std::copy(x + i * H, x + (i + 1) * H, aux + (i * A + j) * H);
-      float* kc = k_cache.data_ptr<float>() + l * layer_stride;
-      float* vc = v_cache.data_ptr<float>() + l * layer_stride;
+      KV* kc = static_cast<KV*>(k_cache.data_ptr()) + l * layer_stride;
+      KV* vc = static_cast<KV*>(v_cache.data_ptr()) + l * layer_stride;
       rms_norm(x, N, H, L.input_norm.data_ptr<float>(), c.eps, h);
       linear(h, N, L.qkv, L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr, qkv, qkv_width, bf16_products);
       // RoPE on q and k, then k and v into the cache (each row writes its own cache entries)
@@ -187,10 +205,12 @@ class CpuLlama {
         const int64_t at = start[s] + (i - off[s]);
         for (int64_t g = 0; g < nkv; ++g) {
           // keys: blocks of 16 positions, transposed: [P/16][hd][16]
-          float* kb = kc + (slot[s] * nkv + g) * P * hd + (at / 16) * hd * 16 + at % 16;
+          KV* kb = kc + (slot[s] * nkv + g) * P * hd + (at / 16) * hd * 16 + at % 16;
           const float* src = row + (nh + g) * hd;
-          for (int64_t d = 0; d < hd; ++d) kb[d * 16] = src[d];
-          std::copy(row + (nh + nkv + g) * hd, row + (nh + nkv + g + 1) * hd, vc + ((slot[s] * nkv + g) * P + at) * hd);
+          for (int64_t d = 0; d < hd; ++d) kb[d * 16] = to_kv<KV>(src[d]);
+          const float* value = row + (nh + nkv + g) * hd;
+          KV* vb = vc + ((slot[s] * nkv + g) * P + at) * hd;
+          for (int64_t d = 0; d < hd; ++d) vb[d] = to_kv<KV>(value[d]);
         }
       }
       });
@@ -221,21 +241,12 @@ class CpuLlama {
 
   // Moves cache entries start + keep[i] to start + i in one slot (tree path compaction), all layers and heads.
   void compact(torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot, int64_t start, std::vector<int64_t> keep) {
-    const int64_t L = k_cache.size(0), slots = k_cache.size(1), nkv = cfg_.kv_heads, hd = cfg_.head_dim;
-    const int64_t P = k_cache.size(3);
-    float* kc = k_cache.data_ptr<float>();
-    float* vc = v_cache.data_ptr<float>();
-    for (int64_t l = 0; l < L; ++l)
-      for (int64_t g = 0; g < nkv; ++g) {
-        const int64_t head = ((l * slots + slot) * nkv + g) * P * hd;
-        for (size_t i = 0; i < keep.size(); ++i) {
-          const int64_t from = start + keep[i], to = start + static_cast<int64_t>(i);
-          if (from == to) continue;
-          for (int64_t d = 0; d < hd; ++d)
-            kc[head + (to / 16) * hd * 16 + d * 16 + to % 16] = kc[head + (from / 16) * hd * 16 + d * 16 + from % 16];
-          std::copy(vc + head + from * hd, vc + head + (from + 1) * hd, vc + head + to * hd);
-        }
-      }
+    const int64_t L = k_cache.size(0), slots = k_cache.size(1), P = k_cache.size(3);
+    if (k_cache.scalar_type() == torch::kBFloat16)
+      return compact_entries(static_cast<uint16_t*>(k_cache.data_ptr()), static_cast<uint16_t*>(v_cache.data_ptr()),
+                             L, slots, cfg_.kv_heads, P, cfg_.head_dim, slot, start, keep);
+    compact_entries(k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), L, slots, cfg_.kv_heads, P, cfg_.head_dim,
+                    slot, start, keep);
   }
 
   // y = x @ w^T with the same kernel (for drafter heads and tests): x (M, K) float32, w (N, K).
