@@ -8,8 +8,6 @@ on a CPU that has it. Both copies come from the same source; the one without VNN
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,22 +16,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", required=True)
-    parser.add_argument("--limit", type=int, default=26)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out-json", required=True)
-    args = parser.parse_args()
+    from specdec.bench.alternate import ab_arguments, copy_ab, named_copy
 
+    args = ab_arguments(__doc__.split("\n\n")[0])
     import specdec.kernels as kernels
 
     if "-mavx512vnni" not in kernels.build_flags(kernels.instruction_set() or "avx2"):
         sys.exit("this CPU has no AVX-512 VNNI: nothing to compare")
-    from specdec.bench.alternate import alternate, named_copy
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import machine_info
-    from specdec.config import GenerationConfig
     from specdec.engine import SpecDecoder
     from specdec.models.kernel_llama import kernel_model_args
 
@@ -47,18 +36,11 @@ def main() -> None:
     model_args = kernel_model_args(backend._hf_model, backend.max_context)
     drafters = {name: named_copy(backend, module.CpuLlama(*model_args, False, True), f"quantized_{name}")
                 for name, module in (("vnni", with_vnni), ("no_vnni", without_vnni))}
-    for drafter in drafters.values():
-        decoder.warm_up(drafter=drafter)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    prompts = load_prompts(args.prompts, args.limit)
-    totals, equal = alternate(decoder, prompts, config, {"none": None, **drafters})
-    speedup = {name: totals[name]["tokens_per_s"] / totals["none"]["tokens_per_s"] for name in drafters}
-    result = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "equal_to_plain": equal, "speedup_over_none": speedup, "methods": totals, "machine": machine_info()}
-    Path(args.out_json).write_text(json.dumps(result, indent=1))
+    result = copy_ab(args, decoder, drafters)
+    speedup, totals = result["speedup_over_none"], result["methods"]
     print(f"quantized copy with VNNI {speedup['vnni']:.2f}x plain decoding, without {speedup['no_vnni']:.2f}x "
           f"(drafting {totals['vnni']['draft_s']:.1f} s against {totals['no_vnni']['draft_s']:.1f} s); "
-          f"{equal}/{len(prompts)} equal")
+          f"{result['equal_to_plain']}/{result['prompts']} equal")
 
 
 if __name__ == "__main__":

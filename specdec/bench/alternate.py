@@ -54,3 +54,38 @@ def named_copy(target, copy, name: str, split_attention: bool | None = None, mod
     drafter = NamedCopy(target, copy)
     drafter.name = name
     return drafter
+
+
+def ab_arguments(description: str):
+    """The A/B scripts' command line: --prompts, --limit, --dtype, --max-new-tokens, --out-json (parsed)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--limit", type=int, default=26)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out-json", required=True)
+    return parser.parse_args()
+
+
+def copy_ab(args, decoder, drafters: dict) -> dict:
+    """Plain decoding and each drafter (name -> drafter, warmed up here) alternated prompt by prompt; writes and
+    returns the result: totals per method, prompts equal for all, each drafter's speed-up over plain decoding."""
+    import json
+    from pathlib import Path
+
+    from ..config import GenerationConfig
+    from .prompts import load_prompts
+    from .runner import machine_info
+
+    for drafter in drafters.values():
+        decoder.warm_up(drafter=drafter)
+    prompts = load_prompts(args.prompts, args.limit)
+    totals, equal = alternate(decoder, prompts, GenerationConfig(max_new_tokens=args.max_new_tokens),
+                              {"none": None, **drafters})
+    speedup = {name: totals[name]["tokens_per_s"] / totals["none"]["tokens_per_s"] for name in drafters}
+    result = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "equal_to_plain": equal, "speedup_over_none": speedup, "methods": totals, "machine": machine_info()}
+    Path(args.out_json).write_text(json.dumps(result, indent=1))
+    return result

@@ -105,9 +105,10 @@ class CpuLlama {
   // ids (N,) int64: the new tokens of S sequences, concatenated; offsets (S+1,): sequence s owns tokens
   // [offsets[s], offsets[s+1]); slots (S,), starts (S,): its cache slot and cached length; positions (N,):
   // RoPE positions; masks: (S, T, T) uint8 with T = the longest sequence's new tokens (row t: which new
-  // tokens token t sees), or an empty tensor for causal order; k_cache, v_cache: float32 (L, slots, kv_heads,
-  // P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in blocks of
-  // 16 positions as [P/16][head_dim][16] and the values as [P][head_dim]; logit_rows (R,) int64: rows of the output that get logits.
+  // tokens token t sees), or an empty tensor for causal order; k_cache, v_cache: float32 or bfloat16 (L, slots,
+  // kv_heads, P, head_dim), written at starts[s] + t, where within one (layer, slot, head) the keys are stored in
+  // blocks of 16 positions as [P/16][head_dim][16] and the values as [P][head_dim] (kv_cache.h); logit_rows (R,)
+  // int64: rows of the output that get logits.
   // num_layers > 0 runs only the first num_layers layers (an early exit, for self-speculation).
   // bf16_products: every matrix product of this pass in bfloat16 (weights packed in pairs only). A model built
   // `quantized` (4-bit layers, a screened LM head) is an approximate copy, for drafting: none of the above exactness
