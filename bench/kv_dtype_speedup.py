@@ -1,8 +1,8 @@
-"""A bfloat16 model's KV cache in bfloat16 (the default) against float32, plain decoding and the default drafter,
-alternated prompt by prompt in one process (so that a busy spell on a shared machine falls on all four): what half
-the cache's bytes buys at Spec-Bench's contexts and at long ones (--long N: N prompts of about --long-tokens tokens,
-each several Spec-Bench documents one after another, then the last one's question), and one-token passes of the
-target and of its 4-bit copy timed alone at growing contexts (--pass-contexts).
+"""A bfloat16 model's KV cache in bfloat16 (kernels-bf16kv) against float32 (kernels), plain decoding and the
+default drafter, alternated prompt by prompt in one process (so that a busy spell on a shared machine falls on all
+four): what half the cache's bytes buys at Spec-Bench's contexts and at long ones (--long N: N prompts of about
+--long-tokens tokens, each several Spec-Bench documents one after another, then the last one's question), and
+one-token passes of the target and of its 4-bit copy timed alone at growing contexts (--pass-contexts).
 
     python bench/kv_dtype_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 --long 4 \\
         --out-json bench/results/zen4_kv_dtype.json
@@ -82,23 +82,13 @@ def main() -> None:
     parser.add_argument("--out-json", required=True)
     args = parser.parse_args()
 
-    import torch
-
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
-    from specdec.costs import CostModel, measure_verify_costs
     from specdec.engine import SpecDecoder
-    from specdec.models.kvpool import KVPool
 
-    decoders = {"bf16": SpecDecoder.load(drafter="auto", dtype="bfloat16")}
-    float32 = SpecDecoder.load(drafter="auto", dtype="bfloat16", calibrate=False)
-    keys = float32.target.backend.pool.keys
-    float32.target.backend.pool = KVPool(keys.shape[0], keys.shape[1], keys.shape[2], keys.shape[3], keys.shape[4],
-                                         torch.float32, keys.device, zeroed=False)
-    float32.costs = CostModel(measure_verify_costs(float32.target.backend))  # as load() calibrates, on this cache
-    float32.warm_up()
-    decoders["f32"] = float32
+    decoders = {"bf16": SpecDecoder.load(drafter="auto", dtype="bfloat16", backend="kernels-bf16kv"),
+                "f32": SpecDecoder.load(drafter="auto", dtype="bfloat16", backend="kernels")}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
     prompts = load_prompts(args.prompts, args.limit)
     sets = {"specbench": [p.text for p in prompts],

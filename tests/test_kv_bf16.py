@@ -1,10 +1,10 @@
-"""A bfloat16 model's KV cache on the kernels is bfloat16 (float32 with kernels-fp32): every key and value is the
-float32 one rounded to nearest even as it is written (the same as torch rounds), read back as written, moved whole by
-tree compaction, and speculation still gives plain decoding's tokens."""
+"""The kernels' KV cache in bfloat16 (kernels-bf16kv; float32 by default): every key and value is the float32 one
+rounded to nearest even as it is written (the same as torch rounds), read back as written, moved whole by tree
+compaction, and speculation still gives plain decoding's tokens."""
 import pytest
 import torch
 
-from specdec.models.kvpool import KVPool
+from specdec.errors import ConfigError
 from tiny import loaded, tiny_llama
 
 BLOCK = 16  # keys sit in blocks of 16 positions
@@ -16,11 +16,7 @@ def model():
 
 
 def _backend(model, kv_dtype):
-    backend = loaded(model, "kernels", dtype=torch.bfloat16).backend
-    if backend.pool.keys.dtype != kv_dtype:
-        keys = backend.pool.keys
-        backend.pool = KVPool(*keys.shape[:3], keys.shape[3], keys.shape[4], kv_dtype, keys.device, zeroed=False)
-    return backend
+    return loaded(model, "kernels-bf16kv" if kv_dtype == torch.bfloat16 else "kernels", dtype=torch.bfloat16).backend
 
 
 def _written(backend, cache, n):
@@ -34,8 +30,7 @@ def _written(backend, cache, n):
 def test_a_bfloat16_models_cache_is_bfloat16_rounded_as_torch_rounds(model):
     ids = torch.arange(1, 49)  # three whole blocks of keys
     backends = {dtype: _backend(model, dtype) for dtype in (torch.bfloat16, torch.float32)}
-    assert loaded(model, "kernels", dtype=torch.bfloat16).backend.pool.keys.dtype == torch.bfloat16  # the default
-    assert loaded(model, "kernels-fp32", dtype=torch.bfloat16).backend.pool.keys.dtype == torch.float32
+    assert {dtype: backend.pool.keys.dtype for dtype, backend in backends.items()} == {dtype: dtype for dtype in backends}
     caches = {dtype: backend.new_cache() for dtype, backend in backends.items()}
     logits = {dtype: backends[dtype].forward(caches[dtype], ids).logits for dtype in backends}
     # the first layer's keys and values come from the embeddings alone, the same float32 numbers in both
@@ -69,7 +64,7 @@ def test_speculation_on_a_bfloat16_cache_gives_plain_decodings_tokens(model, dra
     from specdec.drafters import create_drafter
     from specdec.engine import SpecDecoder
 
-    target = loaded(model, "kernels", dtype=torch.bfloat16)
+    target = loaded(model, "kernels-bf16kv", dtype=torch.bfloat16)
     assert target.backend.pool.keys.dtype == torch.bfloat16
     prompt = [5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 32, 5, 9]
     config = GenerationConfig(max_new_tokens=40)
@@ -79,3 +74,8 @@ def test_speculation_on_a_bfloat16_cache_gives_plain_decodings_tokens(model, dra
     tokens, metrics = fast.generate_ids(prompt, config)
     assert tokens == plain
     assert metrics.drafted_tokens > 0
+
+
+def test_a_bfloat16_cache_needs_bfloat16_weights():
+    with pytest.raises(ConfigError, match="bfloat16 KV cache"):
+        loaded(tiny_llama(seed=1, hidden=64, heads=4), "kernels-bf16kv")

@@ -39,8 +39,8 @@ def register(sub) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' speculative methods (hf_generate always runs)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     p.add_argument("--backends", default="auto", help="comma-separated specdec backends to compare (auto, kernels, "
-                                                    "kernels-bf16, torch, hf); methods on the second and later ones are named "
-                                                    "specdec@BACKEND:DRAFTER")
+                                                    "kernels-bf16, kernels-bf16kv, torch, hf); methods on the second "
+                                                    "and later ones are named specdec@BACKEND:DRAFTER")
     p.add_argument("--reference-dtype", default=None, choices=[d for d in DTYPES if d != "auto"],
                    help="also decode each prompt greedily with transformers in this dtype (untimed) and count, per "
                         "method, the prompts identical to it (identical_to_reference)")

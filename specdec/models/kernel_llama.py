@@ -1,8 +1,8 @@
 """The Llama family on specdec's CPU kernels (../kernels/cpu_llama.cpp).
 
 Weights stay in the model's dtype (float32, bfloat16 or float16); every activation and the logits are
-float32. The KV cache is bfloat16 for a bfloat16 model (as transformers and vLLM keep it: half the bytes
-that every pass reads at a long context), float32 otherwise and with kernels-fp32. Results do not depend on how many tokens or sequences one pass scores, so a
+float32. So is the KV cache, unless asked for in bfloat16 (kernels-bf16kv, bfloat16 weights only): half the
+memory and the bytes every pass reads at a long context, for outputs a little further from float32's. Results do not depend on how many tokens or sequences one pass scores, so a
 verify pass over k drafts returns exactly what k one-token passes would: speculation is bit-exact.
 
 Matrix products multiply float32 activations, except where bfloat16 products are asked for: in every
@@ -69,21 +69,24 @@ def four_bit_problem(config) -> str | None:
 
 
 class KernelLlama(PooledCaches, CausalLM):
-    """Llama family on the CPU kernels; KV cache (layers, slots, kv_heads, capacity, head_dim), bfloat16 for a
-    bfloat16 model, else float32."""
+    """Llama family on the CPU kernels; KV cache (layers, slots, kv_heads, capacity, head_dim), float32 or
+    bfloat16."""
 
     batched = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 bf16_products: bool = False, bf16_prefill: bool | None = None, float32_cache: bool = False):
+                 bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
         bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow).
-        float32_cache: a float32 KV cache whatever the weights (kernels-fp32)."""
+        bf16_cache: the KV cache in bfloat16 (keys and values rounded to nearest even as they are written); bfloat16
+        weights only."""
         from ..errors import ConfigError
         from ..kernels import has_bf16_products, load
 
         bf16_ready = info.dtype == torch.bfloat16 and has_bf16_products()
+        if bf16_cache and info.dtype != torch.bfloat16:
+            raise ConfigError("a bfloat16 KV cache (the kernels-bf16kv backend) needs --dtype bfloat16")
         if bf16_products and not bf16_ready:
             raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
                               "AVX-512 BF16")
@@ -105,7 +108,7 @@ class KernelLlama(PooledCaches, CausalLM):
         self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False)
         self._hf_model = hf_model  # for four_bit_copy
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
-        kv_dtype = torch.bfloat16 if info.dtype == torch.bfloat16 and not float32_cache else torch.float32
+        kv_dtype = torch.bfloat16 if bf16_cache else torch.float32
         self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, kv_dtype, info.device,
                            zeroed=False)
 

@@ -104,8 +104,8 @@ def check_backend(backend: str) -> None:
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
                  max_context: int | None = None) -> CausalLM:
     """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
-    bfloat16 products for each prompt's prefill; a bfloat16 model's KV cache in bfloat16); kernels-fp32: the same
-    with float32 products in every pass and a float32 KV cache;
+    bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
+    kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only);
     kernels-bf16: bfloat16 products in every pass (activations rounded to bfloat16 at each matrix product's input;
     faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
     transformers' own forward. auto: the first that fits."""
@@ -114,8 +114,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     check_backend(backend)
     problem = fast_path_problem(hf_model.config)
     bf16_products = backend == "kernels-bf16"  # the kernels, with bfloat16 products (KernelLlama checks they can)
-    bf16_prefill = None if backend in ("auto", "kernels") else False
-    float32_cache = backend == "kernels-fp32"
+    bf16_prefill = None if backend in ("auto", "kernels", "kernels-bf16kv") else False
+    bf16_cache = backend == "kernels-bf16kv"
     if backend.startswith("kernels"):
         backend = "kernels"
     if backend in ("kernels", "torch") and problem:
@@ -132,7 +132,7 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
         if reason is None:
             try:
                 return KernelLlama(hf_model, info, slots=slots, max_context=max_context, bf16_products=bf16_products,
-                                   bf16_prefill=bf16_prefill, float32_cache=float32_cache)
+                                   bf16_prefill=bf16_prefill, bf16_cache=bf16_cache)
             except KernelUnavailable as exc:
                 reason = str(exc)
                 if backend == "auto":
