@@ -19,27 +19,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def long_prompts(prompts, count: int, tokens: int, encode) -> list[str]:
-    """`count` prompts of about `tokens` tokens: the longest prompts' texts joined, rotating which comes last."""
+def long_prompts(prompts, count: int, tokens: int, encode) -> list:
+    """`count` prompts of about `tokens` tokens (objects with .text): the longest prompts' texts joined, rotating
+    which comes last."""
+    from types import SimpleNamespace
+
     texts = [p.text for p in sorted(prompts, key=lambda p: -len(p.text))[:8]]
     made = []
     for i in range(count):
         order = texts[i % len(texts):] + texts[:i % len(texts)]
-        joined = []
-        while order and len(encode("\n\n".join(joined + [order[-1]]))) < tokens:
-            joined.insert(0, order.pop(0))
-        made.append("\n\n".join(joined))
+        last, joined = order.pop(), []
+        while order and len(encode("\n\n".join(joined + [order[0], last]))) < tokens:
+            joined.append(order.pop(0))
+        made.append(SimpleNamespace(text="\n\n".join(joined + [last])))
     return made
 
 
-def time_passes(backend, pools: dict, contexts: list[int], repeats: int = 25) -> dict:
-    """{context: {"<cache>_target"|"<cache>_copy": median ms}} of one-token passes after `context` cached tokens,
-    each pool's pass alternated with the other's."""
+def time_passes(backend, copy, pools: dict, contexts: list[int], repeats: int = 25) -> dict:
+    """{context: {"<cache>_target"|"<cache>_copy": median ms}} of one-token passes of the target (backend) and its
+    4-bit copy after `context` cached tokens, each pool's pass alternated with the other's."""
     import statistics
 
     import torch
 
-    copy = backend.four_bit_copy()
     no_mask, no_layers = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
     own_pool, out = backend.pool, {}
     try:
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--out-json", required=True)
     args = parser.parse_args()
 
+    from specdec.bench.alternate import alternate
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
@@ -90,42 +93,33 @@ def main() -> None:
     decoders = {"bf16": SpecDecoder.load(drafter="auto", dtype="bfloat16", backend="kernels-bf16kv"),
                 "f32": SpecDecoder.load(drafter="auto", dtype="bfloat16", backend="kernels")}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    prompts = load_prompts(args.prompts, args.limit)
-    sets = {"specbench": [p.text for p in prompts],
+    sets = {"specbench": load_prompts(args.prompts, args.limit),
             "long": long_prompts(load_prompts(args.prompts), args.long, args.long_tokens, decoders["bf16"].encode)}
+    methods = {f"{kv}_{drafter}": (decoder, None if drafter == "none" else "default")
+               for kv, decoder in decoders.items() for drafter in ("none", "auto")}
     result = {"max_new_tokens": args.max_new_tokens, "machine": machine_info(), "sets": {}}
-    for set_name, texts in sets.items():
-        methods = [(kv, drafter) for kv in decoders for drafter in ("none", "auto")]
-        totals = {f"{kv}_{d}": {"tokens": 0, "seconds": 0.0, "steps": 0} for kv, d in methods}
-        equal_to_plain, same_across_kv, context = 0, 0, 0
-        for i, text in enumerate(texts):
-            outputs = {}
-            for kv, drafter in methods[i % 4:] + methods[:i % 4]:
-                decoder = decoders[kv]
-                ids = decoder.encode(text)
-                start = time.perf_counter()
-                state = decoder.complete(ids, config, drafter=None if drafter == "none" else "default")
-                total = totals[f"{kv}_{drafter}"]
-                total["seconds"] += time.perf_counter() - start
-                total["tokens"] += len(state.generated)
-                total["steps"] += state.metrics.steps
-                outputs[(kv, drafter)] = list(state.generated)
-            context += len(ids)
-            equal_to_plain += all(outputs[(kv, "auto")] == outputs[(kv, "none")] for kv in decoders)
-            same_across_kv += outputs[("bf16", "none")] == outputs[("f32", "none")]
-        for total in totals.values():
-            total["tokens_per_s"] = total["tokens"] / total["seconds"]
-        result["sets"][set_name] = {"prompts": len(texts), "mean_prompt_tokens": context / len(texts),
-                                    "auto_equal_to_plain": equal_to_plain, "bf16_kv_same_as_f32_kv": same_across_kv,
-                                    "methods": totals}
+    for set_name, prompts in sets.items():
+        counts = {"equal_to_plain": 0, "same_across_kv": 0, "prompt_tokens": 0}
+
+        def compare(prompt, outputs) -> None:
+            counts["equal_to_plain"] += all(outputs[f"{kv}_auto"] == outputs[f"{kv}_none"] for kv in decoders)
+            counts["same_across_kv"] += outputs["bf16_none"] == outputs["f32_none"]
+            counts["prompt_tokens"] += len(decoders["f32"].encode(prompt.text))
+
+        totals, _ = alternate(None, prompts, config, methods, each=compare)
+        n = len(prompts)
+        result["sets"][set_name] = {"prompts": n, "mean_prompt_tokens": counts["prompt_tokens"] / n,
+                                    "auto_equal_to_plain": counts["equal_to_plain"],
+                                    "bf16_kv_same_as_f32_kv": counts["same_across_kv"], "methods": totals}
         t = {k: v["tokens_per_s"] for k, v in totals.items()}
-        print(f"{set_name} ({len(texts)} prompts, {context / len(texts):.0f} prompt tokens): plain bf16 KV "
+        print(f"{set_name} ({n} prompts, {counts['prompt_tokens'] / n:.0f} prompt tokens): plain bf16 KV "
               f"{t['bf16_none']:.1f}, f32 KV {t['f32_none']:.1f} tokens/s ({t['bf16_none'] / t['f32_none']:.2f}x); "
               f"auto {t['bf16_auto'] / t['bf16_none']:.2f}x plain with bf16 KV, {t['f32_auto'] / t['f32_none']:.2f}x "
-              f"with f32 KV; auto = plain {equal_to_plain}/{len(texts)}; bf16 KV output = f32 KV output "
-              f"{same_across_kv}/{len(texts)}")
+              f"with f32 KV; auto = plain {counts['equal_to_plain']}/{n}; bf16 KV output = f32 KV output "
+              f"{counts['same_across_kv']}/{n}")
     backend = decoders["bf16"].target.backend
-    passes = time_passes(backend, {"bf16": backend.pool, "f32": decoders["f32"].target.backend.pool},
+    passes = time_passes(backend, decoders["bf16"].drafter.copy,
+                         {"bf16": backend.pool, "f32": decoders["f32"].target.backend.pool},
                          [int(c) for c in args.pass_contexts.split(",")])
     result["one_token_pass_ms"] = passes
     for context, ms in passes.items():

@@ -22,8 +22,8 @@ def main() -> None:
     from specdec.engine import SpecDecoder
 
     decoder = SpecDecoder.load(drafter="quantized", dtype=args.dtype)
-    backend, module = decoder.target.backend, kernels.load()
-    drafters = {name: named_copy(backend, backend.four_bit_copy(), f"quantized_{name}", split, module)
+    backend, own, module = decoder.target.backend, decoder.drafter, kernels.load()
+    drafters = {name: named_copy(backend, own.copy, f"quantized_{name}", split, module, own.passes)
                 for name, split in (("pieces", True), ("rows", False))}
     result = copy_ab(args, decoder, drafters)
     speedup, totals = result["speedup_over_none"], result["methods"]

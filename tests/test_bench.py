@@ -113,3 +113,17 @@ def test_alternated_methods_rotate_and_count_equal_outputs(monkeypatch):
     assert equal == 2  # the third prompt differs under "odd"
     assert totals["d"]["tokens"] == 6 and totals["d"]["steps"] == 3 and totals["d"]["draft_s"] == 1.5
     assert totals["d"]["mean_accepted_tokens"] == 2.0 and totals["d"]["tokens_per_s"] > 0
+
+    # a method may run on a decoder of its own; each prompt's outputs go to `each`
+    class Other(Decoder):
+        def complete(self, ids, config, drafter=None):
+            calls.append(("other", drafter))
+            return SimpleNamespace(generated=[7], metrics=SimpleNamespace(steps=1, draft_time_s=0.0))
+
+    calls.clear()
+    seen = []
+    totals, equal = alternate(Decoder(), prompts[:2], None, {"none": None, "x": (Other(), "default")},
+                              each=lambda prompt, outputs: seen.append((prompt.text, outputs)))
+    assert calls == [None, ("other", "default"), ("other", "default"), None]
+    assert seen == [("a", {"none": [1, 2], "x": [7]}), ("bb", {"x": [7], "none": [1, 2]})]
+    assert equal == 0 and totals["x"]["tokens"] == 2

@@ -24,7 +24,7 @@ def target():
     return model, loaded(model, "kernels", slots=2).backend
 
 
-def _copy_pass(module, copy, backend, caches, feeds, starts):
+def _copy_pass(copy, backend, caches, feeds, starts):
     """The copy's logits (rows, V) and final hidden states (rows, H) for each cache's feed from its start."""
     lengths = [len(f) for f in feeds]
     positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)])
@@ -56,7 +56,7 @@ def test_attention_by_pieces_agrees_with_the_targets_order(target, context, toke
         feed = [[(7 * context + i) % 95 + 1 for i in range(tokens)]]
         for module in _builds():
             copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True)
-            run = lambda: _copy_pass(module, copy, backend, [cache], feed, [context])
+            run = lambda: _copy_pass(copy, backend, [cache], feed, [context])
             (split_logits, split_hidden), (rows_logits, rows_hidden) = (_with_split(module, on, run)
                                                                         for on in (True, False))
             scale = rows_hidden.abs().max()
@@ -77,9 +77,9 @@ def test_a_rows_attention_by_pieces_does_not_depend_on_the_batch(target):
         for module in _builds():
             copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True)
             alone, _ = _with_split(module, True,
-                                   lambda: _copy_pass(module, copy, backend, caches[:1], [[5]], starts[:1]))
+                                   lambda: _copy_pass(copy, backend, caches[:1], [[5]], starts[:1]))
             both, _ = _with_split(module, True,
-                                  lambda: _copy_pass(module, copy, backend, caches, [[5], [9, 4]], starts))
+                                  lambda: _copy_pass(copy, backend, caches, [[5], [9, 4]], starts))
             assert torch.equal(alone, both[:1])
     finally:
         for cache in caches:

@@ -5,42 +5,48 @@ from __future__ import annotations
 import time
 
 
-def alternate(decoder, prompts, config, methods: dict) -> tuple[dict[str, dict], int]:
+def alternate(decoder, prompts, config, methods: dict, each=None) -> tuple[dict[str, dict], int]:
     """Runs every method on every prompt, the order rotating by one each prompt. methods: name -> the drafter
-    `decoder.complete` takes (None: plain decoding; "default": the decoder's own; or a Drafter). Returns per method
-    its totals (tokens, seconds, steps, draft_s, tokens_per_s, mean_accepted_tokens) and the number of prompts whose
-    outputs were the same for every method."""
+    `decoder.complete` takes (None: plain decoding; "default": the decoder's own; or a Drafter), or a pair
+    (another decoder, its drafter). each(prompt, outputs): called after each prompt with {name: tokens}. Returns per
+    method its totals (tokens, seconds, steps, draft_s, tokens_per_s, mean_accepted_tokens) and the number of prompts
+    whose outputs were the same for every method."""
     names = list(methods)
+    runs = {name: method if isinstance(method, tuple) else (decoder, method) for name, method in methods.items()}
     totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft_s": 0.0} for name in names}
     equal = 0
     for i, prompt in enumerate(prompts):
-        ids, outputs = decoder.encode(prompt.text), []
+        outputs = {}
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
+            runner, drafter = runs[name]
+            ids = runner.encode(prompt.text)
             start = time.perf_counter()
-            state = decoder.complete(ids, config, drafter=methods[name])
+            state = runner.complete(ids, config, drafter=drafter)
             total = totals[name]
             total["seconds"] += time.perf_counter() - start
             total["tokens"] += len(state.generated)
             total["steps"] += state.metrics.steps
             total["draft_s"] += state.metrics.draft_time_s
-            outputs.append(list(state.generated))
-        equal += all(out == outputs[0] for out in outputs)
+            outputs[name] = list(state.generated)
+        equal += all(out == outputs[names[0]] for out in outputs.values())
+        if each is not None:
+            each(prompt, outputs)
     for total in totals.values():
         total["tokens_per_s"] = total["tokens"] / total["seconds"]
         total["mean_accepted_tokens"] = total["tokens"] / max(1, total["steps"])
     return totals, equal
 
 
-def named_copy(target, copy, name: str, split_attention: bool | None = None, module=None):
+def named_copy(target, copy, name: str, split_attention: bool | None = None, module=None, passes=None):
     """The quantized copy drafter under its own name (so that each keeps its own measured drafting cost).
     split_attention: module.set_split_attention's setting around its passes (module: the kernels build); None: as
-    built."""
+    built. passes: the copy's pass costs, shared with forks (None: measured now)."""
     from ..drafters.quantized import QuantizedCopyDrafter
 
     class NamedCopy(QuantizedCopyDrafter):
         def fork(self):
-            return named_copy(self.draft, self.copy, name, split_attention, module)
+            return named_copy(self.draft, self.copy, name, split_attention, module, self.passes)
 
         def _passes(self, drafters, feeds):
             if split_attention is None:
@@ -51,7 +57,7 @@ def named_copy(target, copy, name: str, split_attention: bool | None = None, mod
             finally:
                 module.set_split_attention(was)
 
-    drafter = NamedCopy(target, copy)
+    drafter = NamedCopy(target, copy, passes=passes)
     drafter.name = name
     return drafter
 

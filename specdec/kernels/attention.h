@@ -168,16 +168,9 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
         for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[i]);
         for (int64_t i = 0; i < tails; ++i) top = std::max(top, sc[tk[i]]);
         float* wr = &weights[r * stride];
-        for (int64_t i = 0; i < n; ++i) wr[i] = sc[i] - top;
-        for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]] - top;
-        const int64_t all = count[r], padded = (all + 15) / 16 * 16;
-        f32x16 total = vec::zero();
-        for (int64_t i = 0; i < padded; i += 16) {
-          const f32x16 e = vec::keep_first(static_cast<int>(std::min<int64_t>(all - i, 16)), exp16(vec::load(wr + i)));
-          vec::store(wr + i, e);
-          total = vec::add(total, e);
-        }
-        inv_totals[r] = 1.0f / vec::sum(total);
+        std::copy(sc, sc + n, wr);
+        for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]];
+        inv_totals[r] = 1.0f / exp_shifted(wr, count[r], top);
         wptr[r] = wr;
         aptr[r] = &acc[r * hd];
       }

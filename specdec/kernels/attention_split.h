@@ -72,15 +72,8 @@ void attention_split_keys(int64_t nh, int64_t nkv, int64_t hd, const float* qkv,
         float* wr = &scores[r * width];
         float top = -INFINITY;
         for (int64_t i = 0; i < visible[r]; ++i) top = std::max(top, wr[i]);
-        f32x16 total = vec::zero();
-        for (int64_t i = 0; i < visible[r]; i += 16) {
-          const int live = static_cast<int>(std::min<int64_t>(visible[r] - i, 16));
-          const f32x16 e = vec::keep_first(live, exp16(vec::sub(vec::load(wr + i), vec::set1(top))));
-          vec::store(wr + i, e);
-          total = vec::add(total, e);
-        }
         pr[0] = top;
-        pr[1] = vec::sum(total);
+        pr[1] = exp_shifted(wr, visible[r], top);
         wptr[r] = wr;
         aptr[r] = pr + 2;
       }

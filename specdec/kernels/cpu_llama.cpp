@@ -16,9 +16,8 @@
 // the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 //
 // One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
-// and linear()), row_ops.h (norms, RoPE, SwiGLU), kv_cache.h, attention.h,
-// attention_split.h (a drafting copy's), this file's model, and head_layer.h (a drafter head's
-// layer).
+// and linear()), row_ops.h (norms, RoPE, SwiGLU, softmax numerators), kv_cache.h, attention.h, attention_split.h
+// (a drafting copy's), this file's model, and head_layer.h (a drafter head's layer).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -116,7 +115,7 @@ class CpuLlama {
   // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
   // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.
   // Returns (logits (R, V), hidden (N, H) after the final norm, aux (N, A * H)).
-  // The caches hold float32 or bfloat16 (both the same): keys and values are rounded to it as they are written,
+  // The caches hold float32 or bfloat16 (k and v alike): keys and values are rounded to it as they are written,
   // and every row reads them as written, so a row's result still depends only on the keys it sees.
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,

@@ -124,14 +124,7 @@ class HeadLayer {
           w[i] = dot(q, k, hd_) * scale;
           top = std::max(top, w[i]);
         }
-        f32x16 total = vec::zero();
-        for (int64_t i = 0; i < n; i += 16) {
-          const int live = static_cast<int>(std::min<int64_t>(n - i, 16));
-          const f32x16 e = vec::keep_first(live, exp16(vec::sub(vec::load_first(live, w.data() + i), vec::set1(top))));
-          vec::store_first(live, w.data() + i, e);
-          total = vec::add(total, e);
-        }
-        const float inv_total = 1.0f / vec::sum(total);
+        const float inv_total = 1.0f / exp_shifted(w.data(), n, top);
         float* o = out + t * nh_ * hd_ + head * hd_;
         for (int64_t d = 0; d < hd_; d += 16) {
           f32x16 acc = vec::zero();

@@ -26,6 +26,19 @@ inline f32x16 exp16(f32x16 x) {
   return scale2(p, n);
 }
 
+// Softmax numerators in place: w[i] = e^(w[i] - top) for i < n (nothing past n is read or written); returns their
+// sum, added in 16 lanes in increasing i, then vec::sum.
+inline float exp_shifted(float* w, int64_t n, float top) {
+  f32x16 total = vec::zero();
+  for (int64_t i = 0; i < n; i += 16) {
+    const int live = static_cast<int>(std::min<int64_t>(n - i, 16));
+    const f32x16 e = vec::keep_first(live, exp16(vec::sub(vec::load_first(live, w + i), vec::set1(top))));
+    vec::store_first(live, w + i, e);
+    total = vec::add(total, e);
+  }
+  return vec::sum(total);
+}
+
 // rows per task when row-wise work is split among threads (a row's result never depends on the split)
 constexpr int64_t kRowGrain = 32;
 

@@ -2,8 +2,9 @@
 
 Weights stay in the model's dtype (float32, bfloat16 or float16); every activation and the logits are
 float32. So is the KV cache, unless asked for in bfloat16 (kernels-bf16kv, bfloat16 weights only): half the
-memory and the bytes every pass reads at a long context, for outputs a little further from float32's. Results do not depend on how many tokens or sequences one pass scores, so a
-verify pass over k drafts returns exactly what k one-token passes would: speculation is bit-exact.
+memory and the bytes every pass reads at a long context, for outputs a little further from float32's. Results
+do not depend on how many tokens or sequences one pass scores, so a verify pass over k drafts returns exactly
+what k one-token passes would: speculation is bit-exact.
 
 Matrix products multiply float32 activations, except where bfloat16 products are asked for: in every
 pass (kernels-bf16), or in a sequence's first pass only (its prompt, where the products are
