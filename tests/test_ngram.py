@@ -1,6 +1,7 @@
 """Prompt lookup on literal token lists."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from specdec.drafters.base import Budget
 from specdec.drafters.ngram import NgramDrafter, ngram_lookup
@@ -40,3 +41,21 @@ def test_drafter_returns_int64_tensor_and_validates_sizes():
     assert draft.tokens.tolist() == [4, 3] and draft.probs is None
     with pytest.raises(ConfigError):
         NgramDrafter(min_n=3, max_n=2)
+
+
+def reference_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, by brute force: every window of n tokens ending before the last one, compared whole."""
+    L = len(context)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)
+        hits = np.flatnonzero((windows == context[L - n:]).all(axis=1))
+        if hits.size:
+            return context[hits[-1] + n: hits[-1] + n + k].tolist()
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.integers(0, 6), st.integers(1, 4), st.integers(0, 3))
+def test_lookup_equals_the_brute_force_definition(tokens, k, min_n, extra):
+    context = np.array(tokens, dtype=np.int64)
+    assert ngram_lookup(context, k, min_n, min_n + extra).tolist() == reference_lookup(context, k, min_n, min_n + extra)

@@ -15,11 +15,18 @@ def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
     Example: context [1 2 3 9 1 2], k 3, n 2 -> the suffix [1 2] occurred at 0; proposes [3 9 1].
     """
     L = context.shape[0]
+    if L < 2:
+        return context[:0]
+    # every match ends at an earlier occurrence of the last token: check only those, longest n first
+    ends = np.flatnonzero(context[: L - 1] == context[L - 1])
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)  # (L - n, n), all end before L-1
-        hits = np.flatnonzero((windows == context[L - n:]).all(axis=1))
+        hits = ends[ends >= n - 1]
+        for back in range(1, n):
+            if not hits.size:
+                break
+            hits = hits[context[hits - back] == context[L - 1 - back]]
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             return context[start: start + k]
     return context[:0]
 
