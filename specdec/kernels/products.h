@@ -192,15 +192,17 @@ void linear_blocks(const void* x, int64_t M, const char* packed, int64_t N, int6
   constexpr int64_t XS = WT == BF16DOT ? 2 : 4;  // bytes per activation
   const int64_t block_bytes = kBlockCols * K * ES;
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  const int64_t groups = (M + kMaxRows - 1) / kMaxRows;
   const char* xc = static_cast<const char*>(x);
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * kBlockCols;
+  // threads share (block, group of rows) units, block by block: where the blocks alone do not divide evenly among
+  // the threads (576 outputs are 9 blocks), a block's row groups are split. Each unit runs the tile it would run
+  // anyway, so the split changes no output's arithmetic.
+  at::parallel_for(0, blocks * groups, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / groups, m = u % groups * kMaxRows, n = b * kBlockCols;
       const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
-      const char* block = packed + b * block_bytes;
-      const float* bn = bias ? bias + n : nullptr;
-      for (int64_t m = 0; m < M; m += kMaxRows)
-        tile_rows<WT>(std::min<int64_t>(kMaxRows, M - m), xc + m * K * XS, K, block, valid, bn, y + m * ldy + n, ldy);
+      tile_rows<WT>(std::min<int64_t>(kMaxRows, M - m), xc + m * K * XS, K, packed + b * block_bytes, valid,
+                    bias ? bias + n : nullptr, y + m * ldy + n, ldy);
     }
   });
 }

@@ -197,13 +197,14 @@ void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_
                       float* y, int64_t ldy) {
   const int64_t block_bytes = (K / kQGroup) * q_group_bytes(BITS);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * kBlockCols;
+  const int64_t groups = (M + kQMaxRows - 1) / kQMaxRows;
+  // (block, group of rows) units, as linear_blocks shares them among threads
+  at::parallel_for(0, blocks * groups, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / groups, m = u % groups * kQMaxRows, n = b * kBlockCols;
       const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
-      for (int64_t m = 0; m < M; m += kQMaxRows)
-        tile_quantized_rows<BITS>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
-                                  bias ? bias + n : nullptr, y + m * ldy + n, ldy);
+      tile_quantized_rows<BITS>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
+                                bias ? bias + n : nullptr, y + m * ldy + n, ldy);
     }
   });
 }
