@@ -5,10 +5,11 @@ back, in float32, with transformers' forward: the numbers, not the speed).
 The rows tell what the quantized drafter (`--drafter quantized`: 4-bit groups of 32 for the layers, 8-bit for the LM
 head, int8 activations) can expect: on weights that are 4-bit groups already (the built-in smollm2-135m, from a Q4_1
 GGUF) the 4-bit rounding reproduces them, while "off the grid" (groups of 64, or symmetric 4-bit) shows what
-rounding a model trained in bfloat16 would cost.
+rounding a model trained in bfloat16 would cost. `--skip-layers` adds rows for the target with some of its layers
+left out (unrounded): what a self-speculative drafter that skips layers (Draft & Verify, SWIFT) could expect.
 
     python bench/quantized_agreement.py --prompts ../shared/data/specbench_dev.jsonl --per-category 2 \\
-        --out-json bench/results/quantized_agreement_f32.json
+        --out-json bench/results/quantized_agreement_f32.json [--skip-layers "15;14,15;12,14,16"]
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def agreement(hf, sequences) -> dict:
     hits, counts = {}, {}
     with torch.no_grad():
         for category, seq, prompt_len in sequences:
-            pred = hf(seq[None]).logits[0, prompt_len - 1:-1].argmax(-1)
+            pred = hf(seq[None], use_cache=False).logits[0, prompt_len - 1:-1].argmax(-1)
             hits[category] = hits.get(category, 0) + int((pred == seq[prompt_len:]).sum())
             counts[category] = counts.get(category, 0) + seq.numel() - prompt_len
     return {"all": sum(hits.values()) / sum(counts.values()),
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out-json", required=True)
+    ap.add_argument("--skip-layers", default="", help="groups of layer indices separated by ';', each group a row "
+                    "of the target without those layers")
     args = ap.parse_args()
 
     target = load_model(args.model, dtype="float32", backend="hf")
@@ -117,6 +120,13 @@ def main() -> None:
             hook.remove()
         print(f"{results[-1]['all']:.4f}  {name}", flush=True)
     hf.load_state_dict(original)
+    layers = hf.model.layers
+    for group in filter(None, args.skip_layers.split(";")):
+        skipped = sorted({int(i) for i in group.split(",")})
+        hf.model.layers = torch.nn.ModuleList([m for i, m in enumerate(layers) if i not in skipped])
+        results.append({"scheme": f"layers {skipped} skipped", **agreement(hf, sequences)})
+        print(f"{results[-1]['all']:.4f}  {results[-1]['scheme']}", flush=True)
+    hf.model.layers = layers
     Path(args.out_json).write_text(json.dumps({"model": args.model, "prompts": len(rows),
                                                "max_new_tokens": args.max_new_tokens, "results": results}, indent=1))
 
