@@ -239,8 +239,9 @@ def heldout_agreement(head, heldout: list[dict], settings: TrainSettings, vocab_
 
 
 def plot_learning_curve(history: list[dict], path: Path) -> bool:
-    """Held-out agreement at each draft depth, and the chain MAT, against answer tokens seen; False when
-    matplotlib (the 'bench' extra) is missing or there is nothing to plot."""
+    """Held-out agreement at each draft depth, and the chain MAT, against answer tokens seen (against optimizer
+    steps for a history that did not record them: heads trained before it did); False when matplotlib (the 'bench'
+    extra) is missing or there is nothing to plot."""
     if not history:
         return False
     try:
@@ -251,14 +252,16 @@ def plot_learning_curve(history: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     depths = sorted(k for k in history[-1] if k.startswith("acc"))
-    seen = [h["tokens_seen"] / 1e6 for h in history]
+    by_tokens = all("tokens_seen" in h for h in history)
+    seen = [h["tokens_seen"] / 1e6 if by_tokens else h["step"] for h in history]
+    along = "answer tokens seen (millions)" if by_tokens else "optimizer steps"
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for key in depths:
         left.plot(seen, [h[key] for h in history], marker="o", label=f"depth {key[3:]}")
-    left.set(xlabel="answer tokens seen (millions)", ylabel="held-out top-1 agreement with the target", ylim=(0, 1))
+    left.set(xlabel=along, ylabel="held-out top-1 agreement with the target", ylim=(0, 1))
     left.legend()
     right.plot(seen, [h["chain_mat"] for h in history], marker="o", color="k")
-    right.set(xlabel="answer tokens seen (millions)", ylabel="chain MAT implied (held out)")
+    right.set(xlabel=along, ylabel="chain MAT implied (held out)")
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
     plt.close(fig)
