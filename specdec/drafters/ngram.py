@@ -17,17 +17,20 @@ def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
     L = context.shape[0]
     if L < 2:
         return context[:0]
-    # every match ends at an earlier occurrence of the last token: check only those, longest n first
-    ends = np.flatnonzero(context[: L - 1] == context[L - 1])
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        hits = ends[ends >= n - 1]
-        for back in range(1, n):
-            if not hits.size:
-                break
-            hits = hits[context[hits - back] == context[L - 1 - back]]
-        if hits.size:
-            start = int(hits[-1]) + 1
-            return context[start: start + k]
+    # positions where a match of the last n tokens ends; each longer match is one of the shorter ones
+    hits = np.flatnonzero(context[: L - 1] == context[L - 1])
+    longest = None
+    for n in range(1, min(max_n, L - 1) + 1):
+        if n > 1:
+            hits = hits[hits >= n - 1]
+            hits = hits[context[hits - (n - 1)] == context[L - n]]
+        if not hits.size:
+            break
+        if n >= min_n:
+            longest = hits
+    if longest is not None:
+        start = int(longest[-1]) + 1
+        return context[start: start + k]
     return context[:0]
 
 
