@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.drafters.eagle_head import load_head
+from specdec.drafters.eagle_loading import load_head
 from specdec.drafters.ngram import ngram_lookup
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL

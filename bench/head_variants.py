@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from specdec.drafters import eagle_head as eh
+from specdec.drafters.eagle_loading import load_head
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
 from specdec.training.batching import TrainSettings
@@ -67,7 +68,7 @@ class DeeperHead(eh.EagleHead):
 
 def variant(target, extra: int, draft_ids: torch.Tensor) -> DeeperHead:
     """The shipped head's weights in a DeeperHead; each extra layer a copy of its layer whose outputs start at zero."""
-    shipped = eh.load_head(SHIPPED, target).float()
+    shipped = load_head(SHIPPED, target).float()
     head = DeeperHead(shipped.config, *eh.frozen_parts(target.hf_model, draft_ids), extra=extra)
     state = shipped.state_dict()
     head.load_state_dict(state, strict=False)
@@ -109,7 +110,7 @@ def main() -> int:
         folder, _, count = spec.partition(":")
         sequences += read_data([Path(folder)], target, max_items=int(count) if count else None)
     sequences = without_families(sequences, args.exclude_source)
-    draft_ids = eh.load_head(args.draft_vocab_from, target).draft_ids
+    draft_ids = load_head(args.draft_vocab_from, target).draft_ids
     head = variant(target, args.extra_layers, draft_ids)
     head.save = lambda *a, **k: None  # a variant has no file format: its weights stay in the checkpoint
     settings = TrainSettings(steps=3, lr=3e-4, w_token=args.w_token)

@@ -1,10 +1,19 @@
-"""Writing files so that a reader never sees half of one (write under a temporary name, then rename), and reading
+"""The cache folder; writing files so that a reader never sees half of one (write under a temporary name, then rename), and reading
 JSON Lines files line by line as their format defines lines."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Callable
+
+
+def cache_root() -> Path:
+    """specdec's cache folder (converted models, built kernels, training data): SPECDEC_CACHE, else
+    $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "specdec"
 
 
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:

@@ -144,7 +144,7 @@ def test_errors_have_no_traceback_in_a_real_process(tmp_path):
 
 
 def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys, tiny_folder, tmp_path):
-    from specdec.drafters.eagle_head import load_head
+    from specdec.drafters.eagle_loading import load_head
     from specdec.models.loading import load_model
 
     prompts = tmp_path / "prompts.jsonl"

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.eagle_head import load_head, new_head
+from specdec.drafters.eagle_head import new_head
+from specdec.drafters.eagle_loading import load_head
 from specdec.engine import SpecDecoder
 from specdec.errors import IncompatibleDraftError, ModelLoadError
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama

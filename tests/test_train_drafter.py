@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
-from specdec.drafters.eagle_head import load_head, new_head
+from specdec.drafters.eagle_head import new_head
+from specdec.drafters.eagle_loading import load_head
 from specdec.errors import ConfigError, IncompatibleDraftError
 from specdec.models.loading import load_model
 from specdec.training.batching import TrainSettings, choose_draft_vocab, collate

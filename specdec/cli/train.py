@@ -223,7 +223,7 @@ def _feature_layers(args, target) -> tuple[int, ...]:
 
 def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
-    from ..drafters import eagle3_head, eagle_head, medusa_head
+    from ..drafters import eagle3_head, eagle_head, eagle_loading, medusa_head
     from ..training.batching import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 
@@ -233,7 +233,7 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
     objective = medusa_losses if medusa else None
     load, config_file = ((medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE) if medusa else
                          (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE) if eagle3 else
-                         (eagle_head.load_head, eagle_head.CONFIG_FILE))
+                         (eagle_loading.load_head, eagle_head.CONFIG_FILE))
     if (out / config_file).is_file():
         return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
     start = load(args.init_from, target).float() if args.init_from else None  # a trained head's weights

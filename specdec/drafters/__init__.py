@@ -208,7 +208,7 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     from ..kernels import KernelUnavailable
     from .eagle import EagleDrafter
     from .eagle3_head import is_eagle3_folder, load_eagle3_head
-    from .eagle_head import load_head
+    from .eagle_loading import load_head
     from .eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 
     kind = f"--kind eagle{version} " if version else ""

@@ -6,7 +6,7 @@ the sequence of such pairs, and outputs h_{t+1}, its guess of f_{t+1}. The targe
 restricted to a draft vocabulary of frequent tokens (K rows), turns h_{t+1} into logits for x_{t+2}.
 Drafting feeds the head its own guesses: (h_{t+1}, x_{t+2}) -> h_{t+2}, and so on.
 
-load_head also reads the heads the EAGLE authors publish for EAGLE-1 and EAGLE-2 (eagle_published.py).
+Loading a head from a folder (specdec's own or the EAGLE authors' layout) is eagle_loading.py's.
 """
 from __future__ import annotations
 
@@ -217,31 +217,6 @@ def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = Tr
         for lin in (head.o_proj, head.down_proj):
             lin.weight.mul_(0.1)
     return head
-
-
-def load_head(folder: str | Path, target) -> EagleHead:
-    """Loads a head onto its target (a LoadedModel): specdec's own (refused on any other target) or, from a folder
-    without specdec's files, an EAGLE-1/2 head in its authors' layout (checked against the target's sizes)."""
-    from ..files import read_tensors
-
-    from .eagle_published import load_published
-
-    folder = Path(folder)
-    if not (folder / HEAD_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
-        return load_published(folder, target)
-    data = json.loads((folder / CONFIG_FILE).read_text())
-    data.pop("training", None)
-    config = EagleConfig(**data)
-    hf_model = target.hf_model
-    mine = target_fingerprint(hf_model.get_input_embeddings().weight)
-    if mine != config.target_fingerprint:
-        raise IncompatibleDraftError(f"the EAGLE head in {folder} was trained for target {config.target!r} "
-                                     f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
-    tensors = read_tensors(folder / HEAD_FILE, "the EAGLE head")
-    draft_ids = tensors.pop("draft_ids")
-    head = EagleHead(config, *frozen_parts(hf_model, draft_ids))
-    head.load_state_dict({k: v.float() for k, v in tensors.items()})
-    return head.eval()
 
 
 def frozen_parts(hf_model, draft_ids: torch.Tensor):

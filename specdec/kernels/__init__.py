@@ -106,7 +106,7 @@ def load(isa: str | None = None):
 def _build(isa: str):
     from torch.utils import cpp_extension
 
-    from ..models.registry import cache_root
+    from ..files import cache_root
 
     source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
     flags = build_flags(isa)

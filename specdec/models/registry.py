@@ -1,9 +1,10 @@
 """Built-in model aliases and the local cache folder."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..files import cache_root  # noqa: F401  (the models' folder lives under it; callers import it from here)
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_root() -> Path:
-    """SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "specdec"
 
 
 def converted_dir(alias: str) -> Path:

@@ -30,8 +30,7 @@ import torch
 from ..config import EXACT, Acceptance, SamplingConfig
 from ..sampling import draw, probs_from_logits
 from .lossy import acceptable, lossy_verify
-from .tree import (tree_children, tree_coupled_verify, tree_depths, tree_greedy_verify, tree_mask,
-                   tree_rejection_verify)
+from .tree import tree_children, tree_coupled_verify, tree_depths, tree_mask, tree_rejection_verify, tree_walk
 
 
 @dataclass
@@ -107,6 +106,11 @@ def greedy_choices(scores: torch.Tensor) -> torch.Tensor:
     if scores.device.type == "cpu" and scores.dtype == torch.float32:
         return torch.from_numpy(np.asarray(scores.detach().numpy().argmax(-1)))
     return scores.argmax(-1)
+
+
+def tree_greedy_verify(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Walks down from the root while a child carries the target's argmax. target_logits: (N + 1, V)."""
+    return tree_walk(tokens.tolist(), parents, greedy_choices(target_logits).tolist())
 
 
 def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 A tree draft: tokens (N,) and parents (N,) with parents[i] < i, -1 for children of the root. The target scores
 N + 1 rows: row 0 is the root (the last emitted token), row i + 1 is node i. A rule returns (path, token): the
 accepted nodes from the root down, and the token emitted after them (the p / q convention is the package's,
-specdec/verify/__init__.py). Every rule here is lossless (lossy acceptance over trees: lossy.py).
+specdec/verify/__init__.py). Every rule here is lossless. The greedy rule walks by the package's greedy_choices, so
+it is in __init__.py; lossy acceptance over trees is in lossy.py.
 """
 from __future__ import annotations
 
@@ -20,17 +21,10 @@ def tree_children(parents: list[int]) -> dict[int, list[int]]:
     return kids
 
 
-def tree_greedy_verify(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Walks down from the root while a child carries the target's argmax. target_logits: (N + 1, V)."""
-    from . import greedy_choices  # the package's, which imports this module
-
-    return _walk(tokens.tolist(), parents, greedy_choices(target_logits).tolist())
-
-
 def tree_coupled_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
                         noise: torch.Tensor) -> tuple[list[int], int]:
     """Coupled sampling on a tree: each row's sample is argmax(log p + noise of that row's position)."""
-    return _walk(tokens.tolist(), parents, (target_probs.log() + noise).argmax(-1).tolist())
+    return tree_walk(tokens.tolist(), parents, (target_probs.log() + noise).argmax(-1).tolist())
 
 
 def tree_rejection_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
@@ -65,7 +59,9 @@ def tree_rejection_verify(tokens: torch.Tensor, parents: list[int], target_probs
         node = chosen
 
 
-def _walk(tokens: list[int], parents: list[int], choice: list[int]) -> tuple[list[int], int]:
+def tree_walk(tokens: list[int], parents: list[int], choice: list[int]) -> tuple[list[int], int]:
+    """Walks down from the root while a child carries the token chosen at its parent's row: choice (N + 1,), row 0
+    the root's. Returns (path, token): the nodes walked, and the choice at the last one's row."""
     kids = tree_children(parents)
     path, node = [], -1
     while True:
