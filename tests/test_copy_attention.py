@@ -84,31 +84,3 @@ def test_a_rows_attention_by_pieces_does_not_depend_on_the_batch(target):
     finally:
         for cache in caches:
             backend.release(cache)
-
-
-def test_a_named_copy_runs_its_passes_in_the_order_it_names_and_keeps_its_name(target):
-    """bench/split_attention_speedup.py's drafters: the one in the target's order turns the pieces off for its own
-    passes only, and forks keep the name (each name keeps its own measured costs)."""
-    from specdec import kernels
-    from specdec.bench.alternate import named_copy
-
-    model, backend = target
-    module = kernels.load() if not kernels.unavailable_reason() else pytest.skip("no kernels")
-    seen = []
-    real = module.set_split_attention
-
-    class Spy:  # records each setting the drafter asks for, and passes it on
-        def set_split_attention(self, on):
-            seen.append(on)
-            return real(on)
-
-    drafter = named_copy(backend, backend.four_bit_copy(), "quantized_rows", False, Spy())
-    cache = backend.new_cache()
-    try:
-        backend.forward(cache, torch.arange(1, 20))
-        drafter.cache, drafter.position = cache, 19
-        drafter._passes([drafter], [[3]])
-    finally:
-        backend.release(cache)
-    assert seen == [False, True] and real(True) is True  # off for the pass, then back as it was
-    assert drafter.name == "quantized_rows" and drafter.fork().name == "quantized_rows"

@@ -3,11 +3,11 @@
 1. Parts: a target verify pass of 1 + k tokens with 2 threads and with 1, an EAGLE chain of k with 2 threads and
    with 1, and both at once (the target on the main thread, the chain in a worker, one thread each).
 2. End to end, greedy, interleaved prompt by prompt: plain decoding, the EAGLE chain drafter, and the same chain
-   pipelined (specdec/drafters/pipelined.py: the next chain drafted in a worker thread during the verify pass):
+   pipelined (experiments/pipelined.py: the next chain drafted in a worker thread during the verify pass):
    tokens/s, MAT, how often the work ahead was used, and token equality with plain decoding.
 
-    OMP_WAIT_POLICY=PASSIVE python bench/overlap_experiment.py --specbench ../shared/data/specbench_dev.jsonl \\
-        --prompts 6 --max-new-tokens 64 -k 4 --out-json bench/results/overlap_cpu_avx2.json
+    OMP_WAIT_POLICY=PASSIVE python experiments/overlap_experiment.py --specbench ../shared/data/specbench_dev.jsonl \\
+        --prompts 6 --max-new-tokens 64 -k 4 --out-json experiments/results/overlap_cpu_avx2.json
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from specdec.bench.runner import SpecdecMethod, machine_info, run_methods
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
-from specdec.drafters.pipelined import PipelinedChain
+from pipelined import PipelinedChain
 from specdec.engine import SpecDecoder
 from specdec.metrics import GenerationMetrics
 from specdec.models.loading import load_model

@@ -2,8 +2,8 @@
 target's order, beside plain decoding, alternated prompt by prompt in one process (so that a busy spell on a shared
 machine falls on all three): what reading each cached key once buys the default drafter, most at long contexts.
 
-    python bench/split_attention_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
-        --out-json bench/results/zen4_split_attention.json
+    python experiments/split_attention_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
+        --out-json experiments/results/zen4_split_attention.json
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from specdec.bench.alternate import ab_arguments, copy_ab, named_copy
+    from alternate import ab_arguments, copy_ab, named_copy
 
     args = ab_arguments(__doc__.split("\n\n")[0])
     import specdec.kernels as kernels

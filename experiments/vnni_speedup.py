@@ -3,8 +3,8 @@ one process (so that a busy spell on a shared machine falls on all three): what 
 on a CPU that has it. Both copies come from the same source; the one without VNNI is built as for a CPU that lacks it
 (its 16-bit pair sums give the same integers, so both propose the same drafts).
 
-    python bench/vnni_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
-        --out-json bench/results/zen4_vnni_copy.json
+    python experiments/vnni_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
+        --out-json experiments/results/zen4_vnni_copy.json
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from specdec.bench.alternate import ab_arguments, copy_ab, named_copy
+    from alternate import ab_arguments, copy_ab, named_copy
 
     args = ab_arguments(__doc__.split("\n\n")[0])
     import specdec.kernels as kernels

@@ -8,8 +8,8 @@ GGUF) the 4-bit rounding reproduces them, while "off the grid" (groups of 64, or
 rounding a model trained in bfloat16 would cost. `--skip-layers` adds rows for the target with some of its layers
 left out (unrounded): what a self-speculative drafter that skips layers (Draft & Verify, SWIFT) could expect.
 
-    python bench/quantized_agreement.py --prompts ../shared/data/specbench_dev.jsonl --per-category 2 \\
-        --out-json bench/results/quantized_agreement_f32.json [--skip-layers "15;14,15;12,14,16"]
+    python experiments/quantized_agreement.py --prompts ../shared/data/specbench_dev.jsonl --per-category 2 \\
+        --out-json experiments/results/quantized_agreement_f32.json [--skip-layers "15;14,15;12,14,16"]
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Learning curves of several trained heads on one chart: held-out agreement at depth 1 and the chain MAT it
 implies, against answer tokens seen, read from each head's config (its `training.history`).
 
-    python bench/compare_heads.py --head eagle=$SPECDEC_CACHE/heads/smollm2-135m-mix \
+    python experiments/compare_heads.py --head eagle=$SPECDEC_CACHE/heads/smollm2-135m-mix \
         --head eagle3=$SPECDEC_CACHE/heads/smollm2-135m-mix-eagle3 --out-png docs/eagle_vs_eagle3.png \
-        --out-json bench/results/eagle_vs_eagle3.json
+        --out-json experiments/results/eagle_vs_eagle3.json
 
 The curves compare heads trained on the same data folder (the held-out sequences are chosen by a hash of their
 tokens, so they are the same for every head trained on it); the JSON also gives each head's agreement at the

@@ -1,4 +1,4 @@
-"""Pipelined EAGLE chains (drafters/pipelined.py): the work drafted behind a verify pass is the chain the head would
+"""Pipelined EAGLE chains (experiments/pipelined.py): the work drafted behind a verify pass is the chain the head would
 have drafted anyway, it is used only where its context came true, and output stays the target's."""
 import pytest
 import torch
@@ -7,8 +7,9 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle_head import new_head
-from specdec.drafters.pipelined import Ahead, PipelinedChain, side_stream
 from specdec.engine import SpecDecoder
+
+from pipelined import Ahead, PipelinedChain, side_stream
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 
 

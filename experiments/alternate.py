@@ -1,5 +1,5 @@
 """Methods alternated prompt by prompt in one process, so that a busy spell on a shared machine falls on all of them:
-the loop of the A/B scripts under bench/ (an ISA build, VNNI against none, the copy's attention by pieces of keys)."""
+the loop of the A/B scripts in experiments/ (an ISA build, VNNI against none, the copy's attention by pieces of keys)."""
 from __future__ import annotations
 
 import time
@@ -42,7 +42,7 @@ def named_copy(target, copy, name: str, split_attention: bool | None = None, mod
     """The quantized copy drafter under its own name (so that each keeps its own measured drafting cost).
     split_attention: module.set_split_attention's setting around its passes (module: the kernels build); None: as
     built. passes: the copy's pass costs, shared with forks (None: measured now)."""
-    from ..drafters.quantized import QuantizedCopyDrafter
+    from specdec.drafters.quantized import QuantizedCopyDrafter
 
     class NamedCopy(QuantizedCopyDrafter):
         def fork(self):
@@ -81,9 +81,9 @@ def copy_ab(args, decoder, drafters: dict) -> dict:
     import json
     from pathlib import Path
 
-    from ..config import GenerationConfig
-    from .prompts import load_prompts
-    from .runner import machine_info
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.runner import machine_info
+    from specdec.config import GenerationConfig
 
     for drafter in drafters.values():
         decoder.warm_up(drafter=drafter)

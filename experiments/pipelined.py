@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Budget, Draft, Drafter, DraftRequest
-from .eagle import EagleDrafter
+from specdec.drafters.base import Budget, Draft, Drafter, DraftRequest
+from specdec.drafters.eagle import EagleDrafter
 
 # (h, kv, position, pending): the head's output h (H,) at its last fed pair, its keys/values kv ((1, nkv, S, hd) x 2),
 # the pair position of the next pair to feed, and the last drafted token not yet fed (None: none)

@@ -7,11 +7,11 @@ train-drafter's Trainer and settings (`--steps` optimizer steps, --lr 3e-4, as t
 docs/drafters.md; `--repeat-source` as train-drafter's). Then it scores the held-out windows and every window of
 `--score` (a folder no head trained on, such as the Spec-Bench 65 answers), by source.
 
-    python bench/head_variants.py --data $SPECDEC_CACHE/train-data/<mix folder>:1152 \
+    python experiments/head_variants.py --data $SPECDEC_CACHE/train-data/<mix folder>:1152 \
         --data $SPECDEC_CACHE/train-data/<mix folder>-synth512 --data $SPECDEC_CACHE/train-data/<mix folder>-doc512 \
         --exclude-source alpaca_eval-answer --repeat-source gsm8k-train:3 --extra-layers 1 --steps 787 \
         --draft-vocab-from $SPECDEC_CACHE/heads/smollm2-135m-docsynth --score DIR --out /tmp/variant \
-        --out-json bench/results/head_two_layers.json
+        --out-json experiments/results/head_two_layers.json
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def main() -> int:
     head.embed, head.draft_lm_head = embed, lm_head[draft_ids]
     heldout = heldout_agreement(head, trainer.heldout, settings)
     scored = [w for s in scorable(read_data([Path(args.score)], target)) for w in windows(s, settings.max_len)]
-    result = {"command": "python bench/head_variants.py " + " ".join(sys.argv[1:]), "extra_layers": args.extra_layers,
+    result = {"command": "python experiments/head_variants.py " + " ".join(sys.argv[1:]), "extra_layers": args.extra_layers,
               "w_token": args.w_token, "repeats": trainer.repeats, "steps": trainer.step,
               "answer_tokens_seen": trainer.tokens_seen, "train_seconds": round(trainer.elapsed),
               "heldout": heldout, "learning_curve": trainer.history, "score_data": args.score,

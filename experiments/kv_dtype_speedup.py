@@ -4,8 +4,8 @@ four): what half the cache's bytes buys at Spec-Bench's contexts and at long one
 --long-tokens tokens, each several Spec-Bench documents one after another, then the last one's question), and
 one-token passes of the target and of its 4-bit copy timed alone at growing contexts (--pass-contexts).
 
-    python bench/kv_dtype_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 --long 4 \\
-        --out-json bench/results/zen4_kv_dtype.json
+    python experiments/kv_dtype_speedup.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 --long 4 \\
+        --out-json experiments/results/zen4_kv_dtype.json
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--out-json", required=True)
     args = parser.parse_args()
 
-    from specdec.bench.alternate import alternate
+    from alternate import alternate
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig

@@ -3,8 +3,8 @@ by prompt in one process (so that a busy spell on a shared machine falls on both
 with only AVX2 (the `avx2` build, whose bfloat16 weights are multiplied in float32), measured on one that has more.
 The memory bandwidth is this machine's, so the figure says what the AVX2 code costs, not what an AVX2 machine does.
 
-    python bench/isa_speedup.py --isa avx2 --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
-        --out-json bench/results/zen4_avx2_build_quantized.json
+    python experiments/isa_speedup.py --isa avx2 --prompts ../shared/data/specbench_dev.jsonl --limit 26 \\
+        --out-json experiments/results/zen4_avx2_build_quantized.json
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main() -> None:
     if args.isa == "avx512" and kernels.instruction_set() != "avx512":
         sys.exit("this CPU does not run the avx512 build")
     kernels.instruction_set = lambda: args.isa  # what the loader builds for, as on a CPU with no more than that
-    from specdec.bench.alternate import alternate
+    from alternate import alternate
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig

@@ -5,8 +5,8 @@ choice, prompt lookup's (the token that followed the latest earlier occurrence o
 from 4 down to 2, as `--drafter ngram` proposes it), either of them, and a rule that takes lookup's token wherever it
 has one. It also splits the head's agreement by the target's own top-1 probability, and lookup's by match length.
 
-    python bench/copy_agreement.py --data DIR --whole --head specdec/assets/heads/smollm2-135m \
-        --out-json bench/results/copy_agreement.json
+    python experiments/copy_agreement.py --data DIR --whole --head specdec/assets/heads/smollm2-135m \
+        --out-json experiments/results/copy_agreement.json
 
 `--whole` scores every sequence (a folder no head trained on, such as Spec-Bench's answers, see
 bench/heldout_agreement.py); without it, the held-out sequences only (as train-drafter holds them out).
