@@ -1,6 +1,6 @@
 """Does `specdec check-lossless` catch a subtle sampling bug on the real model at its default sample size?
 
-    python bench/check_lossless_power.py --out-json bench/results/check_lossless_power.json
+    python bench/check_lossless_power.py --out-json bench/results/cpu/check_lossless_power_eagle_f32.json
 
 Runs check-lossless's sampling tests (its default settings and sample size, EAGLE drafting a chain of k = 2 with
 its own q, float32) twice: with specdec's rejection sampling, and with a broken rule that keeps the right acceptance

@@ -1,6 +1,6 @@
 """How close each dtype/backend's greedy output stays to a float32 reference, over many prompts.
 
-    python bench/fidelity.py --prompts ../shared/data/specbench_dev.jsonl --limit 240 --out-json bench/results/fidelity.json
+    python bench/fidelity.py --prompts ../shared/data/specbench_dev.jsonl --limit 240 --out-json bench/results/cpu/fidelity_240_prompts.json
 
 Each variant answers every prompt greedily (batched: the kernels give the same tokens batched or alone) and is
 compared with the first variant, the reference: prompts with identical output, and the mean number of tokens

@@ -4,7 +4,7 @@ train on that folder (the shipped head, or one trained on other data) next to on
 
     python bench/heldout_agreement.py --data $SPECDEC_CACHE/train-data/<folder> --max-prompts 2048 \
         --exclude-source alpaca_eval-answer --head shipped=specdec/assets/heads/smollm2-135m \
-        --head own=$SPECDEC_CACHE/heads/smollm2-135m-own-top1 --out-json bench/results/heldout.json
+        --head own=$SPECDEC_CACHE/heads/smollm2-135m-own-top1 --out-json bench/results/cpu/heldout_agreement.json
 
 The held-out sequences are chosen by a hash of their tokens (3%, at most 200), so every head is scored on the same
 ones, which a head trained on the folder never saw.

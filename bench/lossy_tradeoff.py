@@ -4,7 +4,7 @@ of tokens that differ from exact decoding's output, and agreement on GSM8K answe
     python bench/lossy_tradeoff.py --gsm8k ../shared/data/train_prompts.jsonl --gsm8k-count 12 \\
         --specbench ../shared/data/specbench_dev.jsonl --specbench-count 8 --max-new-tokens 96 --dtype float32 \\
         --drafters eagle --acceptance exact,top-k:2,top-k:4,threshold:0.5,threshold:0.2,typical:0.3,typical:0.1 \\
-        --out-json bench/results/lossy_tradeoff.json --plot docs/lossy_tradeoff.png
+        --out-json bench/results/cpu/lossy_tradeoff_bf16.json --plot docs/lossy_tradeoff.png
 
 Every method runs every prompt greedily, interleaved prompt by prompt (specdec bench's runner): plain decoding
 (`specdec:none`, exact decoding's output, the reference) and each drafter under each rule. GSM8K questions are the

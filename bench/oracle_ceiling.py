@@ -8,7 +8,7 @@ policy sizes the chains from the measured verify costs as it does for real draft
 step). Every method runs prompt by prompt, interleaved with plain decoding, and must equal plain decoding.
 
     python bench/oracle_ceiling.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 --dtype bfloat16 \
-        --accept 0.45,0.6,0.75,0.9,1.0 --out-json bench/results/oracle_ceiling_bf16.json
+        --accept 0.45,0.6,0.75,0.9,1.0 --out-json bench/results/cpu/oracle_ceiling_bf16.json
 
 The figures say how good a drafter must be for a given speed-up here, and how far the best one is from it.
 """

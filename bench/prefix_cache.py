@@ -1,7 +1,7 @@
 """Prefix caching on conversations: a turn's prompt holds the earlier turns, whose keys and values it reuses.
 
     python bench/prefix_cache.py --prompts ../shared/data/specbench_dev.jsonl --limit 24 \
-        --out-json bench/results/prefix_cache_bf16.json
+        --out-json bench/results/cpu/prefix_cache_conversations_bf16.json
 
 The conversations are Spec-Bench's two-turn questions (MT-bench) and its single-turn long-document ones
 (summarization, rag) with a follow-up question about the same text. Two decoders of the same model and drafter,

@@ -1,7 +1,7 @@
 """Speculation under structured output: Spec-Bench prompts answered as JSON that follows a schema.
 
     python bench/structured.py --prompts ../shared/data/specbench_dev.jsonl --limit 26 --dtype bfloat16 \
-        --out-json bench/results/structured_bf16.json
+        --out-json bench/results/cpu/structured_json_schema_bf16.json
 
 Every prompt gets an instruction to reply in JSON with the schema's fields, and every method decodes it greedily
 under the schema (llguidance masks, see specdec/structured.py); the methods take turns prompt by prompt, and

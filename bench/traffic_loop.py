@@ -2,7 +2,7 @@
 MAT on requests of the same workload that were held back, before and after.
 
     python bench/traffic_loop.py --family ted-german --traffic 300 --held-back 60 --train-minutes 20 \
-        --work $SPECDEC_CACHE/traffic-loop --out-json bench/results/traffic_loop.json
+        --work $SPECDEC_CACHE/traffic-loop --out-json bench/results/cpu/traffic_loop_ted_german.json
 
 The workload is one family of prompts from ../shared/data/train_chat.jsonl (by its `source`, e.g. German to
 English translation), shuffled with a fixed seed and split into traffic and held-back requests that share no
