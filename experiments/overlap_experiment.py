@@ -1,4 +1,4 @@
-"""Does drafting overlapped with verification pay on this CPU? Two measurements in one run (docs/overlap.md):
+"""Does drafting overlapped with verification pay on this CPU? Two measurements in one run (docs/experiments/overlap.md):
 
 1. Parts: a target verify pass of 1 + k tokens with 2 threads and with 1, an EAGLE chain of k with 2 threads and
    with 1, and both at once (the target on the main thread, the chain in a worker, one thread each).

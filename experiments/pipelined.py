@@ -14,7 +14,7 @@ count is per thread); the main thread's count is restored afterwards. On CUDA th
 stream that the main stream waits for at the join (written, not measured: no GPU was available).
 
 Only greedy requests without penalties are pipelined (a sampling request's draws would be taken out of order);
-others are drafted by the wrapped drafter unchanged. docs/overlap.md records whether this pays (on a 2-core CPU: it
+others are drafted by the wrapped drafter unchanged. docs/experiments/overlap.md records whether this pays (on a 2-core CPU: it
 does not), which is why it is not a registered drafter.
 """
 from __future__ import annotations

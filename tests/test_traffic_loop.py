@@ -1,5 +1,5 @@
 """bench/traffic_loop.py: the workload split and the chunked tracing that lets the loop resume; the flag it trains
-with. The loop itself runs the real model for an hour (docs/drafters.md, "Training on your own traffic")."""
+with. The loop itself runs the real model for an hour (docs/training.md, "Training on your own traffic")."""
 import json
 import sys
 from pathlib import Path

@@ -30,7 +30,7 @@ def register(sub) -> None:
                    help="training records, JSONL with a 'prompt' and optionally a 'response' (read by teacher "
                         "forcing; without one the target answers), or a server's traces (serve --trace); a folder "
                         "means its .jsonl files; repeatable, mixed by WEIGHT (share of records, default 1). "
-                        "Default: the mix in docs/drafters.md, from ../shared/data")
+                        "Default: the mix in docs/training.md, from ../shared/data")
     p.add_argument("--prompts", default=None, metavar="FILE", help="the same as --data FILE")
     p.add_argument("--max-prompts", type=int, default=None,
                    help="use this many records of the mix, in its order (0: synthetic prompts only)")

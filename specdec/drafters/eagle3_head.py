@@ -208,7 +208,7 @@ def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
     if not weights.is_file():
         if (folder / PICKLE_FILE).is_file():
             raise ModelLoadError(f"{folder} holds the EAGLE-3 head as a pickle ({PICKLE_FILE}), which specdec does "
-                                 f"not load: convert it to {WEIGHTS_FILE} once (docs/drafters.md shows how)")
+                                 f"not load: convert it to {WEIGHTS_FILE} once (docs/training.md shows how)")
         raise ModelLoadError(f"{folder} holds an EAGLE-3 config.json but no {WEIGHTS_FILE}")
     hf_model = target.hf_model
     mine = config_for_target(hf_model, target.name, data.get("draft_vocab_size") or data.get("vocab_size", 0))

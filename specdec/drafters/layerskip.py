@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..models.backend import CausalLM
 
-DEFAULT_EXIT_LAYER = 15  # capped at half the depth; the measured sweep on smollm2-135m is in docs/drafters.md
+# capped at half the depth; the measured sweep on smollm2-135m is in docs/experiments/shipped-heads.md
+DEFAULT_EXIT_LAYER = 15
 
 
 class EarlyExit(CausalLM):
