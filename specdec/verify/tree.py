@@ -23,8 +23,12 @@ def tree_children(parents: list[int]) -> dict[int, list[int]]:
 def tree_greedy_verify(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
     """Walks down from the root while a child carries the target's argmax. target_logits: (N + 1, V)."""
     from . import greedy_choices  # the package's, which imports this module
+    from .device import tree_greedy_on_device
 
-    return _walk(tokens.tolist(), parents, greedy_choices(target_logits).tolist())
+    choice = greedy_choices(target_logits)  # (N + 1,)
+    if choice.device.type != "cpu":  # one host synchronisation instead of one per read
+        return tree_greedy_on_device(tokens.to(choice.device, non_blocking=True), parents, choice)
+    return _walk(tokens.tolist(), parents, choice.tolist())
 
 
 def tree_coupled_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
