@@ -92,3 +92,22 @@ def test_a_batch_through_the_graph_path_equals_one_at_a_time(models, kind):
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
     assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_the_cli_runs_the_graph_path_on_the_cpu_with_the_same_text(capsys, tiny_folder):
+    from cli_runner import run_cli
+
+    common = ["generate", "the cat sat on the mat", "--model", str(tiny_folder), "--dtype", "float32",
+              "--max-new-tokens", "16", "--drafter", "ngram", "--backend", "torch"]
+    rc, eager, _ = run_cli(capsys, *common, "--graphs", "off")
+    rc2, graphs, _ = run_cli(capsys, *common, "--graphs", "on")
+    assert rc == rc2 == 0 and eager.strip() and graphs == eager
+
+
+@pytest.mark.parametrize("argv,message", [(["--graphs", "on", "--backend", "hf"], "needs the torch backend"),
+                                          (["--graphs", "sometimes"], "invalid choice")])
+def test_the_cli_refuses_graphs_it_cannot_give_in_one_line(capsys, tiny_folder, argv, message):
+    from cli_runner import run_cli
+
+    rc, out, err = run_cli(capsys, "generate", "the cat", "--model", str(tiny_folder), "--dtype", "float32", *argv)
+    assert rc != 0 and message in err and len(err.strip().splitlines()) == 1
