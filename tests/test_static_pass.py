@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 from specdec.errors import ConfigError
 from specdec.models.llama import FastLlama
 from specdec.models.loading import make_backend, model_info
-from specdec.models.pass_graphs import BATCH_SIZES, TOKEN_COUNTS, padded_inputs, smallest_fitting
+from specdec.models.pass_graphs import (BATCH_SIZES, TOKEN_COUNTS, PassGraphs, key_windows, padded_inputs,
+                                        smallest_fitting)
 from specdec.models.static_pass import static_pass
 from specdec.verify import tree_mask
 from tiny import _NoTokenizer, tiny_llama
@@ -122,6 +123,27 @@ def test_padding_never_changes_live_cache_rows_nor_live_outputs(model):
     again, _ = static_pass(static, other, static.pool.capacity)
     for b, n in enumerate(counts):
         assert torch.equal(again[b, :n], logits[b, :n])
+
+
+def test_key_windows_grow_with_the_context_up_to_the_whole_pool(model):
+    """Passes whose keys fit a window read that window; the last reaches the pool's end, where the scratch row lies
+    inside the window (and stays hidden). Each step compares both passes over the same cached keys."""
+    info = model_info("tiny", model, _NoTokenizer(model), torch.device("cpu"), torch.float32)
+    static = FastLlama(model, info, max_context=70, graphs="eager")
+    static.pass_graphs = PassGraphs(static, capture=False, min_window=16)
+    assert static.pass_graphs.windows == key_windows(71, 16) == (16, 32, 64, 71)
+    (cache,) = _prefilled(static, [5])
+    windows = set()
+    while cache.length + 3 <= 70:
+        start, ids = cache.length, _ids(3, cache.length)
+        windows.add(smallest_fitting(static.pass_graphs.windows, start + 3))
+        want = static._forward([cache], ids.view(1, -1), [3], None, False, False)[0][0]  # the eager pass
+        static.truncate(cache, start)
+        got = static.forward(cache, ids).logits
+        torch.testing.assert_close(got, want, **CLOSE)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        static.truncate(cache, start + 2)
+    assert windows == {16, 32, 64, 71}
 
 
 @settings(max_examples=200, deadline=None)

@@ -2,12 +2,14 @@
 
 A pass of R rows x N new tokens runs in the smallest bucket (B, T) with B >= R and T >= N, of BATCH_SIZES x
 TOKEN_COUNTS: its inputs are padded (padding tokens write the scratch row of a slot, static_pass.py) and copied into
-the bucket's static tensors, and its outputs are sliced back. A pass that fits no bucket (a long prompt, a batch over
+the bucket's static tensors, and its outputs are sliced back. Attention reads a key window of W rows of each row's
+slot, the smallest power of two from MIN_WINDOW that holds every row's keys (or the whole pool): a pass at a short
+context does not gather and attend over the whole pool. A pass that fits no bucket (a long prompt, a batch over
 the largest size, an early exit) returns None, and FastLlama runs its eager forward instead.
 
 With capture on (CUDA), each bucket's pass is warmed up on a side stream, captured once with torch.cuda.graph (all
-buckets share one memory pool, the largest captured first) and replayed; its outputs are cloned before the next
-replay overwrites them. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly:
+buckets share one memory pool; at load, every (B, T) with the smallest window, the largest first; other windows at
+their first use) and replayed; its outputs are cloned before the next replay overwrites them. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly:
 that is how the CPU tests cover the graph path. Graphs read the pool's tensors and the target's feature layers as
 they were at capture; when the pool grows (more slots) or a drafter asks for more feature layers, they are captured
 again at their next use.
@@ -23,6 +25,7 @@ from .static_pass import StaticInputs, static_pass
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+MIN_WINDOW = 256
 WARMUP_CALLS = 3
 
 
@@ -32,27 +35,37 @@ def smallest_fitting(sizes: tuple[int, ...], n: int) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
+def key_windows(capacity: int, smallest: int = MIN_WINDOW) -> tuple[int, ...]:
+    """Key windows of a pool of `capacity` rows: powers of two from `smallest` below it, then the whole pool."""
+    windows = []
+    while smallest < capacity:
+        windows.append(smallest)
+        smallest *= 2
+    return tuple(windows) + (capacity,)
+
+
 class _Bucket:
-    """One pass shape: its static inputs and, once captured, its graph and the outputs the graph writes."""
+    """One pass shape (B, T): its static inputs and, per key window once captured, its graph and the outputs the
+    graph writes on each replay: (logits (B, T, V), hidden (B, T, H'))."""
 
     def __init__(self, batch: int, tokens: int, device: torch.device):
         self.shape = (batch, tokens)
         self.inputs = StaticInputs.empty(batch, tokens, device)
-        self.graph = None
-        self.outputs = None  # (logits (B, T, V), hidden (B, T, H')) the graph writes on each replay
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 class PassGraphs:
     """Runs FastLlama passes of up to max(batch_sizes) rows x max(token_counts) tokens as shape-static passes."""
 
     def __init__(self, model, capture: bool, batch_sizes: tuple[int, ...] = BATCH_SIZES,
-                 token_counts: tuple[int, ...] = TOKEN_COUNTS):
+                 token_counts: tuple[int, ...] = TOKEN_COUNTS, min_window: int = MIN_WINDOW):
         if capture and model.info.device.type != "cuda":
             raise ValueError("CUDA graphs are captured on a CUDA device only")
         self.model = model
         self.capture = capture
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.token_counts = tuple(sorted(token_counts))
+        self.windows = key_windows(model.pool.capacity, min_window)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._captured_for = None  # (pool tensor, feature layers) that the captured graphs read
         self._memory_pool = None
@@ -74,7 +87,8 @@ class PassGraphs:
             return None
         bucket = self._bucket(shape)
         self._fill(bucket, caches, input_ids, counts, tree_mask)
-        logits, hidden = self._execute(bucket)
+        window = smallest_fitting(self.windows, max(c.length + n for c, n in zip(caches, counts)))
+        logits, hidden = self._execute(bucket, window)
         for cache, n in zip(caches, counts):
             cache.length += n
         outputs = [(logits[b, :n], hidden[b, :n]) for b, n in enumerate(counts)]
@@ -83,13 +97,14 @@ class PassGraphs:
         return outputs
 
     def prepare(self) -> None:
-        """Captures every bucket's graph now, the largest first (they share one memory pool); no-op uncaptured."""
+        """Captures every bucket's graph over the smallest key window now, the largest bucket first (they share one
+        memory pool); no-op uncaptured."""
         if not self.capture:
             return
         self._check_captured_state()
         for shape in sorted(((b, t) for b in self.batch_sizes for t in self.token_counts),
                             key=lambda s: s[0] * s[1], reverse=True):
-            self._capture(self._bucket(shape))
+            self._capture(self._bucket(shape), self.windows[0])
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _bucket(self, shape: tuple[int, int]) -> _Bucket:
@@ -100,34 +115,35 @@ class PassGraphs:
     def _fill(self, bucket: _Bucket, caches, input_ids, counts: list[int], tree_mask) -> None:
         bucket.inputs.copy_(padded_inputs(bucket.shape, caches, input_ids, tree_mask, self.model.pool.capacity - 1))
 
-    def _execute(self, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+    def _execute(self, bucket: _Bucket, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
-            return static_pass(self.model, bucket.inputs, self.model.pool.capacity, self.model.feature_layers)
+            return static_pass(self.model, bucket.inputs, window, self.model.feature_layers)
         self._check_captured_state()
-        if bucket.graph is None:
+        if window not in bucket.graphs:
             live = StaticInputs.empty(*bucket.shape, self.model.info.device)
             live.copy_(bucket.inputs)  # capture runs the pass on padding inputs, which write scratch rows only
-            self._capture(bucket)
+            self._capture(bucket, window)
             bucket.inputs.copy_(live)
-        bucket.graph.replay()
-        return bucket.outputs
+        graph, outputs = bucket.graphs[window]
+        graph.replay()
+        return outputs
 
     def _check_captured_state(self) -> None:
         """Drops every graph when the pool's tensors or the feature layers differ from those captured."""
         state = (self.model.pool.keys.data_ptr(), self.model.feature_layers)
         if state != self._captured_for:
             for bucket in self._buckets.values():
-                bucket.graph = bucket.outputs = None
+                bucket.graphs.clear()
             self._memory_pool = torch.cuda.graph_pool_handle()
             self._captured_for = state
 
-    def _capture(self, bucket: _Bucket) -> None:
-        """Warms the bucket's pass up on a side stream, then captures it into the shared memory pool."""
-        if bucket.graph is not None:
+    def _capture(self, bucket: _Bucket, window: int) -> None:
+        """Warms the bucket's pass over `window` key rows up on a side stream, then captures it into the shared
+        memory pool."""
+        if window in bucket.graphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))
-        run = lambda: static_pass(self.model, bucket.inputs, self.model.pool.capacity,  # noqa: E731
-                                  self.model.feature_layers)
+        run = lambda: static_pass(self.model, bucket.inputs, window, self.model.feature_layers)  # noqa: E731
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -136,8 +152,8 @@ class PassGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._memory_pool):
-            bucket.outputs = run()
-        bucket.graph = graph
+            outputs = run()
+        bucket.graphs[window] = (graph, outputs)
 
 
 def padded_inputs(shape: tuple[int, int], caches: list[SequenceCache], input_ids: list[torch.Tensor],
