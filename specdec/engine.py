@@ -62,10 +62,11 @@ class SpecDecoder:
              dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
              sampling_verifier: str = "auto", chat: bool = True, trust_remote_code: bool = False,
              backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
-             acceptance: str = "exact", **drafter_options) -> "SpecDecoder":
+             acceptance: str = "exact", graphs: str = "auto", **drafter_options) -> "SpecDecoder":
         """Loads a target (default: the built-in smollm2-135m) and a drafter by name. max_batch_for_drafting: see
         SpeculationConfig (batched decoding drafts nothing in steps with more sequences than this). acceptance:
-        "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or "typical:EPS" (config.Acceptance)."""
+        "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or "typical:EPS" (config.Acceptance). graphs:
+        the torch backend's passes as CUDA graphs (auto, on, off: models/loading.py make_backend)."""
         from .drafters import create_drafter
         from .models.loading import load_model
         from .models.registry import DEFAULT_MODEL
@@ -74,7 +75,7 @@ class SpecDecoder:
                                         sampling_verifier=sampling_verifier,
                                         max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance)
         target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype,
-                            trust_remote_code=trust_remote_code, backend=backend)
+                            trust_remote_code=trust_remote_code, backend=backend, graphs=graphs)
         made = create_drafter(drafter, target, draft_model=draft_model, trust_remote_code=trust_remote_code,
                               **drafter_options)
         costs = CostModel(measure_verify_costs(target.backend)) if calibrate and made is not None else None

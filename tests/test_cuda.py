@@ -81,6 +81,95 @@ def test_tiny_seeded_sampling_repeats(tiny_target):
     assert len(first) == 24
 
 
+# ---- CUDA graphs (models/pass_graphs.py) and verification on the device ---------------------------------------
+needs_capture = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+@needs_capture
+def test_tiny_replayed_graphs_equal_the_uncaptured_static_pass(tiny_folder):
+    """Each bucket's replay gives what the same shape-static pass gives run directly, for decode, chains, a tree and
+    a batch of rows in scattered slots; and the caches advance alike."""
+    from specdec.models.loading import load_model
+    from specdec.verify import tree_mask
+
+    from specdec.models.llama import FastLlama
+
+    loaded = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    captured = loaded.backend
+    assert captured.pass_graphs.capture and captured.pass_graphs._buckets[(1, 1)].graphs
+    direct = FastLlama(loaded.hf_model, loaded.info, graphs="eager")  # the same passes, uncaptured on the GPU
+    gen = torch.Generator().manual_seed(0)
+    pairs = []
+    for backend in (captured, direct):
+        caches = [backend.new_cache() for _ in range(6)][1::2]  # slots 1, 3, 5
+        for cache, n in zip(caches, (7, 19, 30)):
+            backend.forward(cache, torch.arange(n) % 40, last_only=True)
+        pairs.append(caches)
+    steps = [([1], None), ([5], None), ([7], tree_mask([-1, -1, 0, 2, 1, 0])), ([1, 1, 1], None), ([3, 1, 6], None)]
+    for counts, mask in steps:
+        ids = [torch.randint(0, 40, (n,), generator=gen) for n in counts]
+        outs = []
+        for backend, caches in zip((captured, direct), pairs):
+            if len(counts) == 1:
+                outs.append([backend.forward(caches[0], ids[0], tree_mask=mask, output_hidden=True)])
+            else:
+                outs.append(backend.forward_batch(caches[:len(counts)], ids, output_hidden=True))
+        for got, want in zip(*outs):
+            torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
+        assert [c.length for c in pairs[0]] == [c.length for c in pairs[1]]
+
+
+@needs_capture
+@pytest.mark.parametrize("name", ["ngram", "draft-model"])
+def test_tiny_greedy_output_with_captured_graphs_equals_graphs_off(tiny_folder, tiny_draft_folder, name):
+    from specdec.models.loading import load_model
+
+    graphs = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    eager = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="off")
+    assert graphs.backend.pass_graphs.capture and eager.backend.pass_graphs is None
+    options = {"draft_model": str(tiny_draft_folder)} if name == "draft-model" else {}
+    spec = SpecDecoder(graphs, create_drafter(name, graphs, **options),
+                       SpeculationConfig(num_speculative_tokens=6, adaptive=False), chat=False)
+    plain = SpecDecoder(eager, None, chat=False)
+    config = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    for text in PROMPTS:
+        ids = spec.encode(text)
+        got = spec.generate_ids(ids, config)[0]
+        reference = _hf_greedy(eager, ids, 30)
+        assert got == plain.generate_ids(ids, config)[0] and got[:len(reference)] == reference, text
+    batched = spec.generate_many(PROMPTS, config, max_batch=3)
+    assert [r.token_ids for r in batched] == [plain.generate_ids(spec.encode(t), config)[0] for t in PROMPTS]
+
+
+@needs_capture
+def test_greedy_verification_on_the_gpu_synchronises_once():
+    import warnings
+
+    from specdec.verify import greedy_verify, tree_greedy_verify
+
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(9, 50, generator=gen)
+    draft = logits.argmax(-1)[:8].clone()
+    draft[5] = (draft[5] + 1) % 50
+    parents = [-1, -1, 0, 1, 3, 2, 4, 0]
+    cases = [(lambda x: greedy_verify(draft, x)), (lambda x: tree_greedy_verify(draft, parents, x))]
+    for case in cases:
+        want = case(logits)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            device_logits = logits.cuda()
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                got = case(device_logits)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert got == want
+        syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+        assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
 # ---- the real default model (SmolLM2-135M-Instruct) -------------------------------------------------------
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2-135m.json").read_text())
 REAL_DRAFTERS = BY_NAME + ["eagle", "eagle-chain", "medusa", "select"]

@@ -7,8 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import (add_acceptance_option, add_lookahead_options, add_tree_options, check_minimums, draft_p_min,
-                     lookahead_options, require_extra)
+from .common import (add_acceptance_option, add_graphs_option, add_lookahead_options, add_tree_options,
+                     check_minimums, draft_p_min, lookahead_options, require_extra)
 
 
 def register(sub) -> None:
@@ -41,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--backends", default="auto", help="comma-separated specdec backends to compare (auto, kernels, "
                                                     "kernels-bf16, kernels-bf16kv, torch, hf); methods on the second "
                                                     "and later ones are named specdec@BACKEND:DRAFTER")
+    add_graphs_option(p)
     p.add_argument("--reference-dtype", default=None, choices=[d for d in DTYPES if d != "auto"],
                    help="also decode each prompt greedily with transformers in this dtype (untimed) and count, per "
                         "method, the prompts identical to it (identical_to_reference)")
@@ -95,7 +96,7 @@ def run(args) -> int:
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
     target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                        backend=backends[0])
+                        backend=backends[0], graphs=args.graphs)
     draft = None
     if args.draft_model:
         draft = load_model(args.draft_model, device=args.device, dtype=str(target.info.dtype).replace("torch.", ""),

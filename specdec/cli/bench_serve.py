@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import BACKENDS, DTYPES
+from .common import add_graphs_option
 
 
 def register(sub) -> None:
@@ -33,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--backend", default="auto", choices=BACKENDS)
+    add_graphs_option(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")
     p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
@@ -78,7 +80,7 @@ def _fill_defaults(args, mode: str) -> None:
 
 def _server_args(args, max_batch: int) -> list[str]:
     out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
-           args.device, "--backend", args.backend, "--max-batch", str(max_batch), "--prefix-cache",
+           args.device, "--backend", args.backend, "--graphs", args.graphs, "--max-batch", str(max_batch), "--prefix-cache",
            str(args.prefix_cache), "--log-level", "warning"]
     for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads),
                         ("--max-context", args.max_context), ("--max-queue", args.max_queue)):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import ACCEPTANCE_FORMS, BACKENDS, DTYPES, Acceptance, GenerationConfig
+from ..config import ACCEPTANCE_FORMS, BACKENDS, DTYPES, GRAPHS, Acceptance, GenerationConfig
 from ..errors import ConfigError
 
 
@@ -26,7 +26,16 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
                         "(faster, less exact, still batch-invariant); torch: "
                         "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
                         "(default: auto, the first of these that supports the model and device)")
+    add_graphs_option(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
+
+
+def add_graphs_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--graphs", default="auto", choices=GRAPHS,
+                   help="the torch backend's decode and verify passes as CUDA graphs over buckets of shapes "
+                        "(docs/cuda.md): auto = on a CUDA GPU with the torch backend, off elsewhere; on = also on a "
+                        "CPU, where the same shape-static passes run uncaptured (needs --backend torch); off = eager "
+                        "passes (default: auto)")
 
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8, verifier: str = "auto") -> None:

@@ -78,7 +78,7 @@ def run(args) -> int:
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
-                               trust_remote_code=args.trust_remote_code, backend=args.backend,
+                               trust_remote_code=args.trust_remote_code, backend=args.backend, graphs=args.graphs,
                                acceptance=args.acceptance, **drafter_options(args))
     if args.trace:
         decoder.trace_to(args.trace)

@@ -16,6 +16,7 @@ from .kvpool import KVPool, PooledCaches, rope_tables
 from .linear import FusedLinear, Linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+GRAPH_MODES = ("off", "eager", "cuda")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -52,7 +53,12 @@ class FastLlama(PooledCaches, CausalLM):
 
     batched = True
 
-    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None):
+    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
+                 graphs: str = "off"):
+        """graphs: "off" (eager passes), "eager" (decode and verify passes shape-static, pass_graphs.py, uncaptured)
+        or "cuda" (the same, captured as CUDA graphs)."""
+        if graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {GRAPH_MODES}, got {graphs!r}")
         cfg = hf_model.config
         self.info = info
         self.H = cfg.hidden_size
@@ -86,17 +92,31 @@ class FastLlama(PooledCaches, CausalLM):
         cos, sin = rope_tables(hf_model, self.max_context)
         self.cos, self.sin = cos.to(info.device, info.dtype), sin.to(info.device, info.dtype)
         # Unused cache rows stay zero: SDPA multiplies masked-out values by 0, and 0 * NaN would leak.
-        self.pool = KVPool(cfg.num_hidden_layers, slots, self.nkv, self.max_context, self.hd, info.dtype, info.device)
+        # static passes write padding tokens to a scratch row past the usable ones (static_pass.py)
+        rows = self.max_context + (graphs != "off")
+        self.pool = KVPool(cfg.num_hidden_layers, slots, self.nkv, rows, self.hd, info.dtype, info.device)
+        self.pass_graphs = None
+        if graphs != "off":
+            from .pass_graphs import PassGraphs
+
+            self.pass_graphs = PassGraphs(self, capture=graphs == "cuda")
+            self.pass_graphs.prepare()
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+        static = self._static([cache], [input_ids], tree_mask, last_only, layers)
+        if static is not None:
+            return ForwardOutput(logits=static[0][0], hidden=static[0][1] if output_hidden else None)
         out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
                                            output_hidden, last_only, layers)
         return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
+        static = self._static(caches, input_ids, None, last_only, layers)
+        if static is not None:
+            return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]
         lengths = [ids.numel() for ids in input_ids]
         groups = _fitting_groups([c.length for c in caches], lengths, self.max_context)
         if len(groups) == 1:
@@ -115,6 +135,13 @@ class FastLlama(PooledCaches, CausalLM):
         return [ForwardOutput(logits=logits[b] if last_only else logits[b, : lengths[b]],
                               hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
+
+    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None):
+        """Each row's (logits, hidden) from a shape-static pass (pass_graphs.py), or None where the eager forward
+        runs: graphs off, a prefill's last_only, an early exit, or a pass that fits no bucket."""
+        if self.pass_graphs is None or last_only or layers is not None:
+            return None
+        return self.pass_graphs.run(caches, input_ids, tree_mask)
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
                  tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None):
@@ -148,13 +175,7 @@ class FastLlama(PooledCaches, CausalLM):
         for li, layer in enumerate(self.layers[:layers]):
             if output_hidden and not layers and li in self.feature_layers:
                 feature_inputs[li] = x
-            h = _rms_norm(x, layer.input_norm, self.eps)
-            q, k, v = layer.qkv(h)
-            q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-            k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
-            v = v.view(B, T, nkv, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # (B, T, nkv, hd)
+            q, k, v = self._qkv(layer, x, cos, sin)
             kc, vc = self.pool.keys[li], self.pool.values[li]  # (S, nkv, P, hd)
             if B == 1:
                 kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
@@ -168,10 +189,7 @@ class FastLlama(PooledCaches, CausalLM):
                                                       is_causal=mask is None and T > 1, enable_gqa=nkv != nh)
             else:
                 attn = _attention_by_row(q, kc, vc, slots, starts, row_masks, hd ** -0.5, nkv != nh)
-            x = x + layer.o(attn.transpose(1, 2).reshape(B, T, nh * hd))
-            h = _rms_norm(x, layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self._finish_layer(layer, x, attn)
         for c, n in zip(caches, lengths):
             c.length += n
         x = _rms_norm(x, self.final_norm, self.eps)
@@ -182,6 +200,29 @@ class FastLlama(PooledCaches, CausalLM):
             x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
         logits = self.lm_head(x)
         return logits, hidden
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """A layer's rotated queries (B, nh, T, hd), keys (B, T, nkv, hd) and values (B, T, nkv, hd) of x (B, T, H);
+        cos, sin: (B, 1, T, hd) of the tokens' positions. Shared by the eager and the shape-static pass."""
+        B, T, _ = x.shape
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        h = _rms_norm(x, layer.input_norm, self.eps)
+        q, k, v = layer.qkv(h)
+        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd)
+        q = q * cos + _rotate_half(q) * sin
+        k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # (B, T, nkv, hd)
+        return q, k, v
+
+    def _finish_layer(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream (B, T, H) after a layer whose attention output is attn (B, nh, T, hd): the output
+        projection, then the MLP."""
+        B, T, _ = x.shape
+        x = x + layer.o(attn.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        h = _rms_norm(x, layer.post_norm, self.eps)
+        gate, up = layer.gate_up(h)
+        return x + layer.down(F.silu(gate) * up)
 
     def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None):
         """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import BACKENDS, check_device_dtype
+from ..config import BACKENDS, GRAPHS, check_device_dtype
 from ..errors import ConfigError, ModelLoadError, first_line
 from .backend import CausalLM, HFBackend, ModelInfo
 from .registry import KNOWN_MODELS
@@ -78,12 +78,15 @@ def locate(spec: str) -> tuple[str, str | None]:
 
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-               backend: str = "auto", slots: int = 1, max_context: int | None = None) -> LoadedModel:
+               backend: str = "auto", slots: int = 1, max_context: int | None = None,
+               graphs: str = "auto") -> LoadedModel:
     """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model. max_context:
     sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
-    holds that many rows a slot, and info.max_context, which every length check reads, says it."""
+    holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs: see
+    make_backend."""
     check_device_dtype(device, dtype)
     check_backend(backend)
+    check_graphs(graphs)
     folder, gguf = locate(spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -93,7 +96,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
-                       backend=make_backend(hf_model, info, backend, slots, max_context))
+                       backend=make_backend(hf_model, info, backend, slots, max_context, graphs))
 
 
 def check_backend(backend: str) -> None:
@@ -101,14 +104,38 @@ def check_backend(backend: str) -> None:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
+def check_graphs(graphs: str) -> None:
+    if graphs not in GRAPHS:
+        raise ConfigError(f"graphs must be one of {', '.join(GRAPHS)}, got {graphs!r}")
+
+
+def graph_mode(graphs: str, device: torch.device) -> str:
+    """FastLlama's graph mode for a --graphs choice: auto is captured graphs on CUDA and off elsewhere; on is
+    captured on CUDA and the same shape-static passes uncaptured elsewhere."""
+    if graphs == "off" or (graphs == "auto" and device.type != "cuda"):
+        return "off"
+    return "cuda" if device.type == "cuda" else "eager"
+
+
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
-                 max_context: int | None = None) -> CausalLM:
+                 max_context: int | None = None, graphs: str = "auto") -> CausalLM:
     """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
     bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
     kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only);
     kernels-bf16: bfloat16 products in every pass (activations rounded to bfloat16 at each matrix product's input;
     faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
-    transformers' own forward. auto: the first that fits."""
+    transformers' own forward. auto: the first that fits.
+    graphs (GRAPHS): the torch backend's decode and verify passes as CUDA graphs (docs/cuda.md); auto: on CUDA only;
+    on: also on a CPU, as the same shape-static passes uncaptured; a backend other than torch refuses on."""
+    check_graphs(graphs)
+    backend_made = _make_backend(hf_model, info, backend, slots, max_context, graph_mode(graphs, info.device))
+    if graphs == "on" and getattr(backend_made, "pass_graphs", None) is None:
+        raise ConfigError(f"--graphs on needs the torch backend (--backend torch), not {type(backend_made).__name__}")
+    return backend_made
+
+
+def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_context: int | None,
+                  graphs: str) -> CausalLM:
     from .llama import FastLlama, fast_path_problem
 
     check_backend(backend)
@@ -139,7 +166,7 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
                     print(f"specdec: {reason}; using the torch backend", file=sys.stderr)
         if backend == "kernels":
             raise ConfigError(f"the kernels backend is unavailable: {reason}")
-    return FastLlama(hf_model, info, slots=slots, max_context=max_context)
+    return FastLlama(hf_model, info, slots=slots, max_context=max_context, graphs=graphs)
 
 
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, int]:

@@ -13,12 +13,13 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
                  device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
                  adaptive: bool = True, sampling_verifier: str = "auto", trust_remote_code: bool = False,
                  max_batch_for_drafting: int | None = None, acceptance: str = "exact", max_context: int | None = None,
-                 **drafter_options):
+                 graphs: str = "auto", **drafter_options):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
     LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
-    (prompt, output, drafts), at most the model's context (default: the model's)."""
+    (prompt, output, drafts), at most the model's context (default: the model's). graphs: the target's passes as
+    CUDA graphs (models/loading.py make_backend; a draft model takes them where its backend can)."""
     from ..costs import CostModel, measure_verify_costs
     from ..config import SpeculationConfig
     from ..drafters import create_drafter
@@ -30,7 +31,7 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
                                     sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting,
                                     acceptance=acceptance)
     target = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend,
-                        slots=slots, max_context=max_context)
+                        slots=slots, max_context=max_context, graphs=graphs)
     if max_context and max_context > target.info.max_context:
         raise ConfigError(f"--max-context {max_context} is beyond the model's context of {target.info.max_context} "
                           "tokens")

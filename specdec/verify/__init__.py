@@ -29,6 +29,7 @@ import torch
 
 from ..config import EXACT, Acceptance, SamplingConfig
 from ..sampling import draw, probs_from_logits
+from .device import chain_greedy_on_device, tree_greedy_on_device
 from .lossy import acceptable, lossy_verify
 from .tree import tree_children, tree_coupled_verify, tree_depths, tree_mask, tree_rejection_verify, tree_walk
 
@@ -86,7 +87,7 @@ def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generat
         if noise is not None:
             return tree_coupled_verify(draft.tokens, draft.parents, p, noise([0] + tree_depths(draft.parents)))
         return tree_rejection_verify(draft.tokens, draft.parents, p, generator)
-    tokens = draft.tokens.to(logits.device)
+    tokens = draft.tokens.to(logits.device, non_blocking=True)
     if sampling.greedy:
         n, token = greedy_verify(tokens, logits)
     else:
@@ -110,7 +111,10 @@ def greedy_choices(scores: torch.Tensor) -> torch.Tensor:
 
 def tree_greedy_verify(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
     """Walks down from the root while a child carries the target's argmax. target_logits: (N + 1, V)."""
-    return tree_walk(tokens.tolist(), parents, greedy_choices(target_logits).tolist())
+    choice = greedy_choices(target_logits)  # (N + 1,)
+    if choice.device.type != "cpu":  # one host synchronisation instead of one per read
+        return tree_greedy_on_device(tokens.to(choice.device, non_blocking=True), parents, choice)
+    return tree_walk(tokens.tolist(), parents, choice.tolist())
 
 
 def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
@@ -120,6 +124,8 @@ def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
     Example: draft [5, 7, 9], argmax rows [5, 7, 2, 4] -> (2, 2): 5 and 7 accepted, 2 recovered.
     """
     choice = greedy_choices(target_logits)  # (k+1,)
+    if choice.device.type != "cpu":  # one host synchronisation instead of one per read
+        return chain_greedy_on_device(draft.to(choice.device, non_blocking=True), choice)
     return _longest_match(draft, choice)
 
 
