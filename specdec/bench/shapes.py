@@ -1,0 +1,239 @@
+"""`specdec bench-shape`: the speed of named model shapes with random weights (models/shapes.py).
+
+Per shape, on the same weights in one process: specdec's plain decoding (the engine's own step, no drafter),
+transformers' greedy `generate`, the time of one target pass over T new tokens after the prompt, and the weights'
+bytes; with the device's measured memory read bandwidth, the bandwidth bound on decoding (bandwidth over the bytes
+a step reads) and the share of it plain decoding reaches. Random weights make acceptance meaningless: it measures
+speed only and reports no acceptance.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import GenerationConfig
+from ..costs import measure_verify_costs
+from ..engine import SpecDecoder
+from ..errors import ConfigError
+from ..models.shapes import ShapeModel, bytes_read_per_token, load_shape, weight_bytes
+from .runner import machine_info
+
+SPEED_ONLY_NOTE = ("random weights: speed only. The outputs mean nothing, so no acceptance, MAT or drafter figure "
+                   "is reported.")
+BANDWIDTH_BUFFER_BYTES = 512 << 20  # 16x a 32 MiB L3 cache, 10x an H100's L2: the reads come from memory
+
+
+@dataclass(frozen=True)
+class ShapeBenchSettings:
+    device: str = "auto"
+    dtype: str = "auto"
+    backend: str = "auto"
+    prompt_tokens: int = 125
+    new_tokens: int = 128
+    pass_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    repeats: int = 3
+    seed: int = 0
+
+    def check(self) -> None:
+        for option, value in (("--prompt-tokens", self.prompt_tokens), ("--new-tokens", self.new_tokens),
+                              ("--repeats", self.repeats)):
+            if value < 1:
+                raise ConfigError(f"{option} must be >= 1, got {value}")
+        if not self.pass_sizes or min(self.pass_sizes) < 1:
+            raise ConfigError(f"pass sizes must be whole numbers >= 1, got {list(self.pass_sizes)}")
+
+    @property
+    def context(self) -> int:
+        """KV cache rows a shape needs: the prompt, then the longer of the generation and the largest pass."""
+        return self.prompt_tokens + max(self.new_tokens, max(self.pass_sizes)) + 16
+
+
+def parse_sizes(text: str, option: str = "--pass-sizes") -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16): whole numbers >= 1, each once, in the order given."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated whole numbers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"{option} takes whole numbers >= 1, got {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    fn()
+    _synchronize(device)
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def memory_read_bandwidth(device: torch.device, buffer_bytes: int = BANDWIDTH_BUFFER_BYTES, reads: int = 5) -> float:
+    """Bytes per second of the fastest of `reads` full reads of a buffer much larger than the caches, each read
+    once as float32 sums and once as a byte maximum (whichever this machine runs nearer its memory's speed)."""
+    buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)  # written once: pages are mapped
+    as_bytes = buffer.view(torch.uint8)
+    best = min(_timed(op, device) for _ in range(reads) for op in (buffer.sum, as_bytes.amax))
+    del buffer, as_bytes
+    return buffer_bytes / best
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+@torch.inference_mode()
+def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSettings) -> dict:
+    """tokens/s of specdec's plain decoding and of transformers' greedy generate on `prompt`: the median of
+    `repeats` runs each (after one short untimed run each), the two alternating run by run."""
+    loaded, device = model.loaded, model.loaded.info.device
+    decoder = SpecDecoder(loaded, None)
+    n = settings.new_tokens
+    ids = torch.tensor([prompt], device=device)
+    outputs = {}
+
+    def specdec_plain(tokens: int = n) -> None:
+        config = GenerationConfig.create(max_new_tokens=tokens, ignore_eos=True)
+        outputs["specdec_plain"] = decoder.generate_ids(prompt, config)[0]
+
+    def hf_generate(tokens: int = n) -> None:
+        out = loaded.hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                       do_sample=False, pad_token_id=0)  # the shape has no EOS: all n come
+        outputs["hf_generate"] = out[0, len(prompt):].tolist()
+
+    methods = {"specdec_plain": specdec_plain, "hf_generate": hf_generate}
+    for run in methods.values():
+        run(min(8, n))
+    seconds = {name: [] for name in methods}
+    made = {}
+    for i in range(settings.repeats):
+        for name, run in (list(methods.items()) if i % 2 == 0 else list(methods.items())[::-1]):
+            seconds[name].append(_timed(run, device))
+            made[name] = outputs[name]
+    result = {}
+    for name in methods:
+        if len(made[name]) != n:
+            raise RuntimeError(f"{name} made {len(made[name])} tokens, not the {n} asked for")
+        result[name] = {"tokens_per_s": n / _median(seconds[name]), "seconds": seconds[name], "tokens": n}
+    result["specdec_over_hf_generate"] = result["specdec_plain"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"]
+    # a sanity figure, not a check: in bfloat16 a near-tie may break either way in the two implementations
+    result["same_tokens_as_hf_generate"] = made["specdec_plain"] == made["hf_generate"]
+    return result
+
+
+def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) -> dict:
+    """One shape's figures (see the module's docstring); its model is freed before returning."""
+    model = load_shape(name, settings.device, settings.dtype, settings.backend, seed=settings.seed,
+                       max_context=settings.context)
+    info, hf_model = model.loaded.info, model.loaded.hf_model
+    generator = torch.Generator().manual_seed(settings.seed)
+    prompt = torch.randint(0, info.vocab_size, (settings.prompt_tokens,), generator=generator).tolist()
+    speeds = decode_speeds(model, prompt, settings)
+    passes = measure_verify_costs(model.loaded.backend, sizes=settings.pass_sizes, context=settings.prompt_tokens,
+                                  repeats=settings.repeats)
+    per_token = bytes_read_per_token(hf_model)
+    entry = {
+        "shape": name, "source": model.shape.source, "config_class": model.shape.config_class,
+        "model_type": hf_model.config.model_type, "parameters": sum(p.numel() for p in hf_model.parameters()),
+        "dtype": str(info.dtype).replace("torch.", ""), "device": str(info.device),
+        "backend": model.backend_name, "backend_class": type(model.loaded.backend).__name__,
+        "fast_path_problem": model.fast_path_problem, "kernels_problem": model.kernels_problem,
+        "weight_bytes": weight_bytes(hf_model), "bytes_read_per_token": per_token,
+        **speeds,
+        "pass_seconds": {str(size): seconds for size, seconds in passes.items()},
+    }
+    if bandwidth:
+        bound = bandwidth / per_token
+        entry["bandwidth_bound_tokens_per_s"] = bound
+        entry["specdec_plain_share_of_bound"] = speeds["specdec_plain"]["tokens_per_s"] / bound
+    del model, hf_model
+    gc.collect()
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return entry
+
+
+def commit() -> str | None:
+    """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=10)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("SPECDEC_COMMIT") or None
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "cuda": torch.version.cuda if device.type == "cuda" else None, "machine": machine_info()}
+
+
+def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) -> dict:
+    """The bench-shape JSON for these shapes, measured one after another on one device."""
+    from ..models.loading import check_backend, resolve_device
+
+    settings.check()
+    check_backend(settings.backend)
+    from ..models.llama import fast_path_problem
+    from ..models.shapes import shape_config
+
+    for name in names:  # every name, and the backend asked for each, is checked before anything is built
+        problem = fast_path_problem(shape_config(name))
+        if problem and settings.backend not in ("auto", "hf"):
+            raise ConfigError(f"the {settings.backend} backend does not support the {name} shape: {problem}")
+    device = resolve_device(settings.device)
+    bandwidth = memory_read_bandwidth(device)
+    out = {"kind": "bench-shape", "speed_only": True, "note": SPEED_ONLY_NOTE, **environment(device),
+           "device": str(device), "settings": {"dtype": settings.dtype, "backend": settings.backend,
+                                               "prompt_tokens": settings.prompt_tokens,
+                                               "new_tokens": settings.new_tokens,
+                                               "pass_sizes": list(settings.pass_sizes), "repeats": settings.repeats,
+                                               "seed": settings.seed},
+           "memory_read_bandwidth_bytes_per_s": bandwidth, "bandwidth_buffer_bytes": BANDWIDTH_BUFFER_BYTES,
+           "shapes": []}
+    for name in names:
+        if progress:
+            progress(f"bench-shape: {name}")
+        out["shapes"].append(bench_one(name, settings, bandwidth))
+    return out
+
+
+def table(result: dict) -> str:
+    """A console table: one row per shape."""
+    sizes = result["settings"]["pass_sizes"]
+    head = (f"{'shape':<14} {'backend':<8} {'params':>7} {'specdec':>8} {'hf gen':>8} {'ratio':>6} {'bound':>8} "
+            f"{'share':>6}  " + " ".join(f"{'pass ' + str(s):>9}" for s in sizes))
+    lines = [f"bench-shape | {result['device']} {result.get('gpu') or ''} | {result['settings']['dtype']} | prompt "
+             f"{result['settings']['prompt_tokens']}, {result['settings']['new_tokens']} new tokens | tok/s; pass "
+             f"times in ms | {SPEED_ONLY_NOTE}", head, "-" * len(head)]
+    for s in result["shapes"]:
+        bound, share = s.get("bandwidth_bound_tokens_per_s"), s.get("specdec_plain_share_of_bound")
+        lines.append(f"{s['shape']:<14} {s['backend']:<8} {s['parameters'] / 1e6:>6.0f}M "
+                     f"{s['specdec_plain']['tokens_per_s']:>8.1f} {s['hf_generate']['tokens_per_s']:>8.1f} "
+                     f"{s['specdec_over_hf_generate']:>5.2f}x {'-' if bound is None else f'{bound:.1f}':>8} "
+                     f"{'-' if share is None else f'{share:.0%}':>6}  "
+                     + " ".join(f"{s['pass_seconds'][str(size)] * 1e3:>9.2f}" for size in sizes))
+        if s["fast_path_problem"]:
+            lines.append(f"  {s['shape']}: transformers' forward (hf): {s['fast_path_problem']}")
+        if s["kernels_problem"]:
+            lines.append(f"  {s['shape']}: the torch forward, not the kernels: {s['kernels_problem']}")
+    return "\n".join(lines)
