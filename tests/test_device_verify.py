@@ -3,9 +3,9 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from specdec.verify import _longest_match, greedy_verify
+from specdec.verify import _longest_match, greedy_verify, tree_greedy_verify
 from specdec.verify.device import chain_greedy_on_device, tree_greedy_on_device
-from specdec.verify.tree import _walk, tree_greedy_verify
+from specdec.verify.tree import tree_walk
 
 SMALL = st.integers(0, 3)  # a small vocabulary: matches, mismatches and equal siblings are all common
 
@@ -35,7 +35,7 @@ def test_chain_on_device_is_the_longest_match(chain):
 @given(trees())
 def test_tree_on_device_is_the_walk_down_the_first_matching_children(tree):
     parents, tokens, choice = tree
-    want = _walk(tokens, parents, choice)
+    want = tree_walk(tokens, parents, choice)
     assert tree_greedy_on_device(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(choice)) == want
 
 

@@ -192,7 +192,7 @@ class FastLlama(PooledCaches, CausalLM):
             x = self._finish_layer(layer, x, attn)
         for c, n in zip(caches, lengths):
             c.length += n
-        x = _rms_norm(x, self.final_norm, self.eps)
+        x = self._final_norm(x)
         hidden = None
         if output_hidden:
             hidden = torch.cat([x] + [feature_inputs[i] for i in self.feature_layers if i in feature_inputs], dim=-1)
@@ -223,6 +223,10 @@ class FastLlama(PooledCaches, CausalLM):
         h = _rms_norm(x, layer.post_norm, self.eps)
         gate, up = layer.gate_up(h)
         return x + layer.down(F.silu(gate) * up)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the residual stream x (B, T, H): the LM head's input."""
+        return _rms_norm(x, self.final_norm, self.eps)
 
     def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None):
         """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors.

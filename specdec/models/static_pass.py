@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .llama import _rms_norm
-
 
 @dataclass
 class StaticInputs:
@@ -98,6 +96,6 @@ def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
                                               enable_gqa=nkv != nh)
         x = model._finish_layer(layer, x, attn)
-    x = _rms_norm(x, model.final_norm, model.eps)
+    x = model._final_norm(x)
     hidden = torch.cat([x] + [features[li] for li in feature_layers], dim=-1)
     return model.lm_head(x), hidden
