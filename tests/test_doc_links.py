@@ -37,3 +37,11 @@ def test_a_dead_link_is_found(tmp_path):
                                         "`[not a link](nowhere.md)` ![plot](docs/gone.png)")
     (tmp_path / "docs" / "experiments" / "a.md").write_text("[up](../guide.md#part) [moved](../../bench/x.json)")
     assert dead_links(tmp_path) == ["README.md: docs/gone.png", "docs/experiments/a.md: ../../bench/x.json"]
+
+
+def test_every_bench_tool_and_experiment_is_indexed():
+    """bench/README.md documents every maintained tool, experiments/README.md every experiment script."""
+    for folder, patterns in (("bench", ("*.py", "*.sh")), ("experiments", ("*.py",))):
+        index = (REPO / folder / "README.md").read_text(encoding="utf-8")
+        scripts = sorted(p.name for pattern in patterns for p in (REPO / folder).glob(pattern))
+        assert scripts and not [s for s in scripts if f"`{s}`" not in index], (folder, scripts)
