@@ -90,6 +90,7 @@ def test_bench_shape_end_to_end(tmp_path, capsys, tiny_shapes):
         assert entry["weight_bytes"] == entry["parameters"] * 4
         assert 0 < entry["specdec_plain_share_of_bound"] == pytest.approx(
             entry["specdec_plain"]["tokens_per_s"] / entry["bandwidth_bound_tokens_per_s"])
+        assert entry["specdec_plain"]["decode_tokens_per_s"] > 0 and entry["specdec_decode_share_of_bound"] > 0
         assert entry["same_tokens_as_hf_generate"] is True  # float32, greedy: specdec's plain decoding is generate's
         assert not any(k in entry for k in ("mean_accepted_tokens", "acceptance_rate"))
     assert llama["backend"] in ("kernels", "torch") and llama["fast_path_problem"] is None
