@@ -42,7 +42,8 @@ class KVPool:
     @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
         """Moves entries start + keep[i] to start + i (keep ascending) and sets the length after them."""
-        src = torch.tensor([start + i for i in keep], device=self.keys.device)
+        # copied without waiting: on a GPU a blocking copy from the host would synchronise every step
+        src = torch.tensor([start + i for i in keep]).to(self.keys.device, non_blocking=True)
         dst = slice(start, start + len(keep))
         for tensor in (self.keys, self.values):
             tensor[:, cache.slot, :, dst] = tensor[:, cache.slot].index_select(2, src)

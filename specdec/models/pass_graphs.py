@@ -9,8 +9,9 @@ the largest size, an early exit) returns None, and FastLlama runs its eager forw
 
 With capture on (CUDA), each bucket's pass is warmed up on a side stream, captured once with torch.cuda.graph (all
 buckets share one memory pool; at load, every (B, T) with the smallest window, the largest first; other windows at
-their first use) and replayed; its outputs are cloned before the next replay overwrites them. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly:
-that is how the CPU tests cover the graph path. Graphs read the pool's tensors and the target's feature layers as
+their first use) and replayed; its outputs are cloned at once, since a later replay of any graph in the pool may
+overwrite them. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly: that is
+how the CPU tests cover the graph path. Graphs read the pool's tensors and the target's feature layers as
 they were at capture; when the pool grows (more slots) or a drafter asks for more feature layers, they are captured
 again at their next use.
 """
