@@ -109,7 +109,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     kernels-bf16: bfloat16 products in every pass (activations rounded to bfloat16 at each matrix product's input;
     faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
     transformers' own forward. auto: the first that fits."""
-    from .llama import FastLlama, fast_path_problem
+    from .family import family_of, fast_path_problem
+    from .llama import FastLlama
 
     check_backend(backend)
     problem = fast_path_problem(hf_model.config)
@@ -121,7 +122,13 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     if backend in ("kernels", "torch") and problem:
         raise ConfigError(f"the {backend} backend does not support this model: {problem}")
     if backend == "hf" or problem:
+        if backend != "hf":
+            print(fallback_line(hf_model.config, problem), file=sys.stderr)
         return HFBackend(hf_model, info)
+    limit = family_of(hf_model.config).context_limit
+    if limit and limit < info.max_context:  # past it LongRoPE's frequencies change: the fast paths stop there
+        info = replace(info, max_context=limit)
+        max_context = min(max_context or limit, limit)
     if backend == "kernels" or (backend == "auto" and info.device.type == "cpu"):
         from ..kernels import KernelUnavailable, unavailable_reason
 
@@ -140,6 +147,12 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
         if backend == "kernels":
             raise ConfigError(f"the kernels backend is unavailable: {reason}")
     return FastLlama(hf_model, info, slots=slots, max_context=max_context)
+
+
+def fallback_line(config, problem: str) -> str:
+    """The one line that says a model runs on transformers' forward, and what the fast paths lack for it."""
+    return (f"specdec: {config.model_type} runs on the hf backend (transformers' own forward, several times slower, "
+            f"no quantized drafter): the fast paths do not support {problem}")
 
 
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, int]:
