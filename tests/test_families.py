@@ -128,3 +128,20 @@ def test_longrope_models_run_on_the_fast_paths_up_to_where_their_short_factors_h
     model = family_model("phi3-longrope-window")
     target = loaded(model, backend)
     assert target.info.max_context == family_of(model.config).context_limit == 96 < model.config.max_position_embeddings
+
+
+@pytest.mark.parametrize("name", ["qwen3-window", "phi3-longrope-window", "gemma2", "gemma3"])
+def test_float32_speculation_on_the_torch_forward_is_plain_decoding_alone_and_in_a_batch(name):
+    """Tree verify passes (their masks under the windows), and several requests in one pass from scattered slots."""
+    model = family_model(name)
+    target = loaded(model, "torch", slots=2)
+    torch.manual_seed(1)
+    head = new_head(model, "tiny", torch.arange(model.config.vocab_size))
+    spec = SpecDecoder(target, EagleDrafter(head, tree=True, width=3),
+                       SpeculationConfig(num_speculative_tokens=4, adaptive=False))
+    plain = SpecDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [p + p for p in prompt_ids()]
+    want = [plain.generate_ids(p, config)[0] for p in prompts]
+    assert [spec.generate_ids(p, config)[0] for p in prompts] == want
+    assert [r.token_ids for r in spec.generate_many(prompts, config)] == want
