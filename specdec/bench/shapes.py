@@ -199,7 +199,7 @@ def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) ->
 
     settings.check()
     check_backend(settings.backend)
-    from ..models.llama import fast_path_problem
+    from ..models.family import fast_path_problem
     from ..models.shapes import shape_config
 
     for name in names:  # every name, and the backend asked for each, is checked before anything is built

@@ -224,5 +224,18 @@ def frozen_parts(hf_model, draft_ids: torch.Tensor):
     inverse frequencies (hd/2,)."""
     embed = hf_model.get_input_embeddings().weight.detach().float().cpu()
     lm_head = hf_model.get_output_embeddings().weight.detach().float().cpu()
-    inv_freq = hf_model.model.rotary_emb.inv_freq.detach().float().cpu()
-    return embed, lm_head, draft_ids, inv_freq
+    head_dim = getattr(hf_model.config, "head_dim", None) or hf_model.config.hidden_size // \
+        hf_model.config.num_attention_heads
+    return embed, lm_head, draft_ids, head_inv_freq(hf_model, head_dim)
+
+
+def head_inv_freq(hf_model, head_dim: int) -> torch.Tensor:
+    """The RoPE inverse frequencies (head_dim/2,) float32 a head turns its whole heads by: the target's, or where the
+    target turns only part of each head or keeps a table per layer type (Phi-4-mini, Gemma 3), the default ones at
+    its (global) base."""
+    inv_freq = getattr(hf_model.model.rotary_emb, "inv_freq", None)
+    if inv_freq is not None and inv_freq.numel() * 2 == head_dim:
+        return inv_freq.detach().float().cpu()
+    rope = getattr(hf_model.config, "rope_parameters", None) or {}
+    base = rope.get("full_attention", rope).get("rope_theta", 10000.0)
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))

@@ -95,19 +95,34 @@ void accumulate(int64_t dv, int64_t rows, const float* const* w, int64_t i0, int
   }
 }
 
+// How a layer's attention scores: scale (the scores' factor), softcap (0: none; else scores -> cap * tanh(s / cap)),
+// window (0: none) and pos (N,): the new tokens' positions, which a window reads.
+struct AttentionShape {
+  float scale, softcap;
+  int64_t window;
+  const int64_t* pos;
+};
+
+// Whether token i's position is above `from` (always, for from < 0: no window).
+inline bool pos_after(const int64_t* pos, int64_t i, int64_t from) { return from < 0 || pos[i] > from; }
+
 // Attention of every new token, per sequence s and KV head g: the rows are (token t, head h of group g).
 // Row (t, h) sees keys [0, start_s) and the new tokens its mask allows (causal: u <= t). Scores come in
 // blocks of 16 keys, score = sum over d in increasing order of q[d] k[d]; the softmax sum and the
 // weighted sum of values run over the visible keys in increasing order.
 // nh query heads share nkv KV heads of hd floats; qkv (N, qkv_width) holds each token's q, k and v after RoPE;
 // kc, vc: one layer's cache (slots, nkv, P, hd), keys in blocks of 16 positions; out (N, nh * hd). skip: sequences
-// left to attention_split_keys (none if null).
+// left to attention_split_keys (none if null). With a window (shape.window > 0) a token at position p sees only the
+// keys at positions > p - window: cached key j sits at position j, new token u at its position shape.pos.
 template <typename KV>
 void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const KV* kc,
                const KV* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot, const int64_t* start,
-               bool causal, int64_t T, const uint8_t* mask, float* out, const std::vector<uint8_t>* skip = nullptr) {
+               bool causal, int64_t T, const uint8_t* mask, float* out, const AttentionShape& shape,
+               const std::vector<uint8_t>* skip = nullptr) {
   const int64_t groups = nh / nkv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = shape.scale;
+  const int64_t window = shape.window;
+  const int64_t* pos = shape.pos;
   // tasks: (sequence, KV head, chunk of query rows); a chunk shares every key load among its rows, so chunks are
   // as large as the registers allow (8 rows) while every thread still gets two tasks. One row per task would read
   // each cached key once per query row: a verify pass over 3-5 tokens at an 800-token context cost 10-16% more.
@@ -123,7 +138,7 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores, weights, acc;
     std::vector<int64_t> tail_keys;
-    int64_t contig[8], count[8];
+    int64_t lowest[8], contig[8], count[8];
     float inv_totals[8];
     const float* wptr[8];
     float* aptr[8];
@@ -133,6 +148,10 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
       // causal rows see no key past their own token: score only the blocks up to the chunk's last row
       const int64_t keys = causal ? base + (first + rows - 1) / groups + 1 : base + Ts;
       const int64_t blocks = (keys + 15) / 16, width = blocks * 16;
+      // the first key any row sees (a window hides the older ones)
+      for (int64_t r = 0; r < rows; ++r)
+        lowest[r] = window ? std::max<int64_t>(0, pos[off[s] + (first + r) / groups] - window + 1) : 0;
+      const int64_t skipped = *std::min_element(lowest, lowest + rows) / 16;  // blocks no row sees
       scores.assign(rows * width, 0.0f);
       const KV* kbase = kc + (slot[s] * nkv + g) * P * hd;
       const KV* vbase = vc + (slot[s] * nkv + g) * P * hd;
@@ -141,43 +160,50 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
         const int64_t row = first + r;
         q[r] = qkv + (off[s] + row / groups) * qkv_width + (g * groups + row % groups) * hd;
       }
-      score_rows(rows, q, kbase, hd, blocks, scale, scores.data(), width);
-      // Each row sees keys [0, base) and the new tokens its mask allows, in increasing order: the first
-      // `contig[r]` of them are keys 0, 1, ... (all of them for causal rows), the rest are listed in tail_keys.
+      score_rows(rows, q, kbase + skipped * hd * 16, hd, blocks - skipped, scale, scores.data() + skipped * 16,
+                 width);
+      // Each row sees keys [lowest, base) and the new tokens its mask (and window) allows, in increasing order: the
+      // first of them are keys lowest, lowest + 1, ... up to contig[r] (all of them for causal rows), the rest are
+      // listed in tail_keys.
       const int64_t stride = (base + Ts + 15) / 16 * 16;
       weights.assign(rows * stride, 0.0f);
       tail_keys.assign(rows * Ts, 0);
       acc.assign(rows * hd, 0.0f);
-      int64_t shared = base + Ts;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = first + r, t = row / groups;
+        const int64_t row = first + r, t = row / groups, lo = lowest[r];
+        const int64_t seen_from = window ? pos[off[s] + t] - window : -1;  // positions above this are in the window
         const float* sc = &scores[r * width];
-        int64_t n = base, tails = 0;
+        int64_t n = std::max(lo, base), tails = 0;
         for (int64_t u = 0; u < Ts; ++u)
-          if (causal ? u <= t : mask[(s * T + t) * T + u] != 0) {
+          if ((causal ? u <= t : mask[(s * T + t) * T + u] != 0) && pos_after(pos, off[s] + u, seen_from)) {
             if (tails == 0 && base + u == n) ++n;  // still consecutive
             else tail_keys[r * Ts + tails++] = base + u;
           }
         contig[r] = n;
         count[r] = n + tails;
-        shared = std::min(shared, n);
         // Softmax over the visible keys in increasing order: a token's attention depends on which keys it
         // sees, never on where they sit in the cache (a tree node and its compacted path agree bit for bit).
         const int64_t* tk = &tail_keys[r * Ts];
-        float top = -INFINITY;
-        for (int64_t i = 0; i < n; ++i) top = std::max(top, sc[i]);
-        for (int64_t i = 0; i < tails; ++i) top = std::max(top, sc[tk[i]]);
         float* wr = &weights[r * stride];
-        std::copy(sc, sc + n, wr);
+        std::copy(sc + lo, sc + n, wr + lo);
         for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]];
-        inv_totals[r] = 1.0f / exp_shifted(wr, count[r], top);
+        if (shape.softcap != 0.0f) soft_cap(wr + lo, count[r] - lo, shape.softcap);
+        float top = -INFINITY;
+        for (int64_t i = lo; i < count[r]; ++i) top = std::max(top, wr[i]);
+        inv_totals[r] = 1.0f / exp_shifted(wr + lo, count[r] - lo, top);
         wptr[r] = wr;
         aptr[r] = &acc[r * hd];
       }
-      // value sums: the keys every row sees together (sharing each load of v), then each row's own
-      accumulate(hd / 16, rows, wptr, 0, shared, vbase, hd, aptr);
+      // value sums in increasing key order: each row's keys below those every row sees, those every row sees
+      // together (sharing each load of v), then each row's own
+      const int64_t shared_from = *std::max_element(lowest, lowest + rows);
+      const int64_t shared_to = *std::min_element(contig, contig + rows);
+      const bool together = shared_to > shared_from;
+      for (int64_t r = 0; r < rows; ++r)
+        accumulate(hd / 16, 1, wptr + r, lowest[r], together ? shared_from : contig[r], vbase, hd, aptr + r);
+      if (together) accumulate(hd / 16, rows, wptr, shared_from, shared_to, vbase, hd, aptr);
       for (int64_t r = 0; r < rows; ++r) {
-        accumulate(hd / 16, 1, wptr + r, shared, contig[r], vbase, hd, aptr + r);
+        if (together) accumulate(hd / 16, 1, wptr + r, shared_to, contig[r], vbase, hd, aptr + r);
         const float* wr = wptr[r];
         float* a = aptr[r];
         for (int64_t i = contig[r]; i < count[r]; ++i) {

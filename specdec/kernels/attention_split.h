@@ -20,13 +20,13 @@ std::vector<uint8_t> split_sequences(int64_t S, const int64_t* off, int64_t grou
   return split;
 }
 
-// Same arguments as attention() with causal order (no masks), for the sequences `split` marks.
+// Same arguments as attention() with causal order (no masks) and no window or soft cap, for the sequences `split`
+// marks; scale: the scores' factor.
 template <typename KV>
 void attention_split_keys(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qkv_width, const KV* kc,
                           const KV* vc, int64_t P, int64_t S, const int64_t* off, const int64_t* slot,
-                          const int64_t* start, float* out, const std::vector<uint8_t>& split) {
+                          const int64_t* start, float* out, const std::vector<uint8_t>& split, float scale) {
   const int64_t groups = nh / nkv, part = hd + 2;  // a partial: highest score, sum of exponentials, hd value sums
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   struct Chunk { int64_t s, g, first, rows, pieces, partials; };  // rows share every key load (score_rows)
   std::vector<Chunk> chunks;
   std::vector<std::array<int64_t, 2>> tasks;  // chunk, piece

@@ -1,4 +1,5 @@
-// specdec CPU kernels: a Llama-family forward pass whose results do not depend on batch shape.
+// specdec CPU kernels: a Llama-family forward pass (Qwen3's q/k norms and sliding windows included) whose results
+// do not depend on batch shape.
 //
 // Every number is computed in float32 from weights stored in float32, bfloat16 or float16. Each output
 // of a matrix product, each attention output and each norm is reduced in one fixed order that depends
@@ -52,45 +53,29 @@ using vec::f32x16;
 #include "kv_cache.h"
 #include "attention.h"
 #include "attention_split.h"
+#include "layers.h"
 
 constexpr int kRescoredLogits = 16;  // a drafting copy's highest 4-bit logits per row, computed again in 8 bits
-
-struct Config {
-  int64_t hidden, heads, kv_heads, head_dim, intermediate, layers, vocab;
-  float eps;
-};
-
-struct Layer {
-  torch::Tensor input_norm, post_norm;  // float32 (H,)
-  Weight qkv, o, gate_up, down;
-  torch::Tensor qkv_bias, o_bias;  // float32 or undefined
-};
 
 class CpuLlama {
  public:
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
-           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin, bool pairs,
-           bool quantized) {
+           torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin,
+           std::vector<int64_t> windows, std::vector<torch::Tensor> local_rope, std::vector<int64_t> local_layers,
+           std::vector<double> family, bool pairs, bool quantized) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
+    read_family(cfg_, family);
     TORCH_CHECK(cfg_.head_dim % 16 == 0 && cfg_.head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
     TORCH_CHECK(cfg_.hidden % 16 == 0, "hidden size must be a multiple of 16");
-    TORCH_CHECK(static_cast<int64_t>(layer_tensors.size()) == 8 * cfg_.layers, "8 tensors per layer");
+    TORCH_CHECK(static_cast<int64_t>(layer_tensors.size()) == kLayerTensors * cfg_.layers, "12 tensors per layer");
+    TORCH_CHECK(static_cast<int64_t>(windows.size()) == cfg_.layers && local_layers.size() == windows.size(),
+                "a window and a RoPE table choice per layer");
+    TORCH_CHECK(local_rope.empty() || local_rope.size() == 2, "local RoPE tables: none, or cos and sin");
     for (int64_t l = 0; l < cfg_.layers; ++l) {
-      const torch::Tensor* t = &layer_tensors[8 * l];
-      Layer layer;
-      auto weight = [&](const torch::Tensor& w) {
-        return quantized ? make_quantized_weight(w, 4) : make_weight(w, pairs);
-      };
-      layer.input_norm = t[0].contiguous().to(torch::kFloat32);
-      layer.qkv = weight(t[1]);
-      layer.qkv_bias = t[2].defined() && t[2].numel() ? t[2].contiguous().to(torch::kFloat32) : torch::Tensor();
-      layer.o = weight(t[3]);
-      layer.o_bias = t[4].defined() && t[4].numel() ? t[4].contiguous().to(torch::kFloat32) : torch::Tensor();
-      layer.post_norm = t[5].contiguous().to(torch::kFloat32);
-      layer.gate_up = weight(t[6]);
-      layer.down = weight(t[7]);
-      layers_.push_back(layer);
+      TORCH_CHECK(!local_layers[l] || !local_rope.empty(), "a layer on local RoPE tables that are not given");
+      layers_.push_back(make_layer(&layer_tensors[kLayerTensors * l], cfg_, windows[l], local_layers[l] != 0, pairs,
+                                   quantized));
     }
     embed_rows_ = embed.contiguous();
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
@@ -99,6 +84,15 @@ class CpuLlama {
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
+    rope_dims_ = cos_.size(1);
+    TORCH_CHECK(rope_dims_ % 2 == 0 && rope_dims_ <= cfg_.head_dim && sin_.size(1) == rope_dims_,
+                "RoPE tables: an even number of columns, at most head_dim");
+    if (!local_rope.empty()) {
+      cos_local_ = local_rope[0].contiguous().to(torch::kFloat32);
+      sin_local_ = local_rope[1].contiguous().to(torch::kFloat32);
+      TORCH_CHECK(cos_local_.sizes() == cos_.sizes() && sin_local_.sizes() == cos_.sizes(),
+                  "local RoPE tables: the global ones' shape");
+    }
   }
 
   // ids (N,) int64: the new tokens of S sequences, concatenated; offsets (S+1,): sequence s owns tokens
@@ -174,6 +168,8 @@ class CpuLlama {
       TORCH_CHECK(id[i] >= 0 && id[i] < embed_rows_.size(0), "token id out of range");
       const char* row = static_cast<const char*>(embed_rows_.data_ptr()) + id[i] * H * elem_size(embed_type_);
       for (int64_t k = 0; k < H; k += 16) vec::store(x + i * H + k, load16_any(row, k, embed_type_));
+      if (c.embed_scale != 0.0f)
+        for (int64_t k = 0; k < H; ++k) x[i * H + k] *= c.embed_scale;
     }
 
     const int64_t layer_stride = slot_count * nkv * P * hd;
@@ -185,8 +181,10 @@ class CpuLlama {
     torch::Tensor aux_t = torch::empty({N, A * H}, f32);
     float* aux = aux_t.data_ptr<float>();
     // a drafting copy's sequences of one or two tokens split their keys among threads (attention_split.h)
+    // (not in windowed layers, whose rows see fewer keys than that split assumes)
     const std::vector<uint8_t> split = lm_screen_.qbits && causal ? split_sequences(S, off, nh / nkv)
                                                                    : std::vector<uint8_t>(S, 0);
+    const std::vector<uint8_t> no_split(S, 0);
     for (int64_t l = 0; l < depth; ++l) {
       const Layer& L = layers_[l];
       for (int64_t j = 0; j < A; ++j)
@@ -200,7 +198,15 @@ class CpuLlama {
       at::parallel_for(0, N, kRowGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         float* row = qkv + i * qkv_width;
-        rope_heads(row, nh + nkv, hd, cos + pos[i] * hd, sin + pos[i] * hd);
+        if (L.q_norm.defined()) {
+          for (int64_t head = 0; head < nh; ++head)
+            rms_norm_row(row + head * hd, hd, L.q_norm.data_ptr<float>(), c.eps, row + head * hd);
+          for (int64_t head = nh; head < nh + nkv; ++head)
+            rms_norm_row(row + head * hd, hd, L.k_norm.data_ptr<float>(), c.eps, row + head * hd);
+        }
+        const float* ct = L.local_rope ? cos_local_.data_ptr<float>() : cos;
+        const float* st = L.local_rope ? sin_local_.data_ptr<float>() : sin;
+        rope_heads(row, nh + nkv, hd, rope_dims_, ct + pos[i] * rope_dims_, st + pos[i] * rope_dims_);
         const int64_t s = seq_of[i];
         const int64_t at = start[s] + (i - off[s]);
         for (int64_t g = 0; g < nkv; ++g) {
@@ -214,14 +220,21 @@ class CpuLlama {
         }
       }
       });
-      attention(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn, &split);
-      attention_split_keys(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, attn, split);
+      const std::vector<uint8_t>& layer_split = L.window || c.attn_softcap != 0.0f ? no_split : split;
+      const AttentionShape shape{c.attn_scale, c.attn_softcap, L.window, pos};
+      attention(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, causal, T, mask, attn, shape,
+                &layer_split);
+      attention_split_keys(nh, nkv, hd, qkv, qkv_width, kc, vc, P, S, off, slot, start, attn, layer_split,
+                           c.attn_scale);
       linear(attn, N, L.o, L.o_bias.defined() ? L.o_bias.data_ptr<float>() : nullptr, h, H, bf16_products);
+      if (L.attn_out_norm.defined()) rms_norm(h, N, H, L.attn_out_norm.data_ptr<float>(), c.eps, h);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
       rms_norm(x, N, H, L.post_norm.data_ptr<float>(), c.eps, h);
       linear(h, N, L.gate_up, nullptr, gu, 2 * I, bf16_products);
-      swiglu(gu, N, I, act);
+      if (c.gelu) geglu(gu, N, I, act);
+      else swiglu(gu, N, I, act);
       linear(act, N, L.down, nullptr, h, H, bf16_products);
+      if (L.mlp_out_norm.defined()) rms_norm(h, N, H, L.mlp_out_norm.data_ptr<float>(), c.eps, h);
       for (int64_t e = 0; e < N * H; ++e) x[e] += h[e];
     }
     rms_norm(x, N, H, final_norm_.data_ptr<float>(), c.eps, h);
@@ -236,6 +249,7 @@ class CpuLlama {
                       logits.data_ptr<float>());
     else
       linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
+    if (c.logit_softcap != 0.0f) soft_cap(logits.data_ptr<float>(), logits.numel(), c.logit_softcap);
     return {logits, h_t, aux_t};
   }
 
@@ -259,7 +273,9 @@ class CpuLlama {
   int embed_type_ = F32;
   Weight lm_head_;
   Weight lm_screen_;  // a drafting copy's 4-bit LM head, which screens the outputs its 8-bit one rescores
-  torch::Tensor final_norm_, cos_, sin_;
+  torch::Tensor final_norm_, cos_, sin_;  // cos_, sin_: (positions, rope_dims_)
+  torch::Tensor cos_local_, sin_local_;  // the windowed layers' own tables (Gemma 3), or undefined
+  int64_t rope_dims_ = 0;  // the head dims RoPE turns: head_dim, or its first part
 };
 
 #include "head_layer.h"
@@ -270,7 +286,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // module_local: an AVX2 and an AVX-512 build may share one process (tests compare them)
   pybind11::class_<CpuLlama>(m, "CpuLlama", pybind11::module_local())
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor, bool, bool>())
+                          torch::Tensor, torch::Tensor, torch::Tensor, std::vector<int64_t>, std::vector<torch::Tensor>,
+                          std::vector<int64_t>, std::vector<double>, bool, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
       .def_static("matmul", &CpuLlama::matmul);

@@ -97,7 +97,7 @@ class HeadLayer {
         cs[d] = cs[d + half] = std::cos(angle);
         sn[d] = sn[d + half] = std::sin(angle);
       }
-      rope_heads(qkv + t * width, nh_ + nkv_, hd_, cs.data(), sn.data());
+      rope_heads(qkv + t * width, nh_ + nkv_, hd_, hd_, cs.data(), sn.data());
     }
   }
 

@@ -42,21 +42,23 @@ inline float exp_shifted(float* w, int64_t n, float top) {
 // rows per task when row-wise work is split among threads (a row's result never depends on the split)
 constexpr int64_t kRowGrain = 32;
 
-// x (M, H) -> out (M, H): out = weight * (x / sqrt(mean(x^2) + eps))
+// one row x (H,) -> out (H,), which may be x itself: out = weight * (x / sqrt(mean(x^2) + eps))
+inline void rms_norm_row(const float* x, int64_t H, const float* weight, float eps, float* out) {
+  const float inv = 1.0f / std::sqrt(dot(x, x, H) / static_cast<float>(H) + eps);
+  for (int64_t h = 0; h < H; ++h) out[h] = weight[h] * (x[h] * inv);
+}
+
+// x (M, H) -> out (M, H): each row by rms_norm_row
 void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* out) {
   at::parallel_for(0, M, kRowGrain, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* xr = x + m * H;
-      const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
-      float* o = out + m * H;
-      for (int64_t h = 0; h < H; ++h) o[h] = weight[h] * (xr[h] * inv);
-    }
+    for (int64_t m = m0; m < m1; ++m) rms_norm_row(x + m * H, H, weight, eps, out + m * H);
   });
 }
 
-// RoPE (rotate-half form) on `heads` consecutive vectors of hd floats, one row's angles cr = cos, sr = sin (hd,)
-void rope_heads(float* row, int64_t heads, int64_t hd, const float* cr, const float* sr) {
-  const int64_t half = hd / 2;
+// RoPE (rotate-half form) on the first rd (even, <= hd) of each of `heads` consecutive vectors of hd floats (rd < hd:
+// the config rotates part of each head), one row's angles cr = cos, sr = sin (rd,)
+void rope_heads(float* row, int64_t heads, int64_t hd, int64_t rd, const float* cr, const float* sr) {
+  const int64_t half = rd / 2;
   for (int64_t head = 0; head < heads; ++head) {
     float* v = row + head * hd;
     float rotated[256];
@@ -64,7 +66,7 @@ void rope_heads(float* row, int64_t heads, int64_t hd, const float* cr, const fl
       rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
       rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
     }
-    std::copy(rotated, rotated + hd, v);
+    std::copy(rotated, rotated + rd, v);
   }
 }
 
@@ -78,4 +80,23 @@ void swiglu(const float* gu, int64_t M, int64_t I, float* act) {
         vec::store(act + i * I + e, vec::mul(silu, vec::load(gu + i * 2 * I + I + e)));
       }
   });
+}
+
+// gu (M, 2I): gate then up for each row -> act (M, I) = gelu(gate) * up, GELU in PyTorch's tanh form:
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's GeGLU)
+void geglu(const float* gu, int64_t M, int64_t I, float* act) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  at::parallel_for(0, M, kRowGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t e = 0; e < I; ++e) {
+        const float g = gu[i * 2 * I + e];
+        const float gelu = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)));
+        act[i * I + e] = gelu * gu[i * 2 * I + I + e];
+      }
+  });
+}
+
+// x (n,) in place: cap * tanh(x / cap) (Gemma 2's soft-capped scores and logits)
+inline void soft_cap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / cap) * cap;
 }

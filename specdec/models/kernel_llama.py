@@ -16,14 +16,15 @@ from __future__ import annotations
 import torch
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
+from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
 from .kvpool import KVPool, PooledCaches, rope_tables
 
 
 def kernel_shape_problem(config) -> str | None:
     """Why the kernels cannot run this (Llama-family) config, or None."""
-    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hd = _head_dim(config)
     for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size),
-                       ("head dim", hd)):
+                       ("head dim", hd), ("attention width", config.num_attention_heads * hd)):
         if size % 16:
             return f"{name} {size} is not a multiple of 16"
     if hd > 256:
@@ -32,38 +33,52 @@ def kernel_shape_problem(config) -> str | None:
 
 
 def kernel_model_args(hf_model, max_context: int) -> list:
-    """CpuLlama's arguments for a Llama-family model: dims, eps, 8 tensors per layer, embeddings, final norm, LM
-    head and RoPE tables for max_context positions (the packing flags follow)."""
+    """CpuLlama's arguments for a model of a family the fast paths run (family.py): dims, eps, 12 tensors per layer,
+    embeddings, final norm, LM head, RoPE tables for max_context positions, each layer's attention window, local
+    RoPE tables and which layers use them (Gemma 3), and the family's scalars (the packing flags follow)."""
     cfg = hf_model.config
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = getattr(cfg, "head_dim", None) or H // nh
+    hd = _head_dim(cfg)
     sd = hf_model.state_dict()
+    family = family_of(cfg)
+    none = torch.empty(0)
 
     def cat(names: list[str], suffix: str) -> torch.Tensor:
         parts = [sd.get(f"{n}.{suffix}") for n in names]
-        return torch.empty(0) if parts[0] is None else torch.cat(parts).contiguous()
+        return none if parts[0] is None else torch.cat(parts).contiguous()
+
+    def norm(name: str | None) -> torch.Tensor:
+        return none if name is None else norm_weight(sd[name + ".weight"], family).float()
 
     tensors = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        qkv = [p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]
-        tensors += [sd[p + "input_layernorm.weight"].float(), cat(qkv, "weight"), cat(qkv, "bias").float(),
+        qkv, norms, qk = qkv_names(p, family), norm_names(p, family), family.qk_norm
+        tensors += [norm(norms["input"]), cat(qkv, "weight"), cat(qkv, "bias").float(),
                     sd[p + "self_attn.o_proj.weight"].contiguous(),
-                    sd.get(p + "self_attn.o_proj.bias", torch.empty(0)).float(),
-                    sd[p + "post_attention_layernorm.weight"].float(),
-                    cat([p + "mlp.gate_proj", p + "mlp.up_proj"], "weight"),
-                    sd[p + "mlp.down_proj.weight"].contiguous()]
+                    sd.get(p + "self_attn.o_proj.bias", none).float(), norm(norms["mlp_in"]),
+                    cat(gate_up_names(p, family), "weight"), sd[p + "mlp.down_proj.weight"].contiguous(),
+                    norm(p + "self_attn.q_norm" if qk else None), norm(p + "self_attn.k_norm" if qk else None),
+                    norm(norms.get("attn_out")), norm(norms.get("mlp_out"))]
     embed = sd["model.embed_tokens.weight"].contiguous()
     lm_head = sd.get("lm_head.weight", embed).contiguous()
-    cos, sin = rope_tables(hf_model, max_context)
+    local = "sliding_attention"
+    cos, sin = rope_tables(hf_model, max_context, "full_attention" if family.rope_kinds else None)
+    local_tables = [t.cpu() for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
+    local_layers = [int(family.rope_kind(i) == local) for i in range(cfg.num_hidden_layers)]
+    # the embeddings' scale rounded to the weights' dtype, as Gemma's embedding module rounds it
+    embed_scale = float(torch.tensor(family.embed_scale).to(embed.dtype)) if family.embed_scale else 0.0
+    scalars = [embed_scale, family.attn_scale or 0.0, family.attn_softcap or 0.0, family.logit_softcap or 0.0,
+               float(family.gelu)]
     dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
-    return [dims, float(cfg.rms_norm_eps), tensors, embed, sd["model.norm.weight"].float(), lm_head, cos.cpu(),
-            sin.cpu()]
+    return [dims, float(cfg.rms_norm_eps), tensors, embed, norm("model.norm"), lm_head, cos.cpu(), sin.cpu(),
+            list(family.windows), local_tables, local_layers, scalars]
 
 
 def four_bit_problem(config) -> str | None:
     """Why the kernels cannot hold a 4-bit copy of this config (groups of 32 along every product's inner size)."""
-    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size)):
+    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size),
+                       ("attention width", config.num_attention_heads * _head_dim(config))):
         if size % 32:
             return f"{name} {size} is not a multiple of 32"
     return kernel_shape_problem(config)
@@ -97,8 +112,8 @@ class KernelLlama(PooledCaches, CausalLM):
         if info.device.type != "cpu":
             raise ValueError("the CPU kernels run on the CPU")
         self.info = info
-        H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-        hd = getattr(cfg, "head_dim", None) or H // nh
+        nkv = cfg.num_key_value_heads
+        hd = _head_dim(cfg)
         problem = kernel_shape_problem(cfg)
         if problem:
             raise ValueError(problem)
@@ -191,6 +206,10 @@ class KernelLlama(PooledCaches, CausalLM):
         if self.bf16_prefill and not self.bf16_products:
             return min(cache.length, prompt_len)
         return cache.length
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _first_pass(cache: SequenceCache) -> bool:

@@ -122,11 +122,17 @@ class PooledCaches:
         self.pool.copy(src, dst, length)
 
 
-def rope_tables(hf_model, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (positions, head_dim) in float32, computed as transformers' rotary embedding does."""
+def rope_tables(hf_model, positions: int, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (positions, rotated dims) in float32, computed as transformers' rotary embedding does; rotated
+    dims: the head dim, or its first part where the config rotates only that (partial_rotary_factor). The frequencies
+    are those it starts with (LongRoPE's short factors), not whatever a long pass of it left in inv_freq. kind: a layer
+    type, for rotary embeddings with a table per layer type (Gemma 3's)."""
     rotary = hf_model.model.rotary_emb
-    pos = torch.arange(positions, dtype=torch.float32, device=rotary.inv_freq.device)
-    freqs = pos[:, None] * rotary.inv_freq.float()[None, :]  # (P, hd/2)
-    angles = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
-    scale = getattr(rotary, "attention_scaling", 1.0)
+    prefix = f"{kind}_" if kind else ""
+    inv_freq = getattr(rotary, prefix + "original_inv_freq", None)
+    inv_freq = getattr(rotary, prefix + "inv_freq") if inv_freq is None else inv_freq
+    pos = torch.arange(positions, dtype=torch.float32, device=inv_freq.device)
+    freqs = pos[:, None] * inv_freq.float()[None, :]  # (P, rotated / 2)
+    angles = torch.cat((freqs, freqs), dim=-1)  # (P, rotated)
+    scale = getattr(rotary, prefix + "attention_scaling", 1.0)
     return angles.cos() * scale, angles.sin() * scale

@@ -49,8 +49,10 @@ class FusedLinear:
     differently from separate ones, and separate ones reproduce transformers bit for bit).
     """
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], fuse: bool, pack: bool = True):
-        self.sizes = [w.shape[0] for w in weights]
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], fuse: bool, pack: bool = True,
+                 sizes: list[int] | None = None):
+        """sizes: the outputs' widths, where one weight holds several (Phi-3's qkv_proj); default: each weight's."""
+        self.sizes = sizes or [w.shape[0] for w in weights]
         if fuse:
             bias = None if biases[0] is None else torch.cat(biases)
             self.parts = [Linear(torch.cat(weights).contiguous(), bias, pack)]

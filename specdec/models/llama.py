@@ -1,8 +1,10 @@
-"""A lean forward pass for the Llama family (Llama, Mistral without sliding window, Qwen2, SmolLM).
+"""A lean forward pass for the Llama family (Llama, SmolLM, Mistral, Qwen2 and 3, Phi-3 and 4-mini, Gemma 2 and 3).
 
 It computes what transformers' LlamaForCausalLM computes, in the same order of operations, but with
 fused QKV and gate/up projections, packed weights and a static KV cache of fixed slots, in which
-rollback is free: the length is reset and rejected entries are overwritten later.
+rollback is free: the length is reset and rejected entries are overwritten later. A family's departures from
+Llama (family.py: q/k norms, sliding windows, fused projections, partial RoPE, Gemma's norms, GeGLU and soft caps)
+are data and small branches in the one pass; each step's arithmetic is a function of layer_ops.py.
 """
 from __future__ import annotations
 
@@ -12,30 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
+from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
 from .kvpool import KVPool, PooledCaches, rope_tables
+from .layer_ops import attend as _attend, gated as _gated, gemma_rms_norm as _gemma_rms_norm  # the per-layer steps
+from .layer_ops import rms_norm as _rms_norm, rope as _rope, soft_cap as _soft_cap
 from .linear import FusedLinear, Linear
+from .row_groups import attention_by_row, fitting_groups, padding_groups
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 GRAPH_MODES = ("off", "eager", "cuda")
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-
-
-def fast_path_problem(config) -> str | None:
-    """Why this config cannot take the fast path, or None when it can."""
-    if config.model_type not in SUPPORTED_TYPES:
-        return f"model type {config.model_type!r} is not one of {SUPPORTED_TYPES}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
-    if getattr(config, "mlp_bias", False):
-        return "MLP biases"
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
-        return "sliding-window attention"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"RoPE type {rope_type!r}"
-    return None
 
 
 @dataclass
@@ -46,10 +32,14 @@ class _Layer:
     post_norm: torch.Tensor  # (H,)
     gate_up: FusedLinear  # H -> (I, I)
     down: Linear  # I -> H
+    q_norm: torch.Tensor | None = None  # (hd,): Qwen3's and Gemma 3's RMSNorm of each query head, before RoPE
+    k_norm: torch.Tensor | None = None  # (hd,): the same for each key head
+    attn_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the attention's output
+    mlp_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the MLP's output
 
 
 class FastLlama(PooledCaches, CausalLM):
-    """Llama-family forward in torch, bit-identical to transformers', with a KVPool of `slots` sequences."""
+    """Llama-family forward in torch, bit-identical to transformers' for Llama, with a KVPool of `slots` sequences."""
 
     batched = True
 
@@ -66,31 +56,48 @@ class FastLlama(PooledCaches, CausalLM):
         self.nkv = cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or self.H // self.nh
         self.eps = cfg.rms_norm_eps
+        self.family = family_of(cfg)
         self.max_context = min(max_context or info.max_context, info.max_context)
         sd = hf_model.state_dict()
         pack = info.device.type == "cpu"
 
         fuse = info.dtype != torch.float32
 
-        def proj(names: list[str]) -> FusedLinear:
-            return FusedLinear([sd[n + ".weight"] for n in names], [sd.get(n + ".bias") for n in names], fuse, pack)
+        def proj(names: list[str], sizes: list[int]) -> FusedLinear:
+            return FusedLinear([sd[n + ".weight"] for n in names], [sd.get(n + ".bias") for n in names], fuse, pack,
+                               sizes)
 
+        def norm(name: str | None) -> torch.Tensor | None:
+            return None if name is None else norm_weight(sd[name + ".weight"], self.family)
+
+        self.norm = _gemma_rms_norm if self.family.gemma_norms else _rms_norm
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
+            norms = norm_names(p, self.family)
+            qk_norm = self.family.qk_norm
             self.layers.append(_Layer(
-                input_norm=sd[p + "input_layernorm.weight"],
-                qkv=proj([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
+                input_norm=norm(norms["input"]),
+                qkv=proj(qkv_names(p, self.family), [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd]),
                 o=Linear(sd[p + "self_attn.o_proj.weight"], sd.get(p + "self_attn.o_proj.bias"), pack),
-                post_norm=sd[p + "post_attention_layernorm.weight"],
-                gate_up=proj([p + "mlp.gate_proj", p + "mlp.up_proj"]),
+                post_norm=norm(norms["mlp_in"]),
+                gate_up=proj(gate_up_names(p, self.family), [cfg.intermediate_size] * 2),
                 down=Linear(sd[p + "mlp.down_proj.weight"], None, pack),
+                q_norm=norm(p + "self_attn.q_norm" if qk_norm else None),
+                k_norm=norm(p + "self_attn.k_norm" if qk_norm else None),
+                attn_out_norm=norm(norms.get("attn_out")), mlp_out_norm=norm(norms.get("mlp_out")),
             ))
         self.embed = sd["model.embed_tokens.weight"]  # (V, H)
-        self.final_norm = sd["model.norm.weight"]
+        # Gemma's sqrt(hidden), rounded to the model's dtype as its embedding module rounds it
+        scale = self.family.embed_scale
+        self.embed_scale = None if scale is None else torch.tensor(scale).to(info.device, info.dtype)
+        self.final_norm = norm("model.norm")
         self.lm_head = Linear(sd.get("lm_head.weight", self.embed), None, pack)
-        cos, sin = rope_tables(hf_model, self.max_context)
-        self.cos, self.sin = cos.to(info.device, info.dtype), sin.to(info.device, info.dtype)
+        self.rope = {}  # rope kind (None: the model's one table) -> cos, sin (max_context, rotated dims)
+        for kind in set(self.family.rope_kinds or (None,)):
+            cos, sin = rope_tables(hf_model, self.max_context, kind)
+            self.rope[kind] = cos.to(info.device, info.dtype), sin.to(info.device, info.dtype)
+        self.attn_scale = self.family.attn_scale or self.hd ** -0.5
         # Unused cache rows stay zero: SDPA multiplies masked-out values by 0, and 0 * NaN would leak.
         # static passes write padding tokens to a scratch row past the usable ones (static_pass.py)
         rows = self.max_context + (graphs != "off")
@@ -118,9 +125,9 @@ class FastLlama(PooledCaches, CausalLM):
         if static is not None:
             return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]
         lengths = [ids.numel() for ids in input_ids]
-        groups = _fitting_groups([c.length for c in caches], lengths, self.max_context)
+        groups = fitting_groups([c.length for c in caches], lengths, self.max_context)
         if len(groups) == 1:
-            groups = _padding_groups(lengths)
+            groups = padding_groups(lengths)
         if len(groups) > 1:  # padded to the longest row, the rows together would run past the cache's end, or
             # would mostly compute padding (prompts of unequal lengths)
             outs = {i: out for group in groups for i, out in zip(group, self.forward_batch(
@@ -163,19 +170,24 @@ class FastLlama(PooledCaches, CausalLM):
         slots = [c.slot for c in caches]
         contiguous = slots == list(range(slots[0], slots[0] + B))
         slot_t = torch.tensor(slots, device=device)
-        mask = self._attention_mask(starts, T, end, tree_mask)  # (B, 1, T, end) or None
-        # rows in scattered slots attend one at a time, each as its pass alone would (_attention_by_row)
-        row_masks = None if contiguous else [self._attention_mask([s], T, s + T, None) for s in starts]
-        cos = self.cos[positions].unsqueeze(1)  # (B, 1, T, hd)
-        sin = self.sin[positions].unsqueeze(1)
+        # per attention window: (B, 1, T, end) or None, and for rows in scattered slots, which attend one at a time
+        # as each one's pass alone would (_attention_by_row), each row's mask
+        masks = {w: (self._attention_mask(starts, T, end, tree_mask, positions, w),
+                     None if contiguous else [self._attention_mask([s], T, s + T, None, positions[b:b + 1], w)
+                                              for b, s in enumerate(starts)])
+                 for w in set(self.family.windows[:layers] or (0,))}
+        angles = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))  # (B, 1, T, rotated dims)
+                  for kind, (cos, sin) in self.rope.items()}
         write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
         x = F.embedding(ids, self.embed)  # (B, T, H)
-        nh, nkv, hd = self.nh, self.nkv, self.hd
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         feature_inputs = {}  # layer -> its input x (B, T, H), for feature_layers
         for li, layer in enumerate(self.layers[:layers]):
             if output_hidden and not layers and li in self.feature_layers:
                 feature_inputs[li] = x
-            q, k, v = self._qkv(layer, x, cos, sin)
+            mask, row_masks = masks[self.family.window(li)]
+            q, k, v = self._qkv(layer, x, *angles[self.family.rope_kind(li)])
             kc, vc = self.pool.keys[li], self.pool.values[li]  # (S, nkv, P, hd)
             if B == 1:
                 kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
@@ -185,10 +197,10 @@ class FastLlama(PooledCaches, CausalLM):
                 vc[slot_t[:, None], :, write_at] = v
             if contiguous:
                 keys, values = kc[slots[0]:slots[0] + B, :, :end], vc[slots[0]:slots[0] + B, :, :end]
-                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
-                                                      is_causal=mask is None and T > 1, enable_gqa=nkv != nh)
+                attn = _attend(q, keys, values, mask, self.attn_scale, self.family.attn_softcap)
             else:
-                attn = _attention_by_row(q, kc, vc, slots, starts, row_masks, hd ** -0.5, nkv != nh)
+                attn = attention_by_row(q, kc, vc, slots, starts, row_masks, self.attn_scale,
+                                        self.family.attn_softcap)
             x = self._finish_layer(layer, x, attn)
         for c, n in zip(caches, lengths):
             c.length += n
@@ -198,42 +210,55 @@ class FastLlama(PooledCaches, CausalLM):
             hidden = torch.cat([x] + [feature_inputs[i] for i in self.feature_layers if i in feature_inputs], dim=-1)
         if last_only:  # the LM head runs on each row's last token only
             x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
-        logits = self.lm_head(x)
+        logits = _soft_cap(self.lm_head(x), self.family.logit_softcap)
         return logits, hidden
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """A layer's rotated queries (B, nh, T, hd), keys (B, T, nkv, hd) and values (B, T, nkv, hd) of x (B, T, H);
-        cos, sin: (B, 1, T, hd) of the tokens' positions. Shared by the eager and the shape-static pass."""
+        cos, sin: (B, 1, T, rotated dims) of the tokens' positions in the layer's RoPE table. Shared by the eager and
+        the shape-static pass."""
         B, T, _ = x.shape
         nh, nkv, hd = self.nh, self.nkv, self.hd
-        h = _rms_norm(x, layer.input_norm, self.eps)
+        h = self.norm(x, layer.input_norm, self.eps)
         q, k, v = layer.qkv(h)
-        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd)
-        q = q * cos + _rotate_half(q) * sin
-        k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # (B, T, nkv, hd)
-        return q, k, v
+        q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
+        if layer.q_norm is not None:
+            q, k = self.norm(q, layer.q_norm, self.eps), self.norm(k, layer.k_norm, self.eps)
+        q = _rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, hd)
+        k = _rope(k.transpose(1, 2), cos, sin).transpose(1, 2)  # (B, T, nkv, hd)
+        return q, k, v.view(B, T, nkv, hd)
 
     def _finish_layer(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The residual stream (B, T, H) after a layer whose attention output is attn (B, nh, T, hd): the output
-        projection, then the MLP."""
+        projection, then the MLP (each with its output norm where the family has one)."""
         B, T, _ = x.shape
-        x = x + layer.o(attn.transpose(1, 2).reshape(B, T, self.nh * self.hd))
-        h = _rms_norm(x, layer.post_norm, self.eps)
+        a = layer.o(attn.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        x = x + (a if layer.attn_out_norm is None else self.norm(a, layer.attn_out_norm, self.eps))
+        h = self.norm(x, layer.post_norm, self.eps)
         gate, up = layer.gate_up(h)
-        return x + layer.down(F.silu(gate) * up)
+        m = layer.down(_gated(gate, up, self.family.gelu))
+        return x + (m if layer.mlp_out_norm is None else self.norm(m, layer.mlp_out_norm, self.eps))
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the residual stream x (B, T, H): the LM head's input."""
-        return _rms_norm(x, self.final_norm, self.eps)
+        return self.norm(x, self.final_norm, self.eps)
 
-    def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None):
-        """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors.
+    def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None,
+                        positions: torch.Tensor, window: int = 0):
+        """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors; with a window,
+        only those whose position is less than `window` before its own (positions: (B, T), the queries').
 
         None where plain causal attention over all keys is exact (one row, prefill or one token).
         """
         B = len(starts)
+        if window and end > window:
+            visible = self._attention_mask(starts, T, end, tree_mask, positions)
+            if visible is None:
+                visible = self._causal_mask(starts, T, end)
+            key_positions = torch.arange(end, device=positions.device).repeat(B, 1)  # (B, end)
+            for b, s in enumerate(starts):
+                key_positions[b, s:s + T] = positions[b]
+            return visible & (positions[:, :, None] - key_positions[:, None, :] < window).unsqueeze(1)
         if B == 1 and tree_mask is None and (T == 1 or starts[0] == 0):
             return None
         device = self.info.device
@@ -244,66 +269,13 @@ class FastLlama(PooledCaches, CausalLM):
             visible[:, : starts[0]] = True
             visible[:, starts[0]: starts[0] + T] = tree_mask
             return visible[None, None]
+        return self._causal_mask(starts, T, end)
+
+    def _causal_mask(self, starts: list[int], T: int, end: int) -> torch.Tensor:
+        """(B, 1, T, end) bool: query t of row b sees the keys before starts[b] + t + 1."""
+        device = self.info.device
         key = torch.arange(end, device=device)[None, None, :]  # (1, 1, end)
         start = torch.tensor(starts, device=device)[:, None, None]  # (B, 1, 1)
         query = torch.arange(T, device=device)[None, :, None]  # (1, T, 1)
         rel = key - start  # (B, 1, end): key offset among this row's new tokens
         return (rel <= query).unsqueeze(1)  # (B, 1, T, end): cached keys have rel < 0
-
-
-def _fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
-    """Rows in groups whose padded pass (the latest start plus the longest row) fits `capacity` cache rows; rows
-    sorted by start, so that a row that fits alone always fits its group. One group when all fit together."""
-    if max(starts) + max(lengths) <= capacity:
-        return [list(range(len(starts)))]
-    groups, current = [], []
-    for i in sorted(range(len(starts)), key=lambda i: starts[i]):
-        if current and max(starts[j] for j in current + [i]) + max(lengths[j] for j in current + [i]) > capacity:
-            groups.append(current)
-            current = []
-        current.append(i)
-    return groups + [current]
-
-
-def _attention_by_row(q, keys, values, slots: list[int], starts: list[int], masks: list, scale: float,
-                      gqa: bool) -> torch.Tensor:
-    """Attention (B, nh, T, hd) of each row of q (B, nh, T, hd) over its own slot's cached keys and values (S, nkv,
-    P, hd), read in place up to that row's end. Gathering scattered slots into one tensor would copy every row's
-    cache up to the longest row's end, in each layer (for 32 rows of 1k tokens in float32, 1.5 GB a step: half the
-    soak's decode time); each row's small pass here reads views and equals its pass alone."""
-    T = q.shape[2]
-    return torch.cat([F.scaled_dot_product_attention(
-        q[b:b + 1], keys[slot:slot + 1, :, :start + T], values[slot:slot + 1, :, :start + T], attn_mask=mask,
-        scale=scale, is_causal=mask is None and T > 1, enable_gqa=gqa)
-        for b, (slot, start, mask) in enumerate(zip(slots, starts, masks))])
-
-
-PAD_WASTE_TOKENS = 32  # about what one more pass costs on a CPU (its weights read again), in token rows
-
-
-def _padding_groups(lengths: list[int], waste: int = PAD_WASTE_TOKENS) -> list[list[int]]:
-    """Rows in groups, by length, such that padding each group to its longest row adds at most `waste` token rows
-    per row that joins it: a batch pass over prompts of unequal lengths computes every row at the longest length,
-    and its attention takes the masked path (measured on a 2-core CPU, smollm2-135m: prompts of 100, 100 and 780
-    tokens took 20.6 s together and 6.8 s in passes apart). Verify passes (1 + k tokens a row) stay one group.
-    Example: lengths [780, 100, 9, 100] -> [[2], [1, 3], [0]]."""
-    groups, current, longest = [], [], 0
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        if current and len(current) * (lengths[i] - longest) > waste:
-            groups.append(current)
-            current = []
-        current.append(i)
-        longest = lengths[i]
-    return groups + [current]
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, cast back, then scaled: exactly transformers' LlamaRMSNorm."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -136,7 +136,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
 
 def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_context: int | None,
                   graphs: str) -> CausalLM:
-    from .llama import FastLlama, fast_path_problem
+    from .family import family_of, fast_path_problem
+    from .llama import FastLlama
 
     check_backend(backend)
     problem = fast_path_problem(hf_model.config)
@@ -148,7 +149,13 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
     if backend in ("kernels", "torch") and problem:
         raise ConfigError(f"the {backend} backend does not support this model: {problem}")
     if backend == "hf" or problem:
+        if backend != "hf":
+            print(fallback_line(hf_model.config, problem), file=sys.stderr)
         return HFBackend(hf_model, info)
+    limit = family_of(hf_model.config).context_limit
+    if limit and limit < info.max_context:  # past it LongRoPE's frequencies change: the fast paths stop there
+        info = replace(info, max_context=limit)
+        max_context = min(max_context or limit, limit)
     if backend == "kernels" or (backend == "auto" and info.device.type == "cpu"):
         from ..kernels import KernelUnavailable, unavailable_reason
 
@@ -167,6 +174,12 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
         if backend == "kernels":
             raise ConfigError(f"the kernels backend is unavailable: {reason}")
     return FastLlama(hf_model, info, slots=slots, max_context=max_context, graphs=graphs)
+
+
+def fallback_line(config, problem: str) -> str:
+    """The one line that says a model runs on transformers' forward, and what the fast paths lack for it."""
+    return (f"specdec: {config.model_type} runs on the hf backend (transformers' own forward, several times slower, "
+            f"no quantized drafter): the fast paths do not support {problem}")
 
 
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, int]:

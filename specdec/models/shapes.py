@@ -146,7 +146,7 @@ def load_shape(name: str, device: str = "auto", dtype: str = "auto", backend: st
                max_context: int = 2048) -> ShapeModel:
     """The shape on specdec's backend selection (make_backend, as for a loaded model), with a KV cache of
     max_context tokens (the shapes' own contexts, up to 131072, would take gigabytes)."""
-    from .llama import fast_path_problem
+    from .family import fast_path_problem
     from .loading import LoadedModel, make_backend, model_info, resolve_device, resolve_dtype
 
     shape = get_shape(name)

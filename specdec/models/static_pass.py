@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .layer_ops import attend, soft_cap
+
 
 @dataclass
 class StaticInputs:
@@ -76,26 +78,39 @@ def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[
     state, then each feature layer's input, as FastLlama.forward's output_hidden gives them. Cache lengths are the
     caller's to advance. window: key rows read per slot (<= the pool's capacity)."""
     B, T = inputs.ids.shape
-    nkv, nh, hd = model.nkv, model.nh, model.hd
     scratch_row = model.pool.capacity - 1
-    mask = visible_keys(inputs, window, scratch_row)  # (B, 1, T, window)
-    cos = model.cos[inputs.positions].unsqueeze(1)  # (B, 1, T, hd)
-    sin = model.sin[inputs.positions].unsqueeze(1)
+    visible = visible_keys(inputs, window, scratch_row)  # (B, 1, T, window)
+    masks = {w: visible if not w else visible & within_window(inputs, window, w)  # per sliding window (0: none)
+             for w in set(model.family.windows or (0,))}
+    angles = {kind: (cos[inputs.positions].unsqueeze(1), sin[inputs.positions].unsqueeze(1))  # (B, 1, T, rotated)
+              for kind, (cos, sin) in model.rope.items()}
     slot_rows = inputs.slots[:, None]  # (B, 1), broadcast against write_rows (B, T)
     x = F.embedding(inputs.ids, model.embed)  # (B, T, H)
+    if model.embed_scale is not None:
+        x = x * model.embed_scale
     features = {}  # layer -> its input (B, T, H)
     for li, layer in enumerate(model.layers):
         if li in feature_layers:
             features[li] = x
-        q, k, v = model._qkv(layer, x, cos, sin)  # k, v: (B, T, nkv, hd)
+        q, k, v = model._qkv(layer, x, *angles[model.family.rope_kind(li)])  # k, v: (B, T, nkv, hd)
         kc, vc = model.pool.keys[li], model.pool.values[li]  # (S, nkv, P, hd)
         kc[slot_rows, :, inputs.write_rows] = k
         vc[slot_rows, :, inputs.write_rows] = v
         keys = kc[:, :, :window].index_select(0, inputs.slots)  # (B, nkv, window, hd)
         values = vc[:, :, :window].index_select(0, inputs.slots)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd ** -0.5,
-                                              enable_gqa=nkv != nh)
+        attn = attend(q, keys, values, masks[model.family.window(li)], model.attn_scale, model.family.attn_softcap)
         x = model._finish_layer(layer, x, attn)
     x = model._final_norm(x)
     hidden = torch.cat([x] + [features[li] for li in feature_layers], dim=-1)
-    return model.lm_head(x), hidden
+    return soft_cap(model.lm_head(x), model.family.logit_softcap), hidden
+
+
+def within_window(inputs: StaticInputs, window: int, sliding: int) -> torch.Tensor:
+    """(B, 1, T, window) bool: key row j is within `sliding` positions before new token t of row b. A cached row's
+    position is its row (the cache holds a sequence's positions in order); a new token's is its input position."""
+    B, T = inputs.ids.shape
+    keys = torch.arange(window, device=inputs.ids.device)[None, :]  # (1, window)
+    rel = keys - inputs.lengths[:, None]  # (B, window)
+    new = (rel >= 0) & (rel < T)
+    key_positions = torch.where(new, inputs.positions.gather(1, rel.clamp(0, T - 1)), keys)  # (B, window)
+    return (inputs.positions[:, :, None] - key_positions[:, None, :] < sliding)[:, None]
