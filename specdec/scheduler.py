@@ -1,4 +1,6 @@
-"""The scheduler: admits requests, prefills them, and runs the step every running request takes at once.
+"""The scheduler owns each request's life: submit (the one place a Request is built: its cache and drafter), step,
+cancel; a request ends in one place (BatchEngine._end). It prefills requests and runs the step every running
+request takes at once.
 
 The step: propose -> forward -> verify -> roll back -> observe. Each request with a drafter gets a draft length
 (policy.py, allocated jointly from the measured cost curve so that speculation shrinks as the batch grows; a
@@ -6,10 +8,9 @@ request without one drafts nothing and the policy is not asked); its drafter pro
 every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch scores
 chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache is
 cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
-A request alone is a batch of one: SpecDecoder.generate and stream run this same step.
-
-Requests join and leave between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix
-restored from the prefix cache; parked there or freed at its end), drafter and random streams. Above
+A request alone is a batch of one: SpecDecoder.generate and stream run this same step. Requests join and leave
+between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix restored from the prefix
+cache; parked there or freed at its end), drafter and random streams. Above
 SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either). A batch whose
 step the policy gave no drafts asks it again only after IDLE_RECHECK steps at the same size: in large batches,
 where drafts do not pay, asking every step cost about 1% of the step.
@@ -54,8 +55,8 @@ class BatchEngine:
     def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
                  costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None, learn: bool = True):
         """drafter_factory: the drafter of a request that takes the engine's own (OWN_DRAFTER). tokenizer: the
-        target's, for text and structured-output constraints; tracer: a TraceWriter that records every request when
-        it ends; learn: hand each finished output to its drafter (Drafter.learn), off for warm-up runs."""
+        target's, for text and constraints; tracer: a TraceWriter that records every request when it ends; learn:
+        hand each finished output to its drafter (Drafter.learn), off for warm-up runs."""
         self.learn = learn
         self.backend = backend
         self.tokenizer = tokenizer
@@ -77,11 +78,10 @@ class BatchEngine:
 
     def submit(self, request_id, prompt_ids: list[int], config: GenerationConfig,
                drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None) -> Request:
-        """Admits a request: the one place a Request is built. Its step events carry `request_id` (the handle
-        cancel() takes); the returned Request is its state, for reading. It gets its KV cache and drafter now, is
-        prefilled at the next step, and ends when a step finishes it or cancel() drops it. drafter: the engine's own
-        (drafter_factory), none (PLAIN) or a given one; speculation: default the engine's. Raises if the batch is
-        full."""
+        """Admits a request (the one place a Request is built): it takes its cache and drafter now, is prefilled at
+        the next step, and ends when a step finishes it or cancel(request_id) drops it; its events carry request_id.
+        Returns its state, to read. drafter: the engine's own, none (PLAIN) or a given one; speculation: default the
+        engine's. Raises if the batch is full."""
         if self.free_slots <= 0:
             raise RuntimeError("the batch is full")
         made = self.drafter_factory() if drafter.own else drafter.drafter
@@ -176,12 +176,12 @@ class BatchEngine:
             return []
         batch, self.waiting = self.waiting, []
         events = []
-        copy = self.backend.copies_caches
+        copies = self.backend.copies_caches
         for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
             groups: dict = {}  # the same prompt (n choices, repeated requests) is prefilled once, then copied
             for i, (rid, r) in enumerate(batch):
                 if r.prefill_all_logits == every_row:
-                    groups.setdefault(tuple(r.tokens) if copy else i, []).append((rid, r))
+                    groups.setdefault(tuple(r.tokens) if copies else i, []).append((rid, r))
             if not groups:
                 continue
             leads = [members[0][1] for members in groups.values()]
@@ -245,16 +245,15 @@ def open_request(backend, request: Request) -> Request:
     request.cache = _claim_prefix(prefix, request) or backend.new_cache()
     request.metrics.cached_prompt_tokens = request.cache.length
     if request.drafter is not None:
+        generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
         request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
-                                           sampling=request.config.sampling,
-                                           generator=None if request.generator is None else make_generator(
-                                               request.seed + 1),  # its draws when sampling
+                                           sampling=request.config.sampling, generator=generator,
                                            noise=request.noise if request.coupled else None, costs=request.costs,
                                            adaptive=request.adaptive, target_cache=request.cache))
     return request
 
 
-def close_request(backend, request: Request, reason: str = "cancelled") -> None:
+def close_request(backend, request: Request, reason: str) -> None:
     """Ends a request (BatchEngine._end, the one caller, ends each once): its drafter learns the output and ends,
     its cache goes to the prefix cache or is freed, and the trace records it."""
     request.finish(reason)
@@ -285,8 +284,7 @@ def _claim_prefix(prefix, request: Request):
 
 
 def _park_or_release(backend, request: Request) -> None:
-    """Hands the cache to the prefix cache (its rows that a later prefill would compute identically), or frees its
-    slot."""
+    """Hands the cache to the prefix cache (its rows a later prefill would compute identically), or frees it."""
     prefix = backend.prefix_cache
     if prefix is not None:
         rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
