@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .choice import OWN_DRAFTER, PLAIN
 from .config import GenerationConfig, SamplingConfig, SpeculationConfig
 from .tokens import first_difference
 
