@@ -7,7 +7,7 @@ import time
 
 def alternate(decoder, prompts, config, methods: dict, each=None) -> tuple[dict[str, dict], int]:
     """Runs every method on every prompt, the order rotating by one each prompt. methods: name -> the drafter
-    `decoder.complete` takes (None: plain decoding; "default": the decoder's own; or a Drafter), or a pair
+    `decoder.complete` takes (a DrafterChoice: PLAIN, OWN_DRAFTER or DrafterChoice(a drafter)), or a pair
     (another decoder, its drafter). each(prompt, outputs): called after each prompt with {name: tokens}. Returns per
     method its totals (tokens, seconds, steps, draft_s, tokens_per_s, mean_accepted_tokens) and the number of prompts
     whose outputs were the same for every method."""

@@ -34,6 +34,7 @@ def main() -> None:
         sys.exit("this CPU does not run the avx512 build")
     kernels.instruction_set = lambda: args.isa  # what the loader builds for, as on a CPU with no more than that
     from alternate import alternate
+    from specdec.choice import OWN_DRAFTER, PLAIN
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
@@ -42,7 +43,7 @@ def main() -> None:
     decoder = SpecDecoder.load(drafter=args.drafter, dtype=args.dtype)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
     prompts = load_prompts(args.prompts, args.limit)
-    totals, equal = alternate(decoder, prompts, config, {"none": None, "drafter": "default"})
+    totals, equal = alternate(decoder, prompts, config, {"none": PLAIN, "drafter": OWN_DRAFTER})
     result = {"isa": args.isa, "bf16_products": kernels.has_bf16_products(),
               "drafter": decoder.drafter.name if decoder.drafter else None, "dtype": args.dtype,
               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "equal_to_plain": equal,

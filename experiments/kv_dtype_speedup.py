@@ -88,6 +88,7 @@ def main() -> None:
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
     from specdec.config import GenerationConfig
+    from specdec.choice import OWN_DRAFTER, PLAIN
     from specdec.engine import SpecDecoder
 
     decoders = {"bf16": SpecDecoder.load(drafter="auto", dtype="bfloat16", backend="kernels-bf16kv"),
@@ -95,7 +96,7 @@ def main() -> None:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
     sets = {"specbench": load_prompts(args.prompts, args.limit),
             "long": long_prompts(load_prompts(args.prompts), args.long, args.long_tokens, decoders["bf16"].encode)}
-    methods = {f"{kv}_{drafter}": (decoder, None if drafter == "none" else "default")
+    methods = {f"{kv}_{drafter}": (decoder, PLAIN if drafter == "none" else OWN_DRAFTER)
                for kv, decoder in decoders.items() for drafter in ("none", "auto")}
     result = {"max_new_tokens": args.max_new_tokens, "machine": machine_info(), "sets": {}}
     for set_name, prompts in sets.items():

@@ -38,8 +38,8 @@ def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list
 def shared_passes(request: Request) -> SharedPasses | None:
     """The passes a request's drafts share with other requests' (the 4-bit copy drafting for greedy requests that
     no constraint steers), or None where it drafts alone."""
-    sharing = getattr(request.drafter, "pass_sharing", None)
-    return sharing() if sharing is not None and request.logits is None else None
+    drafter = request.drafter
+    return drafter.pass_sharing() if drafter is not None and request.logits is None else None
 
 
 def propose(request: Request, budget: Budget) -> Draft:

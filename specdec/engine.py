@@ -1,21 +1,25 @@
 """The API: `SpecDecoder` loads a target and a drafter once, then generates, streams or batches many prompts.
 
-Every call runs the scheduler's one step (scheduler.py; a request alone is a batch of one). With drafter None
-the same step is plain autoregressive decoding (the baseline), so both run the same code.
+Every call is a thin wrapper over the scheduler (scheduler.py), which owns each request's life: submit, step,
+cancel; a request alone is a batch of one. With PLAIN for its drafter (choice.py) the same step is plain
+autoregressive decoding (the baseline), so both run the same code. Text comes out of one stream core (TextSteps,
+below): generate, stream, generate_many and the server all read it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
+from .choice import OWN_DRAFTER, PLAIN, DrafterChoice
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter
 from .errors import ConfigError, ConstraintError
 from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
 from .costs import CostModel, measure_verify_costs
+from .loader import load_decoder
 from .request import Request
-from .scheduler import BatchEngine, close_request, open_request
+from .scheduler import BatchEngine, StepEvent
 
 
 WARM_UP_PROMPT = "List the days of the week, then the months of the year."
@@ -43,7 +47,6 @@ class SpecDecoder:
     """Speculative decoding over one target model and one drafter: lossless, unless its SpeculationConfig asks for
     a lossy acceptance rule (config.Acceptance)."""
 
-    learn_outputs = True  # finished outputs go to the drafter (Drafter.learn); warm-up runs turn it off
     warmed_up = False  # after warm_up(): drafters built later by name are warmed up too
     tracer = None  # a TraceWriter (specdec/trace.py) recording every request, after trace_to()
 
@@ -57,64 +60,32 @@ class SpecDecoder:
         self.drafter_options: dict = {}  # create_drafter's options for drafters that calls pick by name
         self._named_drafters: dict[tuple, Drafter] = {}  # by (name, options)
 
-    @classmethod
-    def load(cls, model: str | None = None, *, drafter: str = "auto", draft_model=None, device: str = "auto",
-             dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
-             sampling_verifier: str = "auto", chat: bool = True, trust_remote_code: bool = False,
-             backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
-             acceptance: str = "exact", graphs: str = "auto", **drafter_options) -> "SpecDecoder":
-        """Loads a target (default: the built-in smollm2-135m) and a drafter by name. max_batch_for_drafting: see
-        SpeculationConfig (batched decoding drafts nothing in steps with more sequences than this). acceptance:
-        "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or "typical:EPS" (config.Acceptance). graphs:
-        the torch backend's passes as CUDA graphs (auto, on, off: models/loading.py make_backend)."""
-        from .drafters import create_drafter
-        from .models.loading import load_model
-        from .models.registry import DEFAULT_MODEL
-
-        speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
-                                        sampling_verifier=sampling_verifier,
-                                        max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance)
-        target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype,
-                            trust_remote_code=trust_remote_code, backend=backend, graphs=graphs)
-        made = create_drafter(drafter, target, draft_model=draft_model, trust_remote_code=trust_remote_code,
-                              **drafter_options)
-        costs = CostModel(measure_verify_costs(target.backend)) if calibrate and made is not None else None
-        decoder = cls(target, made, speculation, chat=chat, costs=costs)
-        decoder.drafter_options = {"draft_model": draft_model, "trust_remote_code": trust_remote_code,
-                                   **drafter_options}
-        if calibrate:
-            decoder.warm_up()
-        return decoder
+    load = classmethod(load_decoder)  # SpecDecoder.load(model, drafter=..., ...): the one loader (loader.py)
 
     def warm_up(self, max_new_tokens: int = 16, drafter: Drafter | None = None) -> None:
         """Runs a short generation twice with drafting forced on: the first run pays the drafter's first-call
         costs (allocations, kernel selection), the second measures its cost per drafted position, so the
-        draft-length policy starts from a warm figure. drafter: default this decoder's own; drafters built later
-        by name (drafter_named) are warmed up in turn. Nothing to do without a drafter, or without the room for it
-        in a (very) short context."""
+        draft-length policy starts from a warm figure. drafter: default this decoder's own; drafters built later by
+        name (drafter_named) are warmed up in turn. The runs are no request's: they teach no drafter (Drafter.learn)
+        and no trace records them. Nothing to do without a drafter, or without room for it in a short context."""
         self.warmed_up = True
         drafter = drafter or self.drafter
         if drafter is None:
             return
-        forced = SpecDecoder(self.target, drafter, replace(self.speculation, adaptive=False), chat=self.chat,
-                             costs=self.costs)
-        forced.learn_outputs = False  # its outputs are no request's: a drafter that learns (suffix) skips them
-        ids = forced.encode(WARM_UP_PROMPT)
+        ids = self.encode(WARM_UP_PROMPT)
         if len(ids) + max_new_tokens + self.speculation.num_speculative_tokens + 1 > self.target.info.max_context:
             return
+        forced = replace(self.speculation, adaptive=False)
         for _ in range(2):
             self.costs.for_drafter(drafter.name).reset_draft()
-            forced.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens))
+            self.complete(ids, GenerationConfig(max_new_tokens=max_new_tokens), DrafterChoice(drafter), forced,
+                          learn=False, traced=False)
 
     def enable_prefix_cache(self, max_entries: int = 16) -> bool:
         """Keeps up to `max_entries` finished sequences' KV caches, so that prompts beginning as an earlier one
-        (a system prompt, a chat's earlier turns) skip that part of their prefill; 0 turns it off. False where the
-        backend keeps no cache slots (transformers' forward): nothing is cached there."""
-        enable = getattr(self.target.backend, "enable_prefix_cache", None)
-        if enable is None:
-            return False
-        enable(max_entries)
-        return max_entries > 0
+        (a system prompt, a chat's earlier turns) skip that part of their prefill; 0 turns it off. False where
+        nothing is cached (a backend without cache slots: transformers' forward)."""
+        return self.target.backend.enable_prefix_cache(max_entries)
 
     def trace_to(self, path) -> None:
         """Appends an acceptance trace of every later request to `path` (JSONL: prompt and output token ids, and
@@ -176,32 +147,40 @@ class SpecDecoder:
     def stream(self, prompt, config: GenerationConfig | None = None, *, drafter: str | None = None,
                speculation: SpeculationConfig | bool | None = None, **kwargs) -> "TextStream":
         """An iterator of text deltas; `.result` holds the GenerationResult once it is exhausted.
-        drafter: a drafter's name for this call ("none": plain decoding; default: the decoder's own).
+        drafter: a drafter's name for this call ("none": plain decoding; not given: the decoder's own).
         speculation: this call's SpeculationConfig (draft length, adaptive, sampling verifier), or False for plain
-        decoding (default: the decoder's)."""
+        decoding (not given: the decoder's)."""
         cfg = config or GenerationConfig.create(**kwargs)
-        if speculation is not None and not isinstance(speculation, (bool, SpeculationConfig)):
-            raise ConfigError(f"speculation must be a SpeculationConfig, True or False, got {speculation!r}")
+        if speculation is not None and speculation is not False and not isinstance(speculation, SpeculationConfig):
+            raise ConfigError(f"speculation must be a SpeculationConfig or False, got {speculation!r}")
         if speculation is False or drafter == "none":
-            chosen, speculation = None, None
-        else:
-            chosen = self.drafter if drafter is None else self.drafter_named(drafter)
-            if chosen is not None and not self.costs.measured:  # loaded without a drafter: time the target now
-                self.costs = CostModel(measure_verify_costs(self.target.backend))
-            speculation = speculation if isinstance(speculation, SpeculationConfig) else None
-        return TextStream(self, self.encode(prompt), cfg, chosen, speculation)
+            return TextStream(self, self.encode(prompt), cfg, PLAIN, None)
+        chosen = self.drafter if drafter is None else self.drafter_named(drafter)
+        if chosen is not None and not self.costs.measured:  # loaded without a drafter: time the target now
+            self.costs = CostModel(measure_verify_costs(self.target.backend))
+        return TextStream(self, self.encode(prompt), cfg, DrafterChoice(chosen), speculation)
 
     def generate_ids(self, prompt_ids: list[int], config: GenerationConfig) -> tuple[list[int], GenerationMetrics]:
         """Token-level generation without text handling (no stop strings): (generated ids, metrics)."""
         state = self.complete(prompt_ids, config)
         return state.generated, state.metrics
 
-    def complete(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
-                 speculation: SpeculationConfig | None = None) -> Request:
-        """Runs one request to its end (drafter and speculation as start() takes them); returns its finished state."""
-        state = self.start(prompt_ids, config, drafter, speculation)
-        for _ in self.decode(state):
-            pass
+    def complete(self, prompt_ids: list[int], config: GenerationConfig, drafter: DrafterChoice = OWN_DRAFTER,
+                 speculation: SpeculationConfig | None = None, *, learn: bool = True, traced: bool = True) -> Request:
+        """Runs one request to its end, token by token (no text, no stop strings), and returns its finished state.
+        drafter: the decoder's own (OWN_DRAFTER), none (PLAIN) or DrafterChoice(a drafter); speculation: default the
+        decoder's; learn: hand the output to the drafter (Drafter.learn); traced: recorded by trace_to's trace."""
+        if not isinstance(drafter, DrafterChoice):
+            raise TypeError(f"drafter must be a DrafterChoice (OWN_DRAFTER, PLAIN, ...), got {drafter!r}")
+        engine = self.engine_for_one(learn=learn, traced=traced)
+        state = engine.submit(0, prompt_ids, config, drafter, speculation)
+        try:
+            while not state.finished:
+                for event in engine.step():
+                    if event.error:
+                        raise ConstraintError(event.error)
+        finally:
+            engine.cancel(0)  # nothing left to do once it ended
         return state
 
     def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
@@ -209,84 +188,113 @@ class SpecDecoder:
         """Generates for several prompts at once, in batches that share each target pass (of up to max_batch
         sequences; steps with more than speculation.max_batch_for_drafting of them draft nothing)."""
         cfg = config or GenerationConfig.create(**kwargs)
-        engine = self.batch_engine(max_batch)
+        steps = TextSteps(self.batch_engine(max_batch))
         pending = list(enumerate(self.encode(p) for p in prompts))
         results: dict[int, GenerationResult] = {}
-        while pending or len(engine):
-            while pending and engine.free_slots > 0:
+        while pending or len(steps.engine):
+            while pending and steps.engine.free_slots > 0:
                 i, ids = pending.pop(0)
-                engine.add(i, ids, cfg)
-            for event in engine.step():
-                if event.error:
-                    raise ConstraintError(event.error)
-                state = event.state
-                _, stopped = state.take_text(event.new_tokens)
-                if stopped:  # free its slot now (a no-op when the engine already ended it)
-                    engine.cancel(event.request_id)
-                if state.finished:
-                    state.flush_text()
-                    results[event.request_id] = GenerationResult.of(state)
+                steps.submit(i, ids, cfg)
+            for update in steps.step():
+                if update.error:
+                    raise ConstraintError(update.error)
+                if update.finished:
+                    results[update.request_id] = GenerationResult.of(update.state)
         return [results[i] for i in range(len(prompts))]
 
     def batch_engine(self, max_batch: int = 16) -> BatchEngine:
-        """A BatchEngine over this decoder's target, drafter (one fork per request) and costs."""
+        """A BatchEngine over this decoder's target, drafter (OWN_DRAFTER: one fork per request) and costs."""
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
         return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
                            tokenizer=self.target.tokenizer, tracer=self.tracer)
 
-    # ---- one request at a time ---------------------------------------------------------------
-    def start(self, prompt_ids: list[int], config: GenerationConfig, drafter: Drafter | None | str = "default",
-              speculation: SpeculationConfig | None = None) -> Request:
-        """A request, holding its KV cache slot until decode() or end() ends it. drafter: "default" (the decoder's
-        own), None (plain decoding) or a Drafter; speculation: default the decoder's."""
-        request = Request(prompt_ids, config, self.target.backend.info,
-                          self.drafter if drafter == "default" else drafter, speculation or self.speculation,
-                          self.costs, learn=self.learn_outputs, tokenizer=self.target.tokenizer, tracer=self.tracer)
-        return open_request(self.target.backend, request)
-
-    def end(self, state: Request) -> None:
-        """Ends a request from start() at once, freeing its slot (decode() ends those it runs); idempotent."""
-        close_request(self.target.backend, state)
-
-    def decode(self, state: Request) -> Iterator[list[int]]:
-        """Runs one request to its end, yielding each step's new tokens: the scheduler's step with a batch of
-        one (the same step serves generate_many and the server), so a request alone may draft trees."""
-        engine = self.batch_engine(max_batch=1)
-        engine.admit(0, state)
-        try:
-            while not state.finished:
-                for event in engine.step():
-                    if event.error:
-                        raise ConstraintError(event.error)
-                    yield event.new_tokens
-        finally:
-            self.end(state)
+    def engine_for_one(self, learn: bool = True, traced: bool = True) -> BatchEngine:
+        """A BatchEngine for one request at a time, whose own drafter (OWN_DRAFTER) is this decoder's itself, not a
+        fork: what it learns and measures carries on to the next request. A request alone may draft trees."""
+        return BatchEngine(self.target.backend, lambda: self.drafter, self.speculation, self.costs, max_batch=1,
+                           tokenizer=self.target.tokenizer, tracer=self.tracer if traced else None, learn=learn)
 
 
 class TextStream:
     """Iterates over text deltas of one generation; stop strings end it early and are cut off."""
 
     def __init__(self, decoder: SpecDecoder, prompt_ids: list[int], config: GenerationConfig,
-                 drafter: Drafter | None | str = "default", speculation: SpeculationConfig | None = None):
+                 drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None):
         self.decoder = decoder
         self.prompt_ids, self.config = list(prompt_ids), config
-        self.drafter, self.speculation = drafter, speculation  # as SpecDecoder.start takes them
+        self.drafter, self.speculation = drafter, speculation  # as BatchEngine.submit takes them
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        # holds a cache slot until decode() ends
-        seq = self.decoder.start(self.prompt_ids, self.config, self.drafter, self.speculation)
-        steps = self.decoder.decode(seq)
+        steps = TextSteps(self.decoder.engine_for_one())
+        state = steps.submit(0, self.prompt_ids, self.config, self.drafter, self.speculation)  # holds a cache slot
         try:
-            for new in steps:
-                delta, _ = seq.take_text(new)
-                if delta:
-                    yield delta
-                if seq.finished:
-                    break
+            while not state.finished:
+                for update in steps.step():
+                    if update.error:
+                        raise ConstraintError(update.error)
+                    if update.text:
+                        yield update.text
         finally:
-            steps.close()
-            self.decoder.end(seq)
-        if tail := seq.flush_text():
-            yield tail
-        self.result = GenerationResult.of(seq)
+            steps.cancel(0)  # frees its slot if it was left unfinished
+        self.result = GenerationResult.of(state)
+
+
+# ---- the stream core ------------------------------------------------------------------------------
+@dataclass
+class TextUpdate:
+    """What one step did for one request, as text: the one stream core's output (TextSteps)."""
+
+    request_id: object
+    text: str  # the text delta: held back while it may start a stop string, the rest flushed once it ended
+    new_tokens: int  # tokens the step generated (those past a stop string included)
+    finished: str  # "", "stop", "length", or "error" (see error)
+    state: Request = field(repr=False)
+    logprobs: list[TokenLogprob] | None = None  # the kept new tokens' logprobs, when the request asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # in a request's first update, when it asked for them
+    error: str = ""  # why its own step failed (a ConstraintError): it ended there
+
+
+class TextSteps:
+    """The one stream core: runs a BatchEngine's steps and turns each request's step events into text deltas,
+    logprobs and the end. A stop string ends its request here (cancelled at once, freeing its slot; Request.take_text
+    cuts it), and the text held back is flushed when a request ends. generate, stream, generate_many and the server
+    all read their text from it; the server converts it to OpenAI's format."""
+
+    def __init__(self, engine: BatchEngine):
+        self.engine = engine
+        self.logprobs_sent: dict[object, int] = {}  # request id -> its logprobs handed out, while it runs
+
+    def submit(self, request_id, prompt_ids: list[int], config: GenerationConfig,
+               drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None) -> Request:
+        """BatchEngine.submit."""
+        return self.engine.submit(request_id, prompt_ids, config, drafter, speculation)
+
+    def cancel(self, request_id) -> None:
+        """Ends a request at once (BatchEngine.cancel); nothing happens for one that already ended."""
+        self.logprobs_sent.pop(request_id, None)
+        self.engine.cancel(request_id)
+
+    def step(self) -> list[TextUpdate]:
+        return [self._update(event) for event in self.engine.step()]
+
+    def _update(self, event: StepEvent) -> TextUpdate:
+        rid, state, new = event.request_id, event.state, event.new_tokens
+        first = rid not in self.logprobs_sent
+        if event.error:
+            self.logprobs_sent.pop(rid, None)
+            return TextUpdate(rid, "", 0, "error", state, error=event.error)
+        text, stopped = state.take_text(new)
+        if stopped:  # free its slot now
+            self.engine.cancel(rid)  # nothing happens when its step already ended it
+        if state.finished:
+            text += state.flush_text()
+        logprobs = None
+        if state.logprobs is not None:
+            logprobs = state.logprobs[self.logprobs_sent.get(rid, 0):]
+        if state.finished:
+            self.logprobs_sent.pop(rid, None)
+        else:
+            self.logprobs_sent[rid] = len(state.logprobs or ())
+        return TextUpdate(rid, text, len(new), state.finished, state, logprobs,
+                          state.prompt_logprobs if first else None)

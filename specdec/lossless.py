@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .choice import OWN_DRAFTER, PLAIN
 from .config import GenerationConfig, SamplingConfig, SpeculationConfig
 from .tokens import first_difference
 
@@ -119,8 +120,8 @@ def check_greedy(decoder, prompt_ids: list[int], max_new_tokens: int, speculatio
     """Greedy output with drafting forced on against plain greedy output (with its top-2 logprobs)."""
     spec_config = GenerationConfig(max_new_tokens=max_new_tokens)
     plain_config = replace(spec_config, logprobs=2)
-    spec_state = decoder.complete(prompt_ids, spec_config, "default", forced(speculation))
-    plain_state = decoder.complete(prompt_ids, plain_config, None, None)
+    spec_state = decoder.complete(prompt_ids, spec_config, OWN_DRAFTER, forced(speculation))
+    plain_state = decoder.complete(prompt_ids, plain_config, PLAIN)
     spec, plain = spec_state.generated, plain_state.generated
     check = GreedyCheck(label, len(plain), spec == plain, drafted=spec_state.metrics.drafted_tokens,
                         accepted=spec_state.metrics.accepted_tokens)
@@ -151,7 +152,7 @@ def check_sampling(decoder, prompt_ids: list[int], sampling: SamplingConfig, sam
             accepted += state.metrics.accepted_tokens
         for seed in seeds:
             plain = replace(config, sampling=replace(sampling, seed=samples + seed))
-            plain_counts[tuple(decoder.complete(prompt_ids, plain, None, None).generated)] += 1
+            plain_counts[tuple(decoder.complete(prompt_ids, plain, PLAIN).generated)] += 1
         if progress is not None:
             progress(len(seeds))
     tests = [homogeneity("joint", spec_counts, plain_counts)]
@@ -205,10 +206,10 @@ def _draw(decoder, prompt_ids: list[int], configs: list[GenerationConfig], specu
     """Speculative requests with the decoder's drafter: one alone, or several side by side in one batch (each with
     a fork of the drafter, verified together). Returns their finished Requests."""
     if len(configs) == 1:
-        return [decoder.complete(prompt_ids, configs[0], "default", speculation)]
+        return [decoder.complete(prompt_ids, configs[0], OWN_DRAFTER, speculation)]
     engine = decoder.batch_engine(len(configs))
     for i, config in enumerate(configs):
-        engine.add(i, prompt_ids, config, speculation=speculation)
+        engine.submit(i, prompt_ids, config, speculation=speculation)
     done = []
     while len(engine):
         done += [event.state for event in engine.step() if event.finished]

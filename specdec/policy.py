@@ -71,8 +71,9 @@ class DraftLengthPolicy:
         """k for this sequence scored alone."""
         return choose_lengths([self], self.costs, [self.k_max])[0]
 
-    def ready(self) -> bool:
-        """False while speculation is paused (the pause counts down one step per call)."""
+    def count_down(self) -> bool:
+        """Counts one step of a pause down (a command, not a question: the step that ends a pause forgets half the
+        evidence and decides whether the next step probes). False while speculation is paused."""
         if self.paused > 0:
             self.paused -= 1
             if self.paused == 0:
@@ -125,6 +126,9 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
     drafting. Draft tokens go, one at a time, where that chance is highest; the allocation kept is the
     best prefix of that order. With many sequences the pass is compute-bound, so lengths shrink, and
     speculation switches off by itself when it no longer pays. Alone, this is argmax_k E(k) / C(k).
+
+    It is also each policy's step: a pause counts down, a probe is spent or deferred, a miss pauses. Call it once
+    per step that drafts, never just to ask.
     """
     ks = [0] * len(policies)
     candidates = []
@@ -134,13 +138,13 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
             continue
         if not policy.adaptive:
             ks[i] = cap
-        elif policy.probing:  # alone, ready() judged it; in a batch, judge it in this pass
+        elif policy.probing:  # alone, count_down() judged it; in a batch, judge it in this pass
             policy.probing = False
             if len(policies) == 1 or policy.probe_pays(len(policies), min(cap, PROBE_LENGTH)):
                 ks[i] = min(cap, PROBE_LENGTH)
             else:
                 policy.defer()
-        elif policy.ready():
+        elif policy.count_down():
             acceptance = policy.acceptance()
             if policy.best_k(acceptance) == 0:
                 policy.pause()

@@ -1,4 +1,6 @@
-"""The scheduler: admits requests, prefills them, and runs the step every running request takes at once.
+"""The scheduler owns each request's life: submit (the one place a Request is built: its cache and drafter), step,
+cancel; a request ends in one place (BatchEngine._end). It prefills requests and runs the step every running
+request takes at once.
 
 The step: propose -> forward -> verify -> roll back -> observe. Each request with a drafter gets a draft length
 (policy.py, allocated jointly from the measured cost curve so that speculation shrinks as the batch grows; a
@@ -6,10 +8,9 @@ request without one drafts nothing and the policy is not asked); its drafter pro
 every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch scores
 chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache is
 cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
-A request alone is a batch of one: SpecDecoder.generate and stream run this same step.
-
-Requests join and leave between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix
-restored from the prefix cache; parked there or freed at its end), drafter and random streams. Above
+A request alone is a batch of one: SpecDecoder.generate and stream run this same step. Requests join and leave
+between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix restored from the prefix
+cache; parked there or freed at its end), drafter and random streams. Above
 SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either). A batch whose
 step the policy gave no drafts asks it again only after IDLE_RECHECK steps at the same size: in large batches,
 where drafts do not pay, asking every step cost about 1% of the step.
@@ -22,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from .choice import OWN_DRAFTER, DrafterChoice
 from .config import GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter, DraftRequest
 from .errors import ConstraintError
@@ -31,8 +33,9 @@ from .policy import choose_lengths, draft_length
 from .request import Request
 from .sampling import make_generator
 
-IDLE_RECHECK = 8
 from .verify import Draft, tree_mask, verify
+
+IDLE_RECHECK = 8
 
 
 @dataclass
@@ -50,9 +53,11 @@ class BatchEngine:
     """Owns a set of running requests over one backend; not thread-safe (one step at a time)."""
 
     def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
-                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None):
-        """tokenizer: the target's, for text and structured-output constraints; tracer: a TraceWriter that records
-        every request when it ends."""
+                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None, learn: bool = True):
+        """drafter_factory: the drafter of a request that takes the engine's own (OWN_DRAFTER). tokenizer: the
+        target's, for text and constraints; tracer: a TraceWriter that records every request when it ends; learn:
+        hand each finished output to its drafter (Drafter.learn), off for warm-up runs."""
+        self.learn = learn
         self.backend = backend
         self.tokenizer = tokenizer
         self.tracer = tracer
@@ -71,30 +76,31 @@ class BatchEngine:
     def free_slots(self) -> int:
         return self.max_batch - len(self)
 
-    def add(self, request_id, prompt_ids: list[int], config: GenerationConfig,
-            speculation: SpeculationConfig | None = None, drafter: Drafter | None | str = "default") -> Request:
-        """Admits a request; it is prefilled at the next step. Raises if the batch is full."""
+    def submit(self, request_id, prompt_ids: list[int], config: GenerationConfig,
+               drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None) -> Request:
+        """Admits a request (the one place a Request is built): it takes its cache and drafter now, is prefilled at
+        the next step, and ends when a step finishes it or cancel(request_id) drops it; its events carry request_id.
+        Returns its state, to read. drafter: the engine's own, none (PLAIN) or a given one; speculation: default the
+        engine's. Raises if the batch is full."""
         if self.free_slots <= 0:
             raise RuntimeError("the batch is full")
-        made = self.drafter_factory() if drafter == "default" else drafter
+        made = self.drafter_factory() if drafter.own else drafter.drafter
         request = Request(prompt_ids, config, self.backend.info, made, speculation or self.speculation, self.costs,
-                          tokenizer=self.tokenizer, tracer=self.tracer)
+                          learn=self.learn, tokenizer=self.tokenizer, tracer=self.tracer)
         open_request(self.backend, request)
-        return self.admit(request_id, request)
-
-    def admit(self, request_id, request: Request) -> Request:
-        """Admits a request opened elsewhere (SpecDecoder.start); it is prefilled at the next step."""
-        if self.free_slots <= 0:
-            raise RuntimeError("the batch is full")
         self.waiting.append((request_id, request))
         return request
 
     def cancel(self, request_id) -> None:
-        """Drops a request at once and frees its slot."""
+        """Drops a request at once and frees its slot; nothing happens for one that already ended."""
+        self._end(request_id, "cancelled")
+
+    def _end(self, request_id, reason: str) -> None:
+        """The one place a request ends: it leaves the batch and is closed (close_request)."""
         waiting = [i for i, (rid, _) in enumerate(self.waiting) if rid == request_id]
         request = self.waiting.pop(waiting[0])[1] if waiting else self.running.pop(request_id, None)
         if request is not None:
-            close_request(self.backend, request, "cancelled")
+            close_request(self.backend, request, reason)
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
@@ -170,12 +176,12 @@ class BatchEngine:
             return []
         batch, self.waiting = self.waiting, []
         events = []
-        copy = getattr(self.backend, "copy_cache", None)
+        copies = self.backend.copies_caches
         for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
             groups: dict = {}  # the same prompt (n choices, repeated requests) is prefilled once, then copied
             for i, (rid, r) in enumerate(batch):
                 if r.prefill_all_logits == every_row:
-                    groups.setdefault(tuple(r.tokens) if copy else i, []).append((rid, r))
+                    groups.setdefault(tuple(r.tokens) if copies else i, []).append((rid, r))
             if not groups:
                 continue
             leads = [members[0][1] for members in groups.values()]
@@ -188,7 +194,7 @@ class BatchEngine:
             seconds = time.perf_counter() - t0
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
-                    copy(lead.cache, request.cache)
+                    self.backend.copy_cache(lead.cache, request.cache)
                 for rid, request in members:
                     self.running[rid] = request
                     events.append(self._outcome(rid, request, lambda: self._first_token(request, out.logits,
@@ -225,8 +231,7 @@ class BatchEngine:
 
     def _event(self, rid, request: Request, new: list[int], error: str = "") -> StepEvent:
         if request.finished:
-            self.running.pop(rid, None)
-            close_request(self.backend, request)
+            self._end(rid, request.finished)
         return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request, error=error)
 
 
@@ -234,26 +239,23 @@ class BatchEngine:
 def open_request(backend, request: Request) -> Request:
     """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request
     began as this one does, else a fresh slot; and starts its drafter."""
-    prefix = getattr(backend, "prefix_cache", None)
+    prefix = backend.prefix_cache
     if request.needs_features and prefix is not None:
         request.features = []  # the hidden rows, which a drafter reading features needs from a restored prefix
     request.cache = _claim_prefix(prefix, request) or backend.new_cache()
     request.metrics.cached_prompt_tokens = request.cache.length
     if request.drafter is not None:
+        generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
         request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
-                                           sampling=request.config.sampling,
-                                           generator=None if request.generator is None else make_generator(
-                                               request.seed + 1),  # its draws when sampling
+                                           sampling=request.config.sampling, generator=generator,
                                            noise=request.noise if request.coupled else None, costs=request.costs,
                                            adaptive=request.adaptive, target_cache=request.cache))
     return request
 
 
-def close_request(backend, request: Request, reason: str = "cancelled") -> None:
-    """Ends a request: its drafter learns the output and ends, its cache goes to the prefix cache or is freed, and
-    the trace records it. Idempotent."""
-    if request.cache is None:
-        return
+def close_request(backend, request: Request, reason: str) -> None:
+    """Ends a request (BatchEngine._end, the one caller, ends each once): its drafter learns the output and ends,
+    its cache goes to the prefix cache or is freed, and the trace records it."""
     request.finish(reason)
     drafter = request.drafter
     if drafter is not None:
@@ -282,9 +284,8 @@ def _claim_prefix(prefix, request: Request):
 
 
 def _park_or_release(backend, request: Request) -> None:
-    """Hands the cache to the prefix cache (its rows that a later prefill would compute identically), or frees its
-    slot."""
-    prefix = getattr(backend, "prefix_cache", None)
+    """Hands the cache to the prefix cache (its rows a later prefill would compute identically), or frees it."""
+    prefix = backend.prefix_cache
     if prefix is not None:
         rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
         # none where the request ended before its prefill, or where a drafter built meanwhile asked the target for

@@ -42,7 +42,7 @@ def test_batched_speculation_equals_each_sequence_alone(backend, dtype, kind):
     while queue or len(engine):
         while queue and engine.free_slots:  # requests join between steps
             i, p = queue.pop(0)
-            engine.add(i, p, config)
+            engine.submit(i, p, config)
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
     assert [got[i] for i in range(len(prompts))] == want
@@ -64,7 +64,7 @@ def test_requests_with_the_same_prompt_share_one_prefill(backend):
     target.backend.forward_batch = lambda caches, ids, **kw: scored.append([len(x) for x in ids]) or forward_batch(
         caches, ids, **kw)
     engine = decoder.batch_engine(max_batch=4)
-    states = [engine.add(i, prompt, c) for i, c in enumerate(configs)] + [engine.add(3, other, configs[0])]
+    states = [engine.submit(i, prompt, c) for i, c in enumerate(configs)] + [engine.submit(3, other, configs[0])]
     while len(engine):
         engine.step()
     target.backend.forward_batch = forward_batch
@@ -87,13 +87,13 @@ def test_a_shared_prefill_survives_its_lead_ending_at_once(first_length):
         [GenerationConfig(max_new_tokens=12, ignore_eos=True)] * 2
     engine = decoder.batch_engine(max_batch=4)
     for i, config in enumerate(configs):
-        engine.add(i, prompt, config)
+        engine.submit(i, prompt, config)
     got = {}
     while len(engine):
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
         if 3 not in got and len(engine) < 3:
-            engine.add(3, _prompts()[8], configs[1])
+            engine.submit(3, _prompts()[8], configs[1])
             got[3] = []
     assert [got[i] for i in range(3)] == [alone.generate_ids(prompt, c)[0] for c in configs]
     assert got[3] == alone.generate_ids(_prompts()[8], configs[1])[0]
@@ -103,13 +103,13 @@ def test_cancel_frees_the_slot_at_once():
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     decoder = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3))
     engine = decoder.batch_engine(max_batch=2)
-    engine.add("a", [1, 2, 3], GenerationConfig(max_new_tokens=50, ignore_eos=True))
-    engine.add("b", [4, 5, 6], GenerationConfig(max_new_tokens=50, ignore_eos=True))
+    engine.submit("a", [1, 2, 3], GenerationConfig(max_new_tokens=50, ignore_eos=True))
+    engine.submit("b", [4, 5, 6], GenerationConfig(max_new_tokens=50, ignore_eos=True))
     engine.step()
     assert engine.free_slots == 0
     engine.cancel("a")
     assert engine.free_slots == 1 and "a" not in engine.running
-    engine.add("c", [7, 8], GenerationConfig(max_new_tokens=5, ignore_eos=True))
+    engine.submit("c", [7, 8], GenerationConfig(max_new_tokens=5, ignore_eos=True))
     events = engine.step()
     assert {e.request_id for e in events} == {"b", "c"}
 
@@ -129,7 +129,7 @@ def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeyp
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     engine = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3)).batch_engine(max_batch=3)
     for name in "abc":
-        engine.add(name, [1, 2, 3], GenerationConfig(max_new_tokens=60, ignore_eos=True))
+        engine.submit(name, [1, 2, 3], GenerationConfig(max_new_tokens=60, ignore_eos=True))
     engine.step()  # the prefill
     for _ in range(2 * (scheduler.IDLE_RECHECK + 1)):
         engine.step()
@@ -205,11 +205,11 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
         return propose(self, context, budget)
 
     monkeypatch.setattr(type(drafter), "propose", recording)
-    engine.add(0, prompts[0], config)
+    engine.submit(0, prompts[0], config)
     for step in range(40):
         if step == 6:  # the others join after the first has drafted alone for a while
             for i, p in enumerate(prompts[1:], 1):
-                engine.add(i, p, config)
+                engine.submit(i, p, config)
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
         if not len(engine):
@@ -242,7 +242,7 @@ def _steps_with_limit(target, limit):
     calls: list[int] = []
     speculation = SpeculationConfig(num_speculative_tokens=3, adaptive=False, max_batch_for_drafting=limit)
     engine = SpecDecoder(target, _RepeatDrafter(calls), speculation).batch_engine(max_batch=5)
-    states = [engine.add(i, p, GenerationConfig(max_new_tokens=n, ignore_eos=True))
+    states = [engine.submit(i, p, GenerationConfig(max_new_tokens=n, ignore_eos=True))
               for i, (p, n) in enumerate(zip(_prompts(5), (6, 10, 14, 30, 40)))]
     rows = []
     while len(engine):

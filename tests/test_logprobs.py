@@ -47,9 +47,7 @@ def test_logprobs_equal_a_direct_forward(target_model, temperature):
     decoder = SpecDecoder(loaded(target_model, "torch"), NgramDrafter(min_n=1, max_n=3),
                           SpeculationConfig(num_speculative_tokens=4, adaptive=False))
     config = GenerationConfig.create(max_new_tokens=24, ignore_eos=True, temperature=temperature, seed=3, logprobs=5)
-    state = decoder.start(PROMPT, config)
-    for _ in decoder.decode(state):
-        pass
+    state = decoder.complete(PROMPT, config)
     want = _direct(target_model, PROMPT, state.generated)
     assert [t.token_id for t in state.logprobs] == state.generated
     for j, entry in enumerate(state.logprobs):
@@ -68,12 +66,9 @@ def test_speculation_leaves_logprobs_unchanged(target_model, kind):
                "self": DraftModelDrafter(loaded(target_model, "kernels").backend, target_model.config.vocab_size),
                "tree": TableTreeDrafter(ModelLogits(target_model), width=2, depth=3)}[kind]
     config = GenerationConfig.create(max_new_tokens=30, ignore_eos=True, logprobs=3)
-    plain = SpecDecoder(target, None).start(PROMPT, config)
+    plain = SpecDecoder(target, None).complete(PROMPT, config)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
-    spec = decoder.start(PROMPT, config)
-    for d, state in ((SpecDecoder(target, None), plain), (decoder, spec)):
-        for _ in d.decode(state):
-            pass
+    spec = decoder.complete(PROMPT, config)
     assert spec.metrics.accepted_tokens > 0
     assert spec.generated == plain.generated
     assert spec.logprobs == plain.logprobs
@@ -85,13 +80,11 @@ def test_batched_logprobs_equal_each_request_alone(target_model):
     config = GenerationConfig.create(max_new_tokens=20, ignore_eos=True, logprobs=2)
     prompts = [PROMPT[i:] for i in range(4)]
     engine = decoder.batch_engine(4)
-    states = [engine.add(i, p, config) for i, p in enumerate(prompts)]
+    states = [engine.submit(i, p, config) for i, p in enumerate(prompts)]
     while len(engine):
         engine.step()
     for prompt, state in zip(prompts, states):
-        alone = SpecDecoder(target, None).start(prompt, config)
-        for _ in SpecDecoder(target, None).decode(alone):
-            pass
+        alone = SpecDecoder(target, None).complete(prompt, config)
         assert state.logprobs == alone.logprobs
 
 
@@ -119,9 +112,7 @@ def test_prompt_logprobs_equal_a_direct_forward_alone_or_batched(target_model, b
     target = loaded(target_model, backend)
     config = GenerationConfig.create(max_new_tokens=3, ignore_eos=True, prompt_logprobs=2)
     decoder = SpecDecoder(target, NgramDrafter(min_n=1, max_n=3))
-    alone = decoder.start(PROMPT, config)
-    for _ in decoder.decode(alone):
-        pass
+    alone = decoder.complete(PROMPT, config)
     with torch.no_grad():
         want = torch.log_softmax(target_model(torch.tensor([PROMPT])).logits[0].float(), dim=-1)
     entries = alone.prompt_logprobs
@@ -131,7 +122,7 @@ def test_prompt_logprobs_equal_a_direct_forward_alone_or_batched(target_model, b
         assert [i for i, _ in entry.top] == want[j].topk(2).indices.tolist()
     engine = decoder.batch_engine(3)
     plain = GenerationConfig.create(max_new_tokens=3, ignore_eos=True)
-    states = [engine.add(0, PROMPT, config), engine.add(1, PROMPT[2:], plain), engine.add(2, PROMPT, config)]
+    states = [engine.submit(0, PROMPT, config), engine.submit(1, PROMPT[2:], plain), engine.submit(2, PROMPT, config)]
     while len(engine):
         engine.step()
     assert states[1].prompt_logprobs is None

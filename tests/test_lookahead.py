@@ -146,11 +146,11 @@ def test_in_a_batch_the_pool_drafts_chains_and_the_output_stays():
     engine = decoder.batch_engine(max_batch=3)
     config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     prompts = {"a": [3, 7], "b": [5], "c": [1, 2, 4]}
-    states = {"a": engine.add("a", prompts["a"], config)}
+    states = {"a": engine.submit("a", prompts["a"], config)}
     for _ in range(8):
         engine.step()
     assert states["a"].drafter.stats.lookahead_steps > 0 and states["a"].drafter.stats.chain_steps == 0
-    states |= {rid: engine.add(rid, prompts[rid], config) for rid in ("b", "c")}
+    states |= {rid: engine.submit(rid, prompts[rid], config) for rid in ("b", "c")}
     while len(engine):
         engine.step()
     assert states["a"].drafter.stats.chain_steps > 0

@@ -129,7 +129,7 @@ def test_batched_requests_keep_their_own_penalties(target_model):
                (dict(), dict(repetition_penalty=1.6), dict(frequency_penalty=1.5), dict(logit_bias={3: 5.0}))]
     engine = decoder.batch_engine(max_batch=4)
     for i, config in enumerate(configs):
-        engine.add(i, PROMPT[i:], config)
+        engine.submit(i, PROMPT[i:], config)
     outputs = {}
     while len(engine):
         for event in engine.step():

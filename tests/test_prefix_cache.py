@@ -111,10 +111,12 @@ def test_parked_caches_use_idle_slots_only_and_go_least_recently_used_first():
     assert prompts[1] not in kept and prompts[0] in kept and prompts[3] in kept
     assert be.pool.slots == slots  # parked caches never made the pool grow
     # a running sequence that needs a slot takes it from the parked ones when none is free
-    states = [decoder.start(_prompt(20, seed=50 + i), config) for i in range(slots)]
+    engine = decoder.batch_engine(slots)
+    for i in range(slots):
+        engine.submit(i, _prompt(20, seed=50 + i), config)  # each takes its cache at once
     assert be.pool.slots == slots and len(be.prefix_cache) == 0
-    for s in states:
-        decoder.end(s)
+    for i in range(slots):
+        engine.cancel(i)
 
 
 def test_an_entry_that_a_longer_one_extends_is_dropped():

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from specdec.choice import OWN_DRAFTER, PLAIN  # noqa: E402
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.engine import SpecDecoder  # noqa: E402
@@ -113,10 +114,11 @@ def test_a_drafter_chosen_by_requests_is_built_once_and_forked_for_each(decoder,
     real = drafters.create_drafter
     monkeypatch.setattr(drafters, "create_drafter", lambda *a, **k: built.append(a[0]) or real(*a, **k))
     worker = EngineWorker(decoder, max_batch=2)
-    made = [worker._drafter(SpeculationChoice("layerskip"))[0] for _ in range(3)]
+    made = [worker._drafter(SpeculationChoice("layerskip"))[0].drafter for _ in range(3)]
     assert built == ["layerskip"]  # built once
     assert len({id(d) for d in made}) == 3 and all(d.name == "layerskip" for d in made)  # each request its own state
-    assert worker._drafter(SpeculationChoice("ngram"))[0] == "default"
+    assert worker._drafter(SpeculationChoice("ngram"))[0] == OWN_DRAFTER  # the decoder's own, forked by the engine
+    assert worker._drafter(SpeculationChoice("none"))[0] == PLAIN
 
 
 def test_a_suffix_drafter_chosen_by_requests_keeps_the_servers_index_file(decoder, tmp_path):

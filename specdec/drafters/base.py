@@ -2,7 +2,9 @@
 
 A drafter serves one request at a time: begin(request), then each step propose(context, budget) with the whole
 context and what the step allows, observe(features) with the target's hidden states of the positions it kept
-(drafters that read them), and at the end learn(output) and end(). Drafters that sample (draft models) also return
+(drafters that read them), scored(...) with the target's choices at every scored row (drafters that need them), and
+at the end learn(output) and end(). Drafters that share drafting passes between requests (the quantized copy)
+declare it with pass_sharing() and draft them with propose_together(). Drafters that sample (draft models) also return
 q, their distribution at each drafted position, so verification can accept with min(1, p/q); deterministic
 drafters return probs=None (q is one-hot). fork() gives another concurrent request a drafter of its own.
 """
@@ -15,6 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..config import SamplingConfig
+from ..costs import SharedPasses
 from ..sampling import sample
 from ..verify import Draft  # what propose returns: defined with the rules that verify it
 
@@ -64,6 +67,8 @@ class Drafter(Protocol):
     #: True for drafters that also decide themselves whether a step drafts at all where a tree is allowed (the
     #: select drafter, from its candidates' measured speeds): the engine's policy is not asked then
     decides_itself: bool = False
+    #: the request being drafted for, from begin() on (None before the first)
+    request: DraftRequest | None = None
 
     def begin(self, request: DraftRequest) -> None:
         """Starts a new request."""
@@ -87,6 +92,16 @@ class Drafter(Protocol):
 
     def end(self) -> None:
         """Ends the request and frees per-request state."""
+
+    def pass_sharing(self) -> SharedPasses | None:
+        """The costs of the drafting passes this request shares with other requests' (propose_together), or None
+        where it drafts alone: the default."""
+        return None
+
+    def propose_together(self, jobs: list[tuple["Drafter", list[int], int]]) -> list[Draft]:
+        """Drafts for several requests in shared passes, one (drafter, context, k) job each, where pass_sharing()
+        returned the same passes for all of them: one chain of up to k tokens each."""
+        raise NotImplementedError(f"drafter {self.name!r} drafts alone")
 
     def fork(self) -> "Drafter":
         """A fresh drafter for another concurrent request, sharing weights and other heavy state."""

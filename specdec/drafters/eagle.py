@@ -86,7 +86,7 @@ class EagleDrafter(Drafter):
         """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
         mine = features.detach().to("cpu")[:, self.columns]
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
-        if self.kv is None and getattr(self, "request", None) is not None:
+        if self.kv is None and self.request is not None:
             self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()

@@ -48,8 +48,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
     def pass_sharing(self) -> SharedPasses | None:
         """The copy's pass costs where this request drafts in passes shared with others (greedy, no penalties:
         propose_together), else None."""
-        request = getattr(self, "request", None)
-        sampling = request.sampling if request is not None else None
+        sampling = self.request.sampling if self.request is not None else None
         return self.passes if sampling is not None and sampling.greedy and not sampling.penalized else None
 
     def begin(self, request: DraftRequest) -> None:

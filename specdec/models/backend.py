@@ -1,7 +1,9 @@
 """The backend contract: a causal LM that keeps per-sequence KV caches and can roll them back.
 
-Two implementations: `HFBackend` runs any transformers causal LM; `FastLlama` (llama.py) runs the
-Llama family with its own static cache and less overhead. The engine only sees this contract.
+Implementations: `HFBackend` runs any transformers causal LM; `FastLlama` (llama.py) and `KernelLlama`
+(kernel_llama.py) run the Llama family over a pool of cache slots (kvpool.py), with less overhead; models/ holds
+others. The engine only sees this contract, capabilities included: a backend declares them (prefix_cache,
+copies_caches), nobody probes for them.
 """
 from __future__ import annotations
 
@@ -52,6 +54,20 @@ class CausalLM(ABC):
     #: hidden state in ForwardOutput.hidden, for heads that read several depths (EAGLE-3). Set with
     #: add_feature_layers; empty: the final hidden state alone.
     feature_layers: tuple[int, ...] = ()
+    #: The prefix cache (prefix_cache.py) that keeps finished sequences' caches for later prompts with the same
+    #: beginning, once enable_prefix_cache made one; None: none (always, for a backend without cache slots).
+    prefix_cache = None
+    #: True when copy_cache works: sequences with the same prompt prefill it once.
+    copies_caches: bool = False
+
+    def enable_prefix_cache(self, max_entries: int) -> bool:
+        """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend
+        without cache slots, this default)."""
+        return False
+
+    def copy_cache(self, src: SequenceCache, dst: SequenceCache, length: int | None = None) -> None:
+        """dst (a fresh cache) gets src's first `length` keys and values (default: all); where copies_caches."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy a cache")
 
     def add_feature_layers(self, layers: tuple[int, ...]) -> torch.Tensor:
         """Makes `layers` part of every output_hidden from now on (kept with those asked for before, in order

@@ -88,15 +88,17 @@ class PooledCaches:
 
     pool: KVPool
     prefix_cache = None
+    copies_caches = True
 
-    def enable_prefix_cache(self, max_entries: int) -> None:
+    def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches for later prompts with the same beginning
-        (0: none)."""
+        (0: none); whether any are kept."""
         from .prefix_cache import PrefixCache
 
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         self.prefix_cache = PrefixCache(self, max_entries) if max_entries > 0 else None
+        return self.prefix_cache is not None
 
     def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
         """How many of a finished sequence's first cached positions a later prefill would compute identically."""

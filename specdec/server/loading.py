@@ -1,6 +1,7 @@
-"""Loads a SpecDecoder for serving: the target's KV pool (and a draft model's) sized for the whole batch.
+"""Loads a SpecDecoder for serving, through SpecDecoder.load: the target's KV pool (and a draft model's) sized for the
+whole batch.
 
-`SpecDecoder.load` sizes pools for one sequence; a pool that grows one slot at a time copies itself
+By default `SpecDecoder.load` sizes pools for one sequence; a pool that grows one slot at a time copies itself
 each time (for a 135M model at 8k context, 377 MB a slot), which would land inside the first busy
 minutes of a server. The pool is zeroed when it is made, so all of it is resident from the start (a pool too
 large for the machine fails at start, and memory does not grow under load): `max_context` bounds it (32 slots of
@@ -19,28 +20,14 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
     LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
     (prompt, output, drafts), at most the model's context (default: the model's). graphs: the target's passes as
-    CUDA graphs (models/loading.py make_backend; a draft model takes them where its backend can)."""
-    from ..costs import CostModel, measure_verify_costs
-    from ..config import SpeculationConfig
-    from ..drafters import create_drafter
+    CUDA graphs (models/loading.py make_backend)."""
     from ..engine import SpecDecoder
-    from ..errors import ConfigError
-    from ..models.loading import load_model
 
-    speculation = SpeculationConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
-                                    sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting,
-                                    acceptance=acceptance)
-    target = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, backend=backend,
-                        slots=slots, max_context=max_context, graphs=graphs)
-    if max_context and max_context > target.info.max_context:
-        raise ConfigError(f"--max-context {max_context} is beyond the model's context of {target.info.max_context} "
-                          "tokens")
-    draft = None
-    if draft_model:
-        draft = load_model(draft_model, device=str(target.info.device), dtype=str(target.info.dtype).split(".")[-1],
-                           trust_remote_code=trust_remote_code, slots=slots, max_context=max_context)
-    made = create_drafter(drafter, target, draft_model=draft, trust_remote_code=trust_remote_code, **drafter_options)
-    costs = CostModel(measure_verify_costs(target.backend))
-    decoder = SpecDecoder(target, made, speculation, costs=costs)
-    decoder.warm_up()
+    decoder = SpecDecoder.load(model, drafter=drafter, draft_model=draft_model, device=device, dtype=dtype,
+                               backend=backend, num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
+                               sampling_verifier=sampling_verifier, trust_remote_code=trust_remote_code,
+                               max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance, slots=slots,
+                               max_context=max_context, time_target=True, graphs=graphs,
+                               **drafter_options)
+    decoder.drafter_options = {}  # requests' drafters by name take the server's options (EngineWorker)
     return decoder

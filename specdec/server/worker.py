@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..choice import OWN_DRAFTER, PLAIN, DrafterChoice
+from ..engine import TextSteps, TextUpdate
 from ..errors import ContextLengthError, SpecdecError
 from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
@@ -32,12 +34,11 @@ class _Live:
     job: Job
     state: Request
     drafter: str
-    logprobs_sent: int = 0  # state.logprobs already handed out in Deltas
-    prompt_sent: bool = False  # state.prompt_logprobs handed out
 
 
 class EngineWorker:
-    """Owns a BatchEngine and runs its steps while there is work; idle, it sleeps on the inbox."""
+    """Owns a BatchEngine and runs its steps while there is work, reading each request's text from the one stream
+    core (engine.TextSteps) and converting it to events; idle, it sleeps on the inbox."""
 
     def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512,
                  drafter_options: dict | None = None):
@@ -45,7 +46,8 @@ class EngineWorker:
         requests pick by name."""
         self.decoder = decoder
         self.tokenizer = decoder.target.tokenizer
-        self.engine = decoder.batch_engine(max_batch)
+        self.steps = TextSteps(decoder.batch_engine(max_batch))
+        self.engine = self.steps.engine
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
         self.drafter_options = dict(drafter_options or {})
         self.metrics = metrics
@@ -63,7 +65,7 @@ class EngineWorker:
     @property
     def prefix_cache_entries(self) -> int:
         """The most finished requests the prefix cache keeps (0: off)."""
-        cache = getattr(self.decoder.target.backend, "prefix_cache", None)
+        cache = self.decoder.target.backend.prefix_cache
         return cache.max_entries if cache is not None else 0
 
     @property
@@ -160,7 +162,7 @@ class EngineWorker:
                 return
         live = self.live.pop(request_id, None)
         if live is not None:
-            self.engine.cancel(request_id)  # frees the KV slot now
+            self.steps.cancel(request_id)  # frees the KV slot now
             self._observe(live.state)
 
     def _admit(self) -> None:
@@ -196,10 +198,10 @@ class EngineWorker:
             speculation = replace(speculation, acceptance=request.speculation.acceptance)
         config = request.config
         if not request.max_tokens_given:  # a default length: clip it to the context left
-            k = 0 if name == "none" else speculation.num_speculative_tokens
+            k = 0 if drafter.plain else speculation.num_speculative_tokens
             room = self.decoder.target.info.max_context - len(ids) - k - 1
             config = replace(config, max_new_tokens=max(1, min(config.max_new_tokens, room)))
-        state = self.engine.add(job.request_id, ids, config, speculation, drafter)
+        state = self.steps.submit(job.request_id, ids, config, drafter, speculation)
         self.live[job.request_id] = _Live(job, state, name)
         job.emit(Started(len(ids)))
         return len(ids) - state.cache.length
@@ -222,44 +224,36 @@ class EngineWorker:
             raise bad_request(f"could not tokenize the prompt: {exc}", "messages" if request.endpoint == "chat"
                               else "prompt") from None
 
-    def _drafter(self, choice: SpeculationChoice):
-        """(what BatchEngine.add takes: "default", None or a Drafter; its name, "none" when nothing drafts)."""
+    def _drafter(self, choice: SpeculationChoice) -> tuple[DrafterChoice, str]:
+        """(the DrafterChoice BatchEngine.submit takes; its name, "none" when nothing drafts)."""
         if choice.drafter == "none" or choice.num_speculative_tokens == 0:
-            return None, "none"
+            return PLAIN, "none"
         if choice.drafter == self.default_drafter:
-            return "default", choice.drafter
+            return OWN_DRAFTER, choice.drafter
         # built on first use only (a drafter may load weights), then forked per request
-        return self.decoder.drafter_named(choice.drafter, **self.drafter_options).fork(), choice.drafter
+        return DrafterChoice(self.decoder.drafter_named(choice.drafter, **self.drafter_options).fork()), choice.drafter
 
     def _step(self) -> None:
         if self.metrics is not None:
             self.metrics.step_batch.observe(len(self.engine))
-        for event in self.engine.step():
-            self._deliver(event)
+        for update in self.steps.step():
+            self._deliver(update)
 
-    def _deliver(self, event) -> None:
-        live = self.live.get(event.request_id)
+    def _deliver(self, update: TextUpdate) -> None:
+        """Converts the stream core's update for one request into its events."""
+        live = self.live.get(update.request_id)
         if live is None:
             return
-        if event.error:  # its own step failed (its constraint cannot go on): it alone ends, with a 400
-            del self.live[event.request_id]
-            self._observe(event.state)
-            live.job.emit(Failed(bad_request(event.error, code="constraint_unsatisfiable")))
+        if update.error:  # its own step failed (its constraint cannot go on): it alone ends, with a 400
+            del self.live[update.request_id]
+            self._observe(update.state)
+            live.job.emit(Failed(bad_request(update.error, code="constraint_unsatisfiable")))
             return
-        state, new = event.state, event.new_tokens
-        text, stopped = state.take_text(new)
-        if stopped:  # free its slot now
-            self.engine.cancel(event.request_id)  # no-op when the engine already ended it
-        if state.finished:
-            text += state.flush_text()
-        logprobs = None
-        if state.logprobs is not None:
-            logprobs, live.logprobs_sent = state.logprobs[live.logprobs_sent:], len(state.logprobs)
-        prompt, live.prompt_sent = (None if live.prompt_sent else state.prompt_logprobs), True
-        if text or new:
-            live.job.emit(Delta(text, len(new), logprobs, prompt))
-        if state.finished:
-            del self.live[event.request_id]
+        if update.text or update.new_tokens:
+            live.job.emit(Delta(update.text, update.new_tokens, update.logprobs, update.prompt_logprobs))
+        if update.finished:
+            state = update.state
+            del self.live[update.request_id]
             self._observe(state)
             live.job.emit(Finished(state.finished, state.prompt_len, len(state.generated), state.metrics, live.drafter,
                                    state.k_max))
@@ -275,7 +269,7 @@ class EngineWorker:
         for request_id, live in list(self.live.items()):
             del self.live[request_id]
             try:
-                self.engine.cancel(request_id)
+                self.steps.cancel(request_id)
             except Exception:
                 log.exception("could not cancel request %s", request_id)
             live.job.emit(Failed(error))
