@@ -88,7 +88,7 @@ def test_a_batch_through_the_graph_path_equals_one_at_a_time(models, kind):
     while queue or len(engine):
         while queue and engine.free_slots:
             i, p = queue.pop(0)
-            engine.add(i, p, config)
+            engine.submit(i, p, config)
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
     assert [got[i] for i in range(len(prompts))] == want

@@ -218,7 +218,7 @@ def test_ragged_rows_that_fit_alone_fit_in_one_batched_call():
 
 @pytest.mark.parametrize("lengths", [[780, 100, 9, 100], [9] * 8, [1, 9, 5, 9, 2], [60, 90, 400, 780, 61], [5]])
 def test_padding_groups_keep_each_row_once_and_bound_the_padding(lengths):
-    from specdec.models.row_groups import PAD_WASTE_TOKENS, padding_groups
+    from specdec.models.ops import PAD_WASTE_TOKENS, padding_groups
 
     groups = padding_groups(lengths)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))

@@ -4,7 +4,7 @@ It computes what transformers' LlamaForCausalLM computes, in the same order of o
 fused QKV and gate/up projections, packed weights and a static KV cache of fixed slots, in which
 rollback is free: the length is reset and rejected entries are overwritten later. A family's departures from
 Llama (family.py: q/k norms, sliding windows, fused projections, partial RoPE, Gemma's norms, GeGLU and soft caps)
-are data and small branches in the one pass; each step's arithmetic is a function of layer_ops.py.
+are data and small branches in the one pass; each step's arithmetic is a function of ops.py.
 """
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
 from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
 from .kvpool import KVPool, PooledCaches, rope_tables
-from .layer_ops import attend as _attend, gated as _gated, gemma_rms_norm as _gemma_rms_norm  # the per-layer steps
-from .layer_ops import rms_norm as _rms_norm, rope as _rope, soft_cap as _soft_cap
-from .linear import FusedLinear, Linear
-from .row_groups import attention_by_row, fitting_groups, padding_groups
+from .ops import FusedLinear, Linear, attention_by_row, attention_mask, fitting_groups, padding_groups
+from .ops import attend as _attend, gated as _gated, gemma_rms_norm as _gemma_rms_norm  # the per-layer steps
+from .ops import rms_norm as _rms_norm, rope as _rope, soft_cap as _soft_cap
 
 GRAPH_MODES = ("off", "eager", "cuda")
 
@@ -36,6 +35,8 @@ class _Layer:
     k_norm: torch.Tensor | None = None  # (hd,): the same for each key head
     attn_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the attention's output
     mlp_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the MLP's output
+    window: int = 0  # positions a query sees back (0: all), family.window(layer)
+    rope_kind: str | None = None  # its RoPE table, family.rope_kind(layer)
 
 
 class FastLlama(PooledCaches, CausalLM):
@@ -86,6 +87,7 @@ class FastLlama(PooledCaches, CausalLM):
                 q_norm=norm(p + "self_attn.q_norm" if qk_norm else None),
                 k_norm=norm(p + "self_attn.k_norm" if qk_norm else None),
                 attn_out_norm=norm(norms.get("attn_out")), mlp_out_norm=norm(norms.get("mlp_out")),
+                window=self.family.window(i), rope_kind=self.family.rope_kind(i),
             ))
         self.embed = sd["model.embed_tokens.weight"]  # (V, H)
         # Gemma's sqrt(hidden), rounded to the model's dtype as its embedding module rounds it
@@ -172,8 +174,8 @@ class FastLlama(PooledCaches, CausalLM):
         slot_t = torch.tensor(slots, device=device)
         # per attention window: (B, 1, T, end) or None, and for rows in scattered slots, which attend one at a time
         # as each one's pass alone would (_attention_by_row), each row's mask
-        masks = {w: (self._attention_mask(starts, T, end, tree_mask, positions, w),
-                     None if contiguous else [self._attention_mask([s], T, s + T, None, positions[b:b + 1], w)
+        masks = {w: (attention_mask(starts, T, end, tree_mask, positions, w),
+                     None if contiguous else [attention_mask([s], T, s + T, None, positions[b:b + 1], w)
                                               for b, s in enumerate(starts)])
                  for w in set(self.family.windows[:layers] or (0,))}
         angles = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))  # (B, 1, T, rotated dims)
@@ -186,8 +188,8 @@ class FastLlama(PooledCaches, CausalLM):
         for li, layer in enumerate(self.layers[:layers]):
             if output_hidden and not layers and li in self.feature_layers:
                 feature_inputs[li] = x
-            mask, row_masks = masks[self.family.window(li)]
-            q, k, v = self._qkv(layer, x, *angles[self.family.rope_kind(li)])
+            mask, row_masks = masks[layer.window]
+            q, k, v = self._qkv(layer, x, *angles[layer.rope_kind])
             kc, vc = self.pool.keys[li], self.pool.values[li]  # (S, nkv, P, hd)
             if B == 1:
                 kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
@@ -242,40 +244,3 @@ class FastLlama(PooledCaches, CausalLM):
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the residual stream x (B, T, H): the LM head's input."""
         return self.norm(x, self.final_norm, self.eps)
-
-    def _attention_mask(self, starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None,
-                        positions: torch.Tensor, window: int = 0):
-        """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors; with a window,
-        only those whose position is less than `window` before its own (positions: (B, T), the queries').
-
-        None where plain causal attention over all keys is exact (one row, prefill or one token).
-        """
-        B = len(starts)
-        if window and end > window:
-            visible = self._attention_mask(starts, T, end, tree_mask, positions)
-            if visible is None:
-                visible = self._causal_mask(starts, T, end)
-            key_positions = torch.arange(end, device=positions.device).repeat(B, 1)  # (B, end)
-            for b, s in enumerate(starts):
-                key_positions[b, s:s + T] = positions[b]
-            return visible & (positions[:, :, None] - key_positions[:, None, :] < window).unsqueeze(1)
-        if B == 1 and tree_mask is None and (T == 1 or starts[0] == 0):
-            return None
-        device = self.info.device
-        if tree_mask is not None:
-            if B != 1:
-                raise ValueError("tree attention takes one sequence at a time")
-            visible = torch.zeros(T, end, dtype=torch.bool, device=device)
-            visible[:, : starts[0]] = True
-            visible[:, starts[0]: starts[0] + T] = tree_mask
-            return visible[None, None]
-        return self._causal_mask(starts, T, end)
-
-    def _causal_mask(self, starts: list[int], T: int, end: int) -> torch.Tensor:
-        """(B, 1, T, end) bool: query t of row b sees the keys before starts[b] + t + 1."""
-        device = self.info.device
-        key = torch.arange(end, device=device)[None, None, :]  # (1, 1, end)
-        start = torch.tensor(starts, device=device)[:, None, None]  # (B, 1, 1)
-        query = torch.arange(T, device=device)[None, :, None]  # (1, T, 1)
-        rel = key - start  # (B, 1, end): key offset among this row's new tokens
-        return (rel <= query).unsqueeze(1)  # (B, 1, T, end): cached keys have rel < 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .layer_ops import attend, soft_cap
+from .ops import attend, soft_cap
 
 
 @dataclass
@@ -92,13 +92,13 @@ def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[
     for li, layer in enumerate(model.layers):
         if li in feature_layers:
             features[li] = x
-        q, k, v = model._qkv(layer, x, *angles[model.family.rope_kind(li)])  # k, v: (B, T, nkv, hd)
+        q, k, v = model._qkv(layer, x, *angles[layer.rope_kind])  # k, v: (B, T, nkv, hd)
         kc, vc = model.pool.keys[li], model.pool.values[li]  # (S, nkv, P, hd)
         kc[slot_rows, :, inputs.write_rows] = k
         vc[slot_rows, :, inputs.write_rows] = v
         keys = kc[:, :, :window].index_select(0, inputs.slots)  # (B, nkv, window, hd)
         values = vc[:, :, :window].index_select(0, inputs.slots)
-        attn = attend(q, keys, values, masks[model.family.window(li)], model.attn_scale, model.family.attn_softcap)
+        attn = attend(q, keys, values, masks[layer.window], model.attn_scale, model.family.attn_softcap)
         x = model._finish_layer(layer, x, attn)
     x = model._final_norm(x)
     hidden = torch.cat([x] + [features[li] for li in feature_layers], dim=-1)
