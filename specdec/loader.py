@@ -11,7 +11,7 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
                  sampling_verifier: str = "auto", chat: bool = True, trust_remote_code: bool = False,
                  backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
                  acceptance: str = "exact", slots: int = 1, max_context: int | None = None, time_target: bool = False,
-                 graphs: str = "auto", **drafter_options):
+                 graphs: str = "auto", compile: str = "auto", **drafter_options):
     """SpecDecoder.load (cls: SpecDecoder): loads a target (default: the built-in smollm2-135m) and a drafter by
     name. max_batch_for_drafting: see SpeculationConfig (batched decoding drafts nothing in steps with more
     sequences than this). acceptance: "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or
@@ -19,7 +19,8 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
     max_context: the most tokens a sequence holds (prompt, output, drafts), at most the model's context (default:
     the model's); time_target: measure the target's verify costs even without a drafter (calls may pick one by
     name later: a server's requests), where calibrate is on; graphs: the target's decode and verify passes as CUDA
-    graphs (auto, on, off: models/loading.py make_backend)."""
+    graphs (auto, on, off: models/loading.py make_backend); compile: those passes compiled by torch.compile (auto,
+    on, off: the same)."""
     from .drafters import create_drafter
     from .errors import ConfigError
     from .models.loading import load_model
@@ -29,7 +30,8 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
                                     sampling_verifier=sampling_verifier, max_batch_for_drafting=max_batch_for_drafting,
                                     acceptance=acceptance)
     target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                        backend=backend, slots=slots, max_context=max_context, graphs=graphs)
+                        backend=backend, slots=slots, max_context=max_context, graphs=graphs,
+                        compile=compile)
     if max_context and max_context > target.info.max_context:
         raise ConfigError(f"--max-context {max_context} is beyond the model's context of {target.info.max_context} "
                           "tokens")

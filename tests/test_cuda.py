@@ -121,6 +121,48 @@ def test_tiny_replayed_graphs_equal_the_uncaptured_static_pass(tiny_folder):
 
 
 @needs_capture
+def test_tiny_compiled_captured_passes_equal_the_eager_forward(tiny_folder):
+    """The passes compiled by torch.compile (models/compiled_pass.py), then captured and replayed, give the eager
+    forward's logits and hidden states (float32, to rounding) for decode, a chain, a tree and a batch in scattered
+    slots; each bucket was compiled before its capture, and replays compile nothing. Two batch sizes and two token
+    counts keep the compile time short."""
+    from torch._dynamo.utils import counters
+
+    from specdec.models.llama import FastLlama
+    from specdec.models.loading import load_model
+    from specdec.models.pass_graphs import PassGraphs
+    from specdec.verify import tree_mask
+
+    loaded = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="off")
+    compiled = FastLlama(loaded.hf_model, loaded.info, slots=6, graphs="eager")
+    compiled.pass_graphs = PassGraphs(compiled, capture=True, compile=True, batch_sizes=(1, 4), token_counts=(1, 8))
+    compiled.pass_graphs.prepare()
+    graphs_at_load = counters["stats"]["unique_graphs"]
+    eager = FastLlama(loaded.hf_model, loaded.info, slots=6)
+    gen = torch.Generator().manual_seed(0)
+    pairs = []
+    for backend in (compiled, eager):
+        caches = [backend.new_cache() for _ in range(6)][1::2]  # slots 1, 3, 5
+        for cache, n in zip(caches, (7, 19, 30)):
+            backend.forward(cache, torch.arange(n) % 40, last_only=True)
+        pairs.append(caches)
+    steps = [([1], None), ([5], None), ([7], tree_mask([-1, -1, 0, 2, 1, 0])), ([1, 1, 1], None), ([3, 1, 6], None)]
+    for counts, mask in steps:
+        ids = [torch.randint(0, 40, (n,), generator=gen) for n in counts]
+        outs = []
+        for backend, caches in zip((compiled, eager), pairs):
+            if len(counts) == 1:
+                outs.append([backend.forward(caches[0], ids[0], tree_mask=mask, output_hidden=True)])
+            else:
+                outs.append(backend.forward_batch(caches[:len(counts)], ids, output_hidden=True))
+        for got, want in zip(*outs):
+            torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=2e-5)
+            torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-5, atol=2e-5)
+        assert [c.length for c in pairs[0]] == [c.length for c in pairs[1]]
+    assert counters["stats"]["unique_graphs"] == graphs_at_load  # every pass replayed a graph compiled at load
+
+
+@needs_capture
 @pytest.mark.parametrize("name", ["ngram", "draft-model"])
 def test_tiny_greedy_output_with_captured_graphs_equals_graphs_off(tiny_folder, tiny_draft_folder, name):
     from specdec.models.loading import load_model

@@ -105,7 +105,10 @@ def test_the_cli_runs_the_graph_path_on_the_cpu_with_the_same_text(capsys, tiny_
 
 
 @pytest.mark.parametrize("argv,message", [(["--graphs", "on", "--backend", "hf"], "needs the torch backend"),
-                                          (["--graphs", "sometimes"], "invalid choice")])
+                                          (["--graphs", "sometimes"], "invalid choice"),
+                                          (["--compile", "on", "--graphs", "off", "--backend", "torch"],
+                                           "needs --graphs on"),
+                                          (["--compile", "sometimes"], "invalid choice")])
 def test_the_cli_refuses_graphs_it_cannot_give_in_one_line(capsys, tiny_folder, argv, message):
     from cli_runner import run_cli
 

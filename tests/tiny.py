@@ -24,9 +24,9 @@ def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2
 
 
 def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None, dtype=torch.float32,
-           slots: int = 1, graphs: str = "auto") -> LoadedModel:
+           slots: int = 1, graphs: str = "auto", compile: str = "auto") -> LoadedModel:
     """Wraps a model (already in `dtype`) in a backend whose KV pool starts with `slots` sequences (graphs: on runs
-    the torch backend's passes shape-static, uncaptured on the CPU). A test that asks for the CPU kernels is skipped
+    the torch backend's passes shape-static, uncaptured on the CPU; compile: on compiles them). A test that asks for the CPU kernels is skipped
     where they cannot run (a CPU without AVX2, or no compiler)."""
     if backend.startswith("kernels"):
         from specdec.kernels import unavailable_reason
@@ -38,7 +38,7 @@ def loaded(hf_model, backend: str = "torch", name: str = "tiny", tokenizer=None,
             pytest.skip(f"the CPU kernels cannot run here: {reason}")
     info = model_info(name, hf_model, tokenizer or _NoTokenizer(hf_model), torch.device("cpu"), dtype)
     return LoadedModel(name=name, hf_model=hf_model, tokenizer=tokenizer,
-                       backend=make_backend(hf_model, info, backend, slots, graphs=graphs))
+                       backend=make_backend(hf_model, info, backend, slots, graphs=graphs, compile=compile))
 
 
 def drafted_keeping_greedy_output(decoder, target, lengths=(3, 9, 20), new_tokens: int = 30) -> int:

@@ -96,7 +96,7 @@ def run(args) -> int:
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
     target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                        backend=backends[0], graphs=args.graphs)
+                        backend=backends[0], graphs=args.graphs, compile=args.compile)
     draft = None
     if args.draft_model:
         draft = load_model(args.draft_model, device=args.device, dtype=str(target.info.dtype).replace("torch.", ""),

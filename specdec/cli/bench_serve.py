@@ -80,7 +80,8 @@ def _fill_defaults(args, mode: str) -> None:
 
 def _server_args(args, max_batch: int) -> list[str]:
     out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
-           args.device, "--backend", args.backend, "--graphs", args.graphs, "--max-batch", str(max_batch), "--prefix-cache",
+           args.device, "--backend", args.backend, "--graphs", args.graphs, "--compile", args.compile,
+           "--max-batch", str(max_batch), "--prefix-cache",
            str(args.prefix_cache), "--log-level", "warning"]
     for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads),
                         ("--max-context", args.max_context), ("--max-queue", args.max_queue)):

@@ -103,7 +103,8 @@ def run(args) -> int:
     decoder = SpecDecoder.load(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=False,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
-                               trust_remote_code=args.trust_remote_code, backend=args.backend, graphs=args.graphs, **drafter_options(args))
+                               trust_remote_code=args.trust_remote_code, backend=args.backend, graphs=args.graphs,
+                               compile=args.compile, **drafter_options(args))
     if decoder.drafter is None:
         raise ConfigError(f"drafter {args.drafter!r} gives no drafter for this model: there is no speculation to check")
     decoder.enable_prefix_cache(4)  # the sampling runs repeat one prompt: its prefill is reused

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import ACCEPTANCE_FORMS, BACKENDS, DTYPES, GRAPHS, Acceptance, GenerationConfig
+from ..config import ACCEPTANCE_FORMS, BACKENDS, COMPILE, DTYPES, GRAPHS, Acceptance, GenerationConfig
 from ..errors import ConfigError
 
 
@@ -36,6 +36,12 @@ def add_graphs_option(p: argparse.ArgumentParser) -> None:
                         "(docs/cuda.md): auto = on a CUDA GPU with the torch backend, off elsewhere; on = also on a "
                         "CPU, where the same shape-static passes run uncaptured (needs --backend torch); off = eager "
                         "passes (default: auto)")
+    p.add_argument("--compile", default="auto", choices=COMPILE,
+                   help="those shape-static passes compiled by torch.compile before capture, fusing each layer's "
+                        "small operations into a few kernels (docs/cuda.md; each bucket compiled once, at load with CUDA "
+                        "graphs): "
+                        "auto = with CUDA graphs on a CUDA GPU, off elsewhere; on = wherever the shape-static passes "
+                        "run (needs --graphs on on a CPU); off = never (default: auto)")
 
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8, verifier: str = "auto") -> None:

@@ -90,6 +90,7 @@ def run(args) -> int:
     options = served_drafter_options(args)
     decoder = load_decoder(model, slots=args.max_batch, drafter=args.drafter, draft_model=args.draft_model,
                            device=args.device, dtype=args.dtype, backend=args.backend, graphs=args.graphs,
+                           compile=args.compile,
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
                            max_batch_for_drafting=args.speculation_max_batch, acceptance=args.acceptance,

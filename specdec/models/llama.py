@@ -45,11 +45,14 @@ class FastLlama(PooledCaches, CausalLM):
     batched = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 graphs: str = "off"):
+                 graphs: str = "off", compile: bool = False):
         """graphs: "off" (eager passes), "eager" (decode and verify passes shape-static, pass_graphs.py, uncaptured)
-        or "cuda" (the same, captured as CUDA graphs)."""
+        or "cuda" (the same, captured as CUDA graphs); compile: those passes' steps compiled by torch.compile
+        (compiled_pass.py), graphs "eager" or "cuda" only."""
         if graphs not in GRAPH_MODES:
             raise ValueError(f"graphs must be one of {GRAPH_MODES}, got {graphs!r}")
+        if compile and graphs == "off":
+            raise ValueError("compile applies to the shape-static passes: graphs must be eager or cuda")
         cfg = hf_model.config
         self.info = info
         self.H = cfg.hidden_size
@@ -108,13 +111,13 @@ class FastLlama(PooledCaches, CausalLM):
         if graphs != "off":
             from .pass_graphs import PassGraphs
 
-            self.pass_graphs = PassGraphs(self, capture=graphs == "cuda")
+            self.pass_graphs = PassGraphs(self, capture=graphs == "cuda", compile=compile)
             self.pass_graphs.prepare()
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
-        static = self._static([cache], [input_ids], tree_mask, last_only, layers)
+        static = self._static([cache], [input_ids], tree_mask, last_only, layers, output_hidden)
         if static is not None:
             return ForwardOutput(logits=static[0][0], hidden=static[0][1] if output_hidden else None)
         out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
@@ -123,7 +126,7 @@ class FastLlama(PooledCaches, CausalLM):
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
-        static = self._static(caches, input_ids, None, last_only, layers)
+        static = self._static(caches, input_ids, None, last_only, layers, output_hidden)
         if static is not None:
             return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]
         lengths = [ids.numel() for ids in input_ids]
@@ -145,12 +148,12 @@ class FastLlama(PooledCaches, CausalLM):
                               hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
 
-    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None):
+    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None, output_hidden: bool):
         """Each row's (logits, hidden) from a shape-static pass (pass_graphs.py), or None where the eager forward
         runs: graphs off, a prefill's last_only, an early exit, or a pass that fits no bucket."""
         if self.pass_graphs is None or last_only or layers is not None:
             return None
-        return self.pass_graphs.run(caches, input_ids, tree_mask)
+        return self.pass_graphs.run(caches, input_ids, tree_mask, output_hidden)
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
                  tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import BACKENDS, GRAPHS, check_device_dtype
+from ..config import BACKENDS, COMPILE, GRAPHS, check_device_dtype
 from ..errors import ConfigError, ModelLoadError, first_line
 from .backend import CausalLM, HFBackend, ModelInfo
 from .registry import KNOWN_MODELS
@@ -79,14 +79,14 @@ def locate(spec: str) -> tuple[str, str | None]:
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
                backend: str = "auto", slots: int = 1, max_context: int | None = None,
-               graphs: str = "auto") -> LoadedModel:
+               graphs: str = "auto", compile: str = "auto") -> LoadedModel:
     """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model. max_context:
     sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
-    holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs: see
-    make_backend."""
+    holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs, compile:
+    see make_backend."""
     check_device_dtype(device, dtype)
     check_backend(backend)
-    check_graphs(graphs)
+    check_graphs(graphs, compile)
     folder, gguf = locate(spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -96,7 +96,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
-                       backend=make_backend(hf_model, info, backend, slots, max_context, graphs))
+                       backend=make_backend(hf_model, info, backend, slots, max_context, graphs, compile))
 
 
 def check_backend(backend: str) -> None:
@@ -104,9 +104,11 @@ def check_backend(backend: str) -> None:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
-def check_graphs(graphs: str) -> None:
+def check_graphs(graphs: str, compile: str = "auto") -> None:
     if graphs not in GRAPHS:
         raise ConfigError(f"graphs must be one of {', '.join(GRAPHS)}, got {graphs!r}")
+    if compile not in COMPILE:
+        raise ConfigError(f"compile must be one of {', '.join(COMPILE)}, got {compile!r}")
 
 
 def graph_mode(graphs: str, device: torch.device) -> str:
@@ -117,8 +119,23 @@ def graph_mode(graphs: str, device: torch.device) -> str:
     return "cuda" if device.type == "cuda" else "eager"
 
 
+def compile_mode(compile: str, graph_mode: str) -> bool:
+    """Whether FastLlama compiles its shape-static passes (models/compiled_pass.py) for a --compile choice, given
+    its graph mode: auto compiles captured CUDA graphs only; on compiles the passes wherever they run (on the CPU
+    uncaptured), and needs them; off never."""
+    if compile == "on" and graph_mode == "off":
+        raise ConfigError("--compile on compiles the shape-static passes: it needs --graphs on (or auto on a CUDA GPU)")
+    if compile == "on" and graph_mode == "eager":
+        from .compiled_pass import inductor_problem
+
+        problem = inductor_problem()
+        if problem:
+            raise ConfigError(f"--compile on: {problem}")
+    return compile == "on" or (compile == "auto" and graph_mode == "cuda")
+
+
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
-                 max_context: int | None = None, graphs: str = "auto") -> CausalLM:
+                 max_context: int | None = None, graphs: str = "auto", compile: str = "auto") -> CausalLM:
     """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
     bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
     kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only);
@@ -126,16 +143,21 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
     transformers' own forward. auto: the first that fits.
     graphs (GRAPHS): the torch backend's decode and verify passes as CUDA graphs (docs/cuda.md); auto: on CUDA only;
-    on: also on a CPU, as the same shape-static passes uncaptured; a backend other than torch refuses on."""
-    check_graphs(graphs)
-    backend_made = _make_backend(hf_model, info, backend, slots, max_context, graph_mode(graphs, info.device))
-    if graphs == "on" and getattr(backend_made, "pass_graphs", None) is None:
-        raise ConfigError(f"--graphs on needs the torch backend (--backend torch), not {type(backend_made).__name__}")
+    on: also on a CPU, as the same shape-static passes uncaptured; a backend other than torch refuses on.
+    compile (COMPILE): those passes compiled by torch.compile before capture (compile_mode; docs/cuda.md)."""
+    check_graphs(graphs, compile)
+    mode = graph_mode(graphs, info.device)
+    compiled = compile_mode(compile, mode)
+    backend_made = _make_backend(hf_model, info, backend, slots, max_context, mode, compiled)
+    for option, value in (("graphs", graphs), ("compile", compile)):
+        if value == "on" and getattr(backend_made, "pass_graphs", None) is None:
+            raise ConfigError(f"--{option} on needs the torch backend (--backend torch), not "
+                              f"{type(backend_made).__name__}")
     return backend_made
 
 
 def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_context: int | None,
-                  graphs: str) -> CausalLM:
+                  graphs: str, compile: bool) -> CausalLM:
     from .family import family_of, fast_path_problem
     from .llama import FastLlama
 
@@ -173,7 +195,7 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
                     print(f"specdec: {reason}; using the torch backend", file=sys.stderr)
         if backend == "kernels":
             raise ConfigError(f"the kernels backend is unavailable: {reason}")
-    return FastLlama(hf_model, info, slots=slots, max_context=max_context, graphs=graphs)
+    return FastLlama(hf_model, info, slots=slots, max_context=max_context, graphs=graphs, compile=compile)
 
 
 def fallback_line(config, problem: str) -> str:

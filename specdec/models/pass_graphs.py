@@ -1,16 +1,18 @@
 """FastLlama's decode and verify passes over buckets of shapes, captured as CUDA graphs on a GPU.
 
 A pass of R rows x N new tokens runs in the smallest bucket (B, T) with B >= R and T >= N, of BATCH_SIZES x
-TOKEN_COUNTS: its inputs are padded (padding tokens write the scratch row of a slot, static_pass.py) and copied into
-the bucket's static tensors, and its outputs are sliced back. Attention reads a key window of W rows of each row's
+TOKEN_COUNTS: its inputs are padded (padding tokens write the scratch row of a slot, static_pass.py) on the host, in
+place in two buffers, and copied into the bucket's static tensors in two copies (host_inputs.py; padded_inputs below
+is their definition), and its outputs are sliced back. Attention reads a key window of W rows of each row's
 slot, the smallest power of two from MIN_WINDOW that holds every row's keys (or the whole pool): a pass at a short
 context does not gather and attend over the whole pool. A pass that fits no bucket (a long prompt, a batch over
 the largest size, an early exit) returns None, and FastLlama runs its eager forward instead.
 
 With capture on (CUDA), each bucket's pass is warmed up on a side stream, captured once with torch.cuda.graph (all
 buckets share one memory pool; at load, every (B, T) with the smallest window, the largest first; other windows at
-their first use) and replayed; its outputs are cloned at once, since a later replay of any graph in the pool may
-overwrite them. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly: that is
+their first use) and replayed; the live rows of its outputs are copied at once (the hidden states only where asked
+for), since a later replay of any graph in the pool may overwrite them. With compile on, the pass's steps are
+compiled by torch.compile (compiled_pass.py) in the warm-up before capture. With capture off (the CPU, or --graphs on a CPU) the same code calls static_pass directly: that is
 how the CPU tests cover the graph path. Graphs read the pool's tensors and the target's feature layers as
 they were at capture; when the pool grows (more slots) or a drafter asks for more feature layers, they are captured
 again at their next use.
@@ -22,7 +24,8 @@ import bisect
 import torch
 
 from .backend import SequenceCache, tree_positions
-from .static_pass import StaticInputs, static_pass
+from .host_inputs import HostInputs
+from .static_pass import PLAIN_STEPS, StaticInputs, static_pass
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -46,12 +49,13 @@ def key_windows(capacity: int, smallest: int = MIN_WINDOW) -> tuple[int, ...]:
 
 
 class _Bucket:
-    """One pass shape (B, T): its static inputs and, per key window once captured, its graph and the outputs the
-    graph writes on each replay: (logits (B, T, V), hidden (B, T, H'))."""
+    """One pass shape (B, T): its static inputs (written from the host, host_inputs.py) and, per key window once
+    captured, its graph and the outputs the graph writes on each replay: (logits (B, T, V), hidden (B, T, H'))."""
 
-    def __init__(self, batch: int, tokens: int, device: torch.device):
+    def __init__(self, batch: int, tokens: int, scratch_row: int, device: torch.device):
         self.shape = (batch, tokens)
-        self.inputs = StaticInputs.empty(batch, tokens, device)
+        self.host = HostInputs(batch, tokens, scratch_row, device)
+        self.inputs = self.host.device
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
@@ -59,11 +63,19 @@ class PassGraphs:
     """Runs FastLlama passes of up to max(batch_sizes) rows x max(token_counts) tokens as shape-static passes."""
 
     def __init__(self, model, capture: bool, batch_sizes: tuple[int, ...] = BATCH_SIZES,
-                 token_counts: tuple[int, ...] = TOKEN_COUNTS, min_window: int = MIN_WINDOW):
+                 token_counts: tuple[int, ...] = TOKEN_COUNTS, min_window: int = MIN_WINDOW, compile: bool = False):
+        """compile: the pass's steps compiled by torch.compile (compiled_pass.py) before capture."""
         if capture and model.info.device.type != "cuda":
             raise ValueError("CUDA graphs are captured on a CUDA device only")
         self.model = model
         self.capture = capture
+        self.compiled = compile
+        if compile:
+            from .compiled_pass import compiled_steps
+
+            self.steps = compiled_steps()
+        else:
+            self.steps = PLAIN_STEPS
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.token_counts = tuple(sorted(token_counts))
         self.windows = key_windows(model.pool.capacity, min_window)
@@ -76,26 +88,29 @@ class PassGraphs:
         batch, count = smallest_fitting(self.batch_sizes, rows), smallest_fitting(self.token_counts, tokens)
         return None if batch is None or count is None else (batch, count)
 
-    def run(self, caches: list[SequenceCache], input_ids: list[torch.Tensor],
-            tree_mask: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    def run(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], tree_mask: torch.Tensor | None = None,
+            output_hidden: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
         """Scores input_ids[b] (n_b,) appended to caches[b] (tree_mask (n, n) bool: one row's tree); advances the
-        caches' lengths. Returns each row's (logits (n_b, V), hidden (n_b, H')), or None (nothing run) when the
-        pass fits no bucket or would run past the cache's end (the eager forward then runs, and raises)."""
+        caches' lengths. Returns each row's (logits (n_b, V), hidden (n_b, H'), None unless output_hidden), or None
+        (nothing run) when the pass fits no bucket or would run past the cache's end (the eager forward then runs,
+        and raises)."""
         counts = [int(ids.numel()) for ids in input_ids]
         shape = self.bucket_shape(len(caches), max(counts))
         if shape is None or min(counts) == 0 or any(
                 c.length + n > self.model.max_context for c, n in zip(caches, counts)):
             return None
         bucket = self._bucket(shape)
-        self._fill(bucket, caches, input_ids, counts, tree_mask)
+        bucket.host.fill(caches, input_ids, tree_mask)
         window = smallest_fitting(self.windows, max(c.length + n for c, n in zip(caches, counts)))
         logits, hidden = self._execute(bucket, window)
         for cache, n in zip(caches, counts):
             cache.length += n
-        outputs = [(logits[b, :n], hidden[b, :n]) for b, n in enumerate(counts)]
-        if self.capture:  # the next replay writes the same tensors
-            outputs = [(lo.clone(), hi.clone()) for lo, hi in outputs]
-        return outputs
+        if not output_hidden:
+            hidden = None
+        if self.capture:  # the next replay writes the same tensors: what is returned is copied (one copy each)
+            logits = logits[:len(counts), :max(counts)].clone()
+            hidden = None if hidden is None else hidden[:len(counts), :max(counts)].clone()
+        return [(logits[b, :n], None if hidden is None else hidden[b, :n]) for b, n in enumerate(counts)]
 
     def prepare(self) -> None:
         """Captures every bucket's graph over the smallest key window now, the largest bucket first (they share one
@@ -110,15 +125,12 @@ class PassGraphs:
     # ---- internals ------------------------------------------------------------------------------------------
     def _bucket(self, shape: tuple[int, int]) -> _Bucket:
         if shape not in self._buckets:
-            self._buckets[shape] = _Bucket(*shape, self.model.info.device)
+            self._buckets[shape] = _Bucket(*shape, self.model.pool.capacity - 1, self.model.info.device)
         return self._buckets[shape]
-
-    def _fill(self, bucket: _Bucket, caches, input_ids, counts: list[int], tree_mask) -> None:
-        bucket.inputs.copy_(padded_inputs(bucket.shape, caches, input_ids, tree_mask, self.model.pool.capacity - 1))
 
     def _execute(self, bucket: _Bucket, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
-            return static_pass(self.model, bucket.inputs, window, self.model.feature_layers)
+            return static_pass(self.model, bucket.inputs, window, self.model.feature_layers, self.steps)
         self._check_captured_state()
         if window not in bucket.graphs:
             live = StaticInputs.empty(*bucket.shape, self.model.info.device)
@@ -144,7 +156,8 @@ class PassGraphs:
         if window in bucket.graphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))
-        run = lambda: static_pass(self.model, bucket.inputs, window, self.model.feature_layers)  # noqa: E731
+        run = lambda: static_pass(self.model, bucket.inputs, window, self.model.feature_layers,  # noqa: E731
+                                  self.steps)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

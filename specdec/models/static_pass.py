@@ -14,7 +14,9 @@ here are those of the eager pass up to the rounding of a longer attention reduct
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -72,37 +74,79 @@ def visible_keys(inputs: StaticInputs, window: int, scratch_row: int) -> torch.T
 
 
 @torch.inference_mode()
-def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[int, ...] = ()):
+def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[int, ...] = (),
+                steps: "PassSteps | None" = None):
     """Scores a bucket's tokens with `model` (a FastLlama whose pool has a scratch row) and writes their keys and
     values to its pool. Returns logits (B, T, V) and hidden (B, T, H + len(feature_layers) * H): the final hidden
     state, then each feature layer's input, as FastLlama.forward's output_hidden gives them. Cache lengths are the
-    caller's to advance. window: key rows read per slot (<= the pool's capacity)."""
-    B, T = inputs.ids.shape
+    caller's to advance. window: key rows read per slot (<= the pool's capacity). steps: the pass's steps, plain
+    (default) or compiled (compiled_pass.py)."""
+    steps = steps or PLAIN_STEPS
+    with steps.scope():
+        x, masks, angles = steps.prologue(model, inputs, window)
+        slot_rows = inputs.slots[:, None]  # (B, 1), broadcast against write_rows (B, T)
+        features = {}  # layer -> its input (B, T, H)
+        for li, layer in enumerate(model.layers):
+            if li in feature_layers:
+                features[li] = x
+            q, k, v = steps.layer_in(model, layer, x, *angles[layer.rope_kind])  # k, v: (B, T, nkv, hd)
+            # KV writes, the key window's gather and attention stay eager: they read the pool, whose in-place
+            # writes a compiled graph would have to carry as mutations of its input
+            kc, vc = model.pool.keys[li], model.pool.values[li]  # (S, nkv, P, hd)
+            kc[slot_rows, :, inputs.write_rows] = k
+            vc[slot_rows, :, inputs.write_rows] = v
+            keys = kc[:, :, :window].index_select(0, inputs.slots)  # (B, nkv, window, hd)
+            values = vc[:, :, :window].index_select(0, inputs.slots)
+            attn = attend(q, keys, values, masks[layer.window], model.attn_scale, model.family.attn_softcap)
+            x = steps.layer_out(model, layer, x, attn)
+        return steps.epilogue(model, x, tuple(features[li] for li in feature_layers))
+
+
+def prologue(model, inputs: StaticInputs, window: int):
+    """The pass's start: the embedded tokens x (B, T, H), each sliding window's attention mask (0: none) {window:
+    (B, 1, T, window) bool} and each RoPE table's angles {kind: (cos, sin), each (B, 1, T, rotated dims)}."""
     scratch_row = model.pool.capacity - 1
     visible = visible_keys(inputs, window, scratch_row)  # (B, 1, T, window)
     masks = {w: visible if not w else visible & within_window(inputs, window, w)  # per sliding window (0: none)
              for w in set(model.family.windows or (0,))}
-    angles = {kind: (cos[inputs.positions].unsqueeze(1), sin[inputs.positions].unsqueeze(1))  # (B, 1, T, rotated)
+    angles = {kind: (cos[inputs.positions].unsqueeze(1), sin[inputs.positions].unsqueeze(1))
               for kind, (cos, sin) in model.rope.items()}
-    slot_rows = inputs.slots[:, None]  # (B, 1), broadcast against write_rows (B, T)
     x = F.embedding(inputs.ids, model.embed)  # (B, T, H)
     if model.embed_scale is not None:
         x = x * model.embed_scale
-    features = {}  # layer -> its input (B, T, H)
-    for li, layer in enumerate(model.layers):
-        if li in feature_layers:
-            features[li] = x
-        q, k, v = model._qkv(layer, x, *angles[layer.rope_kind])  # k, v: (B, T, nkv, hd)
-        kc, vc = model.pool.keys[li], model.pool.values[li]  # (S, nkv, P, hd)
-        kc[slot_rows, :, inputs.write_rows] = k
-        vc[slot_rows, :, inputs.write_rows] = v
-        keys = kc[:, :, :window].index_select(0, inputs.slots)  # (B, nkv, window, hd)
-        values = vc[:, :, :window].index_select(0, inputs.slots)
-        attn = attend(q, keys, values, masks[layer.window], model.attn_scale, model.family.attn_softcap)
-        x = model._finish_layer(layer, x, attn)
+    return x, masks, angles
+
+
+def layer_in(model, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """A layer's queries, keys and values of x (B, T, H): FastLlama._qkv."""
+    return model._qkv(layer, x, cos, sin)
+
+
+def layer_out(model, layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """The residual stream (B, T, H) after a layer whose attention gave attn (B, nh, T, hd): FastLlama._finish_layer."""
+    return model._finish_layer(layer, x, attn)
+
+
+def epilogue(model, x: torch.Tensor, features: tuple[torch.Tensor, ...]):
+    """logits (B, T, V) and hidden (B, T, H + len(features) * H) of the last layer's output x (B, T, H)."""
     x = model._final_norm(x)
-    hidden = torch.cat([x] + [features[li] for li in feature_layers], dim=-1)
+    hidden = torch.cat((x,) + features, dim=-1)
     return soft_cap(model.lm_head(x), model.family.logit_softcap), hidden
+
+
+@dataclass(frozen=True)
+class PassSteps:
+    """The static pass's steps apart from the KV writes and attention; each a function of tensors whose shapes
+    depend on the bucket alone (the prologue's also on the key window). scope: the context they run in."""
+
+    prologue: Callable
+    layer_in: Callable
+    layer_out: Callable
+    epilogue: Callable
+    scope: Callable[[], AbstractContextManager] = nullcontext
+
+
+PLAIN_STEPS = PassSteps(prologue, layer_in, layer_out, epilogue)
 
 
 def within_window(inputs: StaticInputs, window: int, sliding: int) -> torch.Tensor:

@@ -14,20 +14,20 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
                  device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
                  adaptive: bool = True, sampling_verifier: str = "auto", trust_remote_code: bool = False,
                  max_batch_for_drafting: int | None = None, acceptance: str = "exact", max_context: int | None = None,
-                 graphs: str = "auto", **drafter_options):
+                 graphs: str = "auto", compile: str = "auto", **drafter_options):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
     LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
     (prompt, output, drafts), at most the model's context (default: the model's). graphs: the target's passes as
-    CUDA graphs (models/loading.py make_backend)."""
+    CUDA graphs, compile: those compiled by torch.compile (models/loading.py make_backend)."""
     from ..engine import SpecDecoder
 
     decoder = SpecDecoder.load(model, drafter=drafter, draft_model=draft_model, device=device, dtype=dtype,
                                backend=backend, num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
                                sampling_verifier=sampling_verifier, trust_remote_code=trust_remote_code,
                                max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance, slots=slots,
-                               max_context=max_context, time_target=True, graphs=graphs,
+                               max_context=max_context, time_target=True, graphs=graphs, compile=compile,
                                **drafter_options)
     decoder.drafter_options = {}  # requests' drafters by name take the server's options (EngineWorker)
     return decoder

@@ -17,6 +17,8 @@ def chain_greedy_on_device(draft: torch.Tensor, choice: torch.Tensor) -> tuple[i
     Example: draft [5, 7, 9], choice [5, 7, 2, 4] -> (2, 2).
     """
     k = draft.shape[0]
+    if k == 0:  # plain decoding: the one choice is the token (one read-back, no matching)
+        return 0, int(choice[0])
     n = (draft == choice[:k]).long().cumprod(0).sum()  # () int64: matches before the first mismatch
     token = choice.gather(0, n.view(1))  # (1,): indexed on the device, not read back
     n_host, token_host = torch.cat([n.view(1), token]).tolist()
