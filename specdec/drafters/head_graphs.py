@@ -49,10 +49,10 @@ class HeadGraphs:
         cache = self.cache
         cache.reserve(cache.length + drafted_rows + 1)
         window = smallest_fitting(key_windows(cache.capacity, self.min_window), cache.length + drafted_rows)
+        self.length.fill_(cache.length)  # a kernel on CUDA, not a copy that would wait
         if not self.capture:
-            return self._step(shape, window, root, torch.tensor(cache.length, device=root.device))
+            return self._step(shape, window, root, self.length)
         self.root.copy_(root)
-        self.length.fill_(cache.length)
         if self._captured_for != cache.keys.data_ptr():
             self._graphs.clear()
             self._memory_pool = torch.cuda.graph_pool_handle()
