@@ -217,6 +217,26 @@ def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(ti
         assert drafts[0].tokens.tolist() == drafts[1].tokens.tolist() and drafts[0].parents == drafts[1].parents
 
 
+@needs_capture
+def test_tiny_captured_medusa_steps_equal_uncaptured(tiny_folder):
+    """Medusa's device step (drafters/medusa_device.py) replayed as a graph gives each head's candidates as the
+    same step run directly on the GPU."""
+    from specdec.drafters.medusa_device import MedusaGraphs
+    from specdec.models.loading import load_model
+    from tiny import random_medusa_heads
+
+    target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    heads = random_medusa_heads(target.hf_model).to("cuda")
+    captured, direct = MedusaGraphs(heads, capture=True), MedusaGraphs(heads, capture=False)
+    ids = torch.arange(30) % (target.info.vocab_size - 1)
+    hidden = target.backend.forward(target.backend.new_cache(), ids, output_hidden=True).hidden
+    for row in (3, 17, 29):
+        for width in (1, 3):
+            got, want = captured.top(hidden[row], 4, width), direct.top(hidden[row], 4, width)
+            assert got[1] == want[1]
+            assert torch.allclose(torch.tensor(got[0]), torch.tensor(want[0]), atol=1e-5)
+
+
 # ---- the real default model (SmolLM2-135M-Instruct) -------------------------------------------------------
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2-135m.json").read_text())
 REAL_DRAFTERS = BY_NAME + ["eagle", "eagle-chain", "medusa", "select"]

@@ -167,3 +167,47 @@ def test_device_drafting_needs_a_torch_head(model):
     with pytest.raises(ConfigError, match="torch module"):
         EagleDrafter(KernelEagleHead(head), device_drafting=True)
     assert not EagleDrafter(head).device_drafting  # a head on the CPU drafts on the host unless asked
+
+
+# ---- Medusa (drafters/medusa_device.py) ----------------------------------------------------------------------------
+def _flat():
+    from specdec.costs import CostModel
+
+    return CostModel({1: 0.010, 64: 0.0101})  # verification as on a GPU: trees of any size pay
+
+
+@pytest.mark.parametrize("tree, width", [(False, None), (True, 1), (True, 3), (True, 5)])
+def test_medusa_device_drafts_are_the_host_paths_drafts(model, tree, width):
+    from specdec.drafters.medusa import MedusaDrafter
+    from tiny import random_medusa_heads
+
+    target = loaded(model, "torch")
+    heads = random_medusa_heads(model)
+    drafters = [MedusaDrafter(heads, tree=tree, width=width, device_drafting=device) for device in (False, True)]
+    steps = _contexts()
+    for context in steps:
+        hidden = _features(target, context[:-1])
+        drafts = []
+        for drafter in drafters:
+            drafter.begin(DraftRequest(prompt_ids=context, costs=_flat()))
+            drafter.observe(hidden)
+            drafts.append(drafter.propose(context, Budget(4, tree=True)))
+        assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist() and drafts[1].parents == drafts[0].parents
+        assert len(drafts[0]) >= 4 and drafts[0].probs is None
+        expected = [d.branch.head_expected for d in drafters]
+        assert expected[1] == pytest.approx(expected[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_speculation_with_medusa_device_drafting_equals_plain_decoding(model, tree):
+    from specdec.drafters.medusa import MedusaDrafter
+    from tiny import random_medusa_heads
+
+    target = loaded(model, "torch", graphs="on")
+    drafter = MedusaDrafter(random_medusa_heads(model), tree=tree, width=3, device_drafting=True)
+    steps = []
+    top = drafter.graphs.top
+    drafter.graphs.top = lambda *args: steps.append(args[1:]) or top(*args)
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False), costs=_flat())
+    assert drafted_keeping_greedy_output(decoder, target, lengths=(4, 17), new_tokens=24) > 0
+    assert steps  # drafted through the device step

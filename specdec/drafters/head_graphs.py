@@ -70,14 +70,19 @@ class HeadGraphs:
         return draft_tree(self.head, self.cache, root, length, *shape[1:], window)
 
     def _capture(self, shape: tuple, window: int):
-        run = lambda: self._step(shape, window, self.root, self.length)  # noqa: E731
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._memory_pool):
-            outputs = run()
-        return graph, outputs
+        return captured(lambda: self._step(shape, window, self.root, self.length), self._memory_pool)
+
+
+def captured(run, memory_pool) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """(graph, the outputs each replay writes) of run(), a shape-static step over static inputs: warmed up on a
+    side stream, then captured into `memory_pool`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=memory_pool):
+        outputs = run()
+    return graph, outputs
