@@ -8,7 +8,9 @@ from specdec.config import SamplingConfig, SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle3_head import new_eagle3_head
+from specdec.drafters.eagle_device import HeadCache
 from specdec.drafters.eagle_head import new_head
+from specdec.drafters.head_graphs import HeadGraphs
 from specdec.engine import SpecDecoder
 from specdec.verify import tree_depths
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
@@ -42,9 +44,14 @@ def _head(model, kind: str):
     return head, target
 
 
-def _drafter(head, target, device: bool, **options) -> EagleDrafter:
+def _drafter(head, target, device: bool, rows: int | None = None, **options) -> EagleDrafter:
+    """rows: the device path's head cache starts with room for that many rows (it grows as drafting needs)."""
     columns = target.backend.add_feature_layers(head.feature_layers)
-    return EagleDrafter(head, columns=columns, lookup=False, device_drafting=device, **options)
+    drafter = EagleDrafter(head, columns=columns, lookup=False, device_drafting=device, **options)
+    if device and rows:
+        drafter.cache = HeadCache(head.config, drafter.device, head.feature_dtype, capacity=rows)
+        drafter.graphs = HeadGraphs(head, drafter.cache, capture=False)
+    return drafter
 
 
 def _features(target, tokens: list[int]) -> torch.Tensor:
@@ -80,10 +87,13 @@ def _run(drafter, target, contexts, budget_of, request: DraftRequest):
 def test_device_chains_are_the_host_paths_chains(model, kind, k):
     head, target = _head(model, kind)
     contexts = _contexts()
-    drafts = [_run(_drafter(head, target, device, tree=False), target, contexts, lambda c: Budget(k),
-                   DraftRequest(prompt_ids=contexts[0])) for device in (False, True)]
+    drafters = [_drafter(head, target, device, rows=8, tree=False) for device in (False, True)]
+    drafts = [_run(drafter, target, contexts, lambda c: Budget(k), DraftRequest(prompt_ids=contexts[0]))
+              for drafter in drafters]  # the device path's cache grows from 8 rows to 64
     host, device = ([d.tokens.tolist() for d in run] for run in drafts)
     assert device == host
+    again = _run(drafters[1], target, contexts, lambda c: Budget(k), DraftRequest(prompt_ids=contexts[0]))
+    assert [d.tokens.tolist() for d in again] == host  # a second request over the same (grown) cache
     assert len({tuple(t) for t in host}) > 1 and all(len(t) == k for t in host)
     assert len(set(sum(host, []))) > 1  # the chains vary: a draft that ignored its inputs would not match
 

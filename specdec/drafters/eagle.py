@@ -104,6 +104,7 @@ class EagleDrafter(Drafter):
     def end(self) -> None:
         self._reset()
 
+    @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there

@@ -45,6 +45,7 @@ class HeadGraphs:
         return self._run(("tree", depth, width, min(nodes, depth * width)), root, depth * width)
 
     # ---- internals ------------------------------------------------------------------------------------------
+    @torch.inference_mode()  # the cache is written in this mode only (EagleDrafter's observe and propose too)
     def _run(self, shape: tuple, root: torch.Tensor, drafted_rows: int) -> tuple[torch.Tensor, ...]:
         cache = self.cache
         cache.reserve(cache.length + drafted_rows + 1)

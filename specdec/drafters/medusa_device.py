@@ -25,6 +25,7 @@ class MedusaGraphs:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
 
+    @torch.inference_mode()
     def top(self, feature: torch.Tensor, depth: int, width: int) -> tuple[list[list[float]], list[list[int]]]:
         """(log-probs, token ids), each `depth` lists of `width` (most probable first), of the first `depth` heads'
         candidates after feature (H,): the step's one host read."""
