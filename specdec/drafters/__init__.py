@@ -253,8 +253,7 @@ def _medusa(target, options: MedusaOptions) -> Drafter:
         raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
                           f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
     tree, shape = options.tree, options.shape()
-    heads = read_head(load_medusa_heads, folder, target)
-    info = target.info
+    heads, info = read_head(load_medusa_heads, folder, target), target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
         try:
             return MedusaDrafter(KernelMedusaHeads(heads, bfloat16=info.dtype == torch.bfloat16), tree=tree, **shape)
