@@ -212,6 +212,73 @@ def test_greedy_verification_on_the_gpu_synchronises_once():
         assert len(syncs) == 1, [str(w.message) for w in syncs]
 
 
+@needs_capture
+@pytest.mark.parametrize("tree", [False, True])
+def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(tiny_folder, tree):
+    """EAGLE drafting on the device (drafters/eagle_device.py): a head on the GPU drafts with captured graphs what
+    the same steps give uncaptured, chains and trees, and a step after the first reads back to the host once."""
+    import warnings
+
+    from specdec.drafters.base import Budget, DraftRequest
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.head_graphs import HeadGraphs
+    from specdec.models.loading import load_model
+
+    target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    torch.manual_seed(1)
+    head = new_head(target.hf_model, "tiny", torch.arange(target.info.vocab_size))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    head = head.to("cuda")
+    shape = {"tree": tree, "width": 3, "lookup": False, "fixed_size": True, "max_nodes": 10}
+    captured, uncaptured = EagleDrafter(head, **shape), EagleDrafter(head, **shape)
+    assert captured.device_drafting and captured.graphs.capture
+    uncaptured.graphs = HeadGraphs(head, uncaptured.cache, capture=False)
+    tokens = torch.randint(0, target.info.vocab_size - 1, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    hidden = target.backend.forward(target.backend.new_cache(), torch.tensor(tokens), output_hidden=True).hidden
+    for drafter in (captured, uncaptured):
+        drafter.begin(DraftRequest(prompt_ids=tokens[:20]))
+        drafter.observe(hidden[:19])
+    for end in (20, 23, 24, 30, 41, 60):
+        drafts = []
+        for drafter in (captured, uncaptured):
+            drafter.observe(hidden[drafter.feat.shape[0]:end - 1])
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    drafts.append(drafter.propose(tokens[:end], Budget(5, tree=tree)))
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            if drafter is captured and end > 20:  # the first step captured its graph
+                syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message).lower()]
+                assert len(syncs) == 1, syncs
+        assert drafts[0].tokens.tolist() == drafts[1].tokens.tolist() and drafts[0].parents == drafts[1].parents
+
+
+@needs_capture
+def test_tiny_captured_medusa_steps_equal_uncaptured(tiny_folder):
+    """Medusa's device step (drafters/medusa_device.py) replayed as a graph gives each head's candidates as the
+    same step run directly on the GPU."""
+    from specdec.drafters.medusa_device import MedusaGraphs
+    from specdec.models.loading import load_model
+    from tiny import random_medusa_heads
+
+    target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    heads = random_medusa_heads(target.hf_model).to("cuda")
+    captured, direct = MedusaGraphs(heads, capture=True), MedusaGraphs(heads, capture=False)
+    ids = torch.arange(30) % (target.info.vocab_size - 1)
+    hidden = target.backend.forward(target.backend.new_cache(), ids, output_hidden=True).hidden
+    for row in (3, 17, 29):
+        for width in (1, 3):
+            got, want = captured.top(hidden[row], 4, width), direct.top(hidden[row], 4, width)
+            assert got[1] == want[1]
+            assert torch.allclose(torch.tensor(got[0]), torch.tensor(want[0]), atol=1e-5)
+
+
 # ---- the real default model (SmolLM2-135M-Instruct) -------------------------------------------------------
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2-135m.json").read_text())
 REAL_DRAFTERS = BY_NAME + ["eagle", "eagle-chain", "medusa", "select"]

@@ -199,24 +199,23 @@ def _eagle3(target, options: EagleOptions) -> Drafter:
 
 def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Drafter:
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
-    be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
-    bfloat16 target, else float32. An EAGLE-3 head makes the target return the inputs of the layers it reads."""
+    be EAGLE-3). On a CUDA target the head drafts there in its dtype (CUDA graphs: eagle_device.py); on a CPU, on
+    the kernels where they run, else in torch, in bfloat16 for a bfloat16 target, else float32. An EAGLE-3 head
+    makes the target return the inputs of the layers it reads."""
     from pathlib import Path
 
     import torch
 
     from ..kernels import KernelUnavailable
     from .eagle import EagleDrafter
+    from .calibration import Calibration
     from .eagle3_head import is_eagle3_folder, load_eagle3_head
     from .eagle_loading import load_head
     from .eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 
-    kind = f"--kind eagle{version} " if version else ""
-    name = f"eagle{version}"
+    kind, name = f"--kind eagle{version} " if version else "", f"eagle{version}"
     tree, shape = options.tree, options.shape()
     if options.calibrate_trees:
-        from .calibration import Calibration
-
         shape = {**shape, "calibration": Calibration()}
     if folder is None:
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
@@ -228,8 +227,10 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
                           f"'eagle' for EAGLE-1/2 heads")
     head = read_head(load_eagle3_head if eagle3 else load_head, folder, target)
     columns = target.backend.add_feature_layers(head.feature_layers)  # EAGLE-1/2: the final state
-    bfloat16 = target.info.dtype == torch.bfloat16
-    if target.info.device.type == "cpu" and kernel_head_problem(head.config) is None:
+    info, bfloat16 = target.info, target.info.dtype == torch.bfloat16
+    if info.device.type == "cuda":
+        return EagleDrafter(head.to(info.device, info.dtype), tree=tree, columns=columns, name=name, **shape)
+    if info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
             view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
             return EagleDrafter(view, tree=tree, columns=columns, name=name, **shape)
@@ -252,8 +253,7 @@ def _medusa(target, options: MedusaOptions) -> Drafter:
         raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
                           f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
     tree, shape = options.tree, options.shape()
-    heads = read_head(load_medusa_heads, folder, target)
-    info = target.info
+    heads, info = read_head(load_medusa_heads, folder, target), target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
         try:
             return MedusaDrafter(KernelMedusaHeads(heads, bfloat16=info.dtype == torch.bfloat16), tree=tree, **shape)

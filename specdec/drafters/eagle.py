@@ -9,6 +9,12 @@ deterministic top-k choices, so sampling verifies them one-hot (verify.tree_reje
 Trees also hold the prompt-lookup continuation as one more branch. Where that continuation is expected to
 be accepted at least as far as the head's recent trees (text the answer copies from the prompt), the
 head is skipped and the continuation alone is drafted, as a chain sized by the verify-cost curve.
+
+On the device path (a head on a CUDA device, or device_drafting=True), greedy chains and trees are drafted by
+shape-static tensor code over a preallocated head cache (eagle_device.py), captured as CUDA graphs on a GPU
+(head_graphs.py), with one host read per step; a tree then has every level up to the depth cap, and the nodes that
+pay are chosen on the host from the most probable `max_nodes`. Sampled chains, penalized requests and calibrated
+trees take the host path, over the same cache.
 """
 from __future__ import annotations
 
@@ -17,13 +23,16 @@ import math
 import torch
 
 from ..costs import CostModel
+from ..errors import ConfigError
 from ..penalties import SubsetPenalties, TokenHistory, inverse_index
 from ..sampling import probs_from_logits
 from ..tokens import common_prefix
 from .base import Budget, Draft, Drafter, DraftRequest
 from .calibration import Calibration, accepted_path, node_depths
 from .eagle3_head import Eagle3Head
+from .eagle_device import HeadCache
 from .eagle_head import EagleHead
+from .head_graphs import HeadGraphs
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
 
 
@@ -33,7 +42,8 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
                  max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
-                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None):
+                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None,
+                 device_drafting: bool | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
@@ -42,13 +52,23 @@ class EagleDrafter(Drafter):
         final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
         kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
         sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
-        the raw confidences."""
+        the raw confidences. device_drafting: draft greedy chains and trees with shape-static tensor code, captured
+        as CUDA graphs on a GPU (None: where the head is a torch module on a CUDA device)."""
         self.name = name
         self.calibration = calibration
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
-        self.columns = torch.arange(head.config.hidden_size) if columns is None else columns
+        self.device = head.draft_ids.device
+        self.draft_ids = head.draft_ids.cpu()  # draft index -> token id, for the host path's choices
+        module = isinstance(head, torch.nn.Module)
+        self.device_drafting = module and self.device.type == "cuda" if device_drafting is None else device_drafting
+        if self.device_drafting and not module:
+            raise ConfigError("device drafting needs the EAGLE head as a torch module, not the CPU kernels' view")
+        if self.device_drafting:
+            self.cache = HeadCache(head.config, self.device, head.feature_dtype)
+            self.graphs = HeadGraphs(head, self.cache, capture=self.device.type == "cuda")
+        self.columns = (torch.arange(head.config.hidden_size) if columns is None else columns).to(self.device)
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.fixed_size = fixed_size
         self.dtype = head.feature_dtype
@@ -59,7 +79,7 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size, self.name, self.calibration)
+                            self.columns, self.fixed_size, self.name, self.calibration, self.device_drafting)
 
     @property
     def sizes_itself(self) -> bool:
@@ -67,8 +87,10 @@ class EagleDrafter(Drafter):
         return self.tree
 
     def _reset(self) -> None:
-        self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype)
+        self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
+        if self.device_drafting:
+            self.cache.length = 0  # the device path keeps them in self.cache instead
         self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
@@ -82,11 +104,12 @@ class EagleDrafter(Drafter):
     def end(self) -> None:
         self._reset()
 
+    @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
-        mine = features.detach().to("cpu")[:, self.columns]
+        mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
-        if self.kv is None and self.request is not None:
+        if self._past() is None and self.request is not None:
             self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()
@@ -97,8 +120,13 @@ class EagleDrafter(Drafter):
         root = self._sync(context)
         self.penalties = self._penalties(context)
         self._observe_last_tree(context)
+        on_device = self.device_drafting and self.penalties is None
         if self.tree and budget.tree:
+            if on_device and self.calibration is None:
+                return self._device_tree(root, context, min(k, self.max_depth))
             return self._tree(root, context, min(k, self.max_depth))
+        if on_device and self.request.sampling.greedy:
+            return Draft(tokens=self.graphs.chain(root, k).cpu())  # the step's one host read
         return self._chain(root, len(context), k)
 
     # ---- the head's view of the accepted context ----------------------------------------------------
@@ -107,16 +135,29 @@ class EagleDrafter(Drafter):
         n = min(self.feat.shape[0], len(context) - 1)  # pairs known: features of every position but the last
         want = context[1: n + 1]
         keep = common_prefix(self.pair_tokens, want)
-        if self.kv is not None and keep < self.kv[0].shape[2]:
+        if self.device_drafting:
+            self.cache.length = min(self.cache.length, keep)  # rollback
+        elif self.kv is not None and keep < self.kv[0].shape[2]:
             self.kv = (self.kv[0][:, :, :keep], self.kv[1][:, :, :keep]) if keep else None
         if keep < n:
-            out, new_kv = self.head(self.feat[keep:n][None], torch.tensor(want[keep:n])[None],
-                                    torch.arange(keep, n)[None], past=self.kv)
-            self.kv = new_kv if self.kv is None else (torch.cat([self.kv[0], new_kv[0]], 2),
-                                                      torch.cat([self.kv[1], new_kv[1]], 2))
+            out, new_kv = self.head(self.feat[keep:n][None], self._on_device(want[keep:n]),
+                                    torch.arange(keep, n, device=self.device)[None], past=self._past())
+            if self.device_drafting:
+                self.cache.append(new_kv)
+            else:
+                self.kv = new_kv if self.kv is None else (torch.cat([self.kv[0], new_kv[0]], 2),
+                                                          torch.cat([self.kv[1], new_kv[1]], 2))
             self.last_out = out[0, -1]
         self.pair_tokens = list(want)
         return self.last_out
+
+    def _past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The head's keys and values of the true pairs (1, nkv, S, hd), or None before any."""
+        return self.cache.past() if self.device_drafting else self.kv
+
+    def _on_device(self, values: list[int]) -> torch.Tensor:
+        """(1, n) int64 on the head's device, copied without waiting (a blocking copy synchronises)."""
+        return torch.tensor(values)[None].to(self.device, non_blocking=True)
 
     def _penalties(self, context: list[int]) -> SubsetPenalties | None:
         """The request's penalties over the draft vocabulary at this context, or None where it asks for none."""
@@ -130,27 +171,27 @@ class EagleDrafter(Drafter):
 
     def _draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
         """The head's logits over the draft vocabulary (F, K) for hidden (F, H), penalized along each row's path."""
-        logits = self.head.draft_logits(hidden).float()
+        logits = self.head.draft_logits(hidden).float().cpu()  # the host path chooses on the CPU
         return logits if self.penalties is None else self.penalties.apply(logits, paths)
 
     def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], kv, mask=None):
         """One head pass over new pairs: features (T, H) -> outputs (T, H), kv extended."""
-        out, new_kv = self.head(features[None], torch.tensor(tokens)[None], torch.tensor(positions)[None],
-                                past=kv, mask=mask)
+        out, new_kv = self.head(features[None], self._on_device(tokens), self._on_device(positions), past=kv,
+                                mask=None if mask is None else mask.to(self.device, non_blocking=True))
         return out[0], (torch.cat([kv[0], new_kv[0]], 2), torch.cat([kv[1], new_kv[1]], 2))
 
     # ---- chains --------------------------------------------------------------------------------------
     def _chain(self, h: torch.Tensor, context_len: int, k: int) -> Draft:
-        request, head = self.request, self.head
+        request = self.request
         sampling = request.sampling
         position = len(self.pair_tokens)  # pair position of the first draft
-        kv, tokens, rows = self.kv, [], []
+        kv, tokens, rows = self._past(), [], []
         for i in range(k):
             logits = self._draft_logits(h[None], [tokens])[0]  # (K,)
             if sampling.greedy:
-                token = int(head.draft_ids[int(logits.argmax())])
+                token = int(self.draft_ids[int(logits.argmax())])
             else:
-                q = torch.zeros(self.vocab).index_copy_(0, head.draft_ids, probs_from_logits(logits, sampling))
+                q = torch.zeros(self.vocab).index_copy_(0, self.draft_ids, probs_from_logits(logits, sampling))
                 token = request.draw(q, context_len + i)
                 rows.append(q)
             tokens.append(token)
@@ -161,7 +202,6 @@ class EagleDrafter(Drafter):
 
     # ---- trees ---------------------------------------------------------------------------------------
     def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
-        head = self.head
         costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
         if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
             return copied
@@ -172,7 +212,7 @@ class EagleDrafter(Drafter):
         hidden_of: dict[int, torch.Tensor] = {-1: root}
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
-        kv = self.kv
+        kv = self._past()
         floor = 0.0 if self.fixed_size else expand_floor(costs)
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
@@ -188,7 +228,7 @@ class EagleDrafter(Drafter):
             cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
             frontier_before, frontier = frontier, []
             for c in keep:
-                tokens.append(int(head.draft_ids[cand_ids[c]]))
+                tokens.append(int(self.draft_ids[cand_ids[c]]))
                 parents.append(frontier_before[c // width])
                 depths.append(depth)
                 scores.append(cand_scores[c])
@@ -219,6 +259,18 @@ class EagleDrafter(Drafter):
             probs = [q_of.get(tuple(path_tokens(j, drafted, tree_parents))) for j in range(len(drafted))]
             self.last_tree = (len(context), drafted, tree_parents, probs)
         return draft
+
+    def _device_tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
+        """A tree drafted on the device (every level up to depth_cap), then sized on the host as _tree's is."""
+        costs = self.request.costs or CostModel()
+        if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
+            return copied
+        width = min(self.width or tree_width(costs), self.head.config.draft_vocab_size)
+        tokens, parents, scores = self.graphs.tree(root, depth_cap, width, self.max_nodes)
+        values = torch.stack([tokens.double(), parents.double(), scores.double()]).tolist()  # the one host read
+        tokens, parents = [int(t) for t in values[0]], [int(p) for p in values[1]]
+        return finish_tree(tokens, parents, node_depths(parents), values[2], costs, self.max_nodes, self.branch,
+                           self.fixed_size)
 
     def _observe_last_tree(self, context: list[int]) -> None:
         """Counts, for the calibration, which nodes of the last tree the target accepted (the context now holds

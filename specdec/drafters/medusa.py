@@ -6,7 +6,8 @@ further; or, sampling, a draw from each head); a tree combines each head's `widt
 paths first (by the product of the heads' probabilities, the heads being independent), and keeps as many nodes as pay under the measured verify-cost curve (trees.finish_tree), with the
 prompt-lookup continuation as one more branch. Siblings are deterministic top-k choices, so sampling verifies
 trees one-hot (verify.tree_rejection_verify), and chains with the heads' distributions as q: the output is the
-target's either way.
+target's either way. Heads on a CUDA device (or device_drafting=True) choose their greedy tokens and tree candidates
+in one captured step (medusa_device.py), read back at once; sampled chains read every head's distribution.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import heapq
 import torch
 
 from ..costs import CostModel
+from ..errors import ConfigError
 from ..sampling import probs_from_logits
 from .base import Budget, Draft, Drafter
+from .medusa_device import MedusaGraphs
 from .medusa_head import MedusaHeads
 from .medusa_kernels import KernelMedusaHeads
 from .trees import LookupBranch, finish_tree, tree_width
@@ -27,20 +30,29 @@ class MedusaDrafter(Drafter):
     needs_features = True
 
     def __init__(self, heads: MedusaHeads | KernelMedusaHeads, tree: bool = True, width: int | None = None,
-                 max_nodes: int = 48, lookup: bool = True, fixed_size: bool = False):
+                 max_nodes: int = 48, lookup: bool = True, fixed_size: bool = False,
+                 device_drafting: bool | None = None):
         """width None: candidates per head chosen each step from the verify-cost curve (trees.tree_width).
         fixed_size: every tree holds `max_nodes` nodes (the most probable), whatever the measured costs say.
-        lookup: trees also hold the prompt-lookup continuation as one more branch."""
+        lookup: trees also hold the prompt-lookup continuation as one more branch. device_drafting: greedy chains and
+        trees take their candidates from one shape-static step (None: where the heads are on a CUDA device)."""
         if isinstance(heads, torch.nn.Module):
             heads.eval().requires_grad_(False)
         self.heads = heads  # MedusaHeads, or its KernelMedusaHeads view
         self.tree, self.width, self.max_nodes, self.lookup = tree, width, max_nodes, lookup
         self.fixed_size = fixed_size
         self.vocab = heads.config.vocab_size
+        device, module = heads.draft_ids.device, isinstance(heads, torch.nn.Module)
+        self.device_drafting = module and device.type == "cuda" if device_drafting is None else device_drafting
+        if self.device_drafting and not module:
+            raise ConfigError("device drafting needs the Medusa heads as a torch module, not the CPU kernels' view")
+        self.graphs = MedusaGraphs(heads, capture=device.type == "cuda") if self.device_drafting else None
         self._reset()
 
     def fork(self) -> "MedusaDrafter":
-        return MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup, self.fixed_size)
+        fork = MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup, self.fixed_size, False)
+        fork.device_drafting, fork.graphs = self.device_drafting, self.graphs  # no per-request state: shared
+        return fork
 
     @property
     def sizes_itself(self) -> bool:
@@ -78,6 +90,11 @@ class MedusaDrafter(Drafter):
         depth = min(k, self.heads.config.num_heads)
         heads = self.heads
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
+        if self.device_drafting and (tree or request.sampling.greedy):
+            width = min(self.width or tree_width(costs), len(heads.draft_ids)) if tree else 1
+            logp, ids = self.graphs.top(f, depth, width)  # (depth, width) each, the step's one host read
+            return self._tree_of(logp, ids, costs) if tree else self._greedy_chain([row[0] for row in logp],
+                                                                                   [row[0] for row in ids])
         logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
         if tree:
             return self._tree(logits, costs)
@@ -87,10 +104,8 @@ class MedusaDrafter(Drafter):
         """Each head's best token (greedy), or a draw from each head's distribution (sampling)."""
         request, draft_ids = self.request, self.heads.draft_ids.cpu()
         if request.sampling.greedy:
-            best = torch.softmax(logits, -1).max(-1)
-            if self.branch is not None:
-                self.branch.head_drafted(float(best.values.cumprod(0).sum()))
-            return Draft(tokens=draft_ids[best.indices])
+            best = torch.log_softmax(logits, -1).max(-1)
+            return self._greedy_chain(best.values.tolist(), draft_ids[best.indices].tolist())
         tokens, rows = [], []
         for i, row in enumerate(logits):
             q = torch.zeros(self.vocab).index_copy_(0, draft_ids, probs_from_logits(row, request.sampling))
@@ -98,11 +113,21 @@ class MedusaDrafter(Drafter):
             rows.append(q)
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows))
 
+    def _greedy_chain(self, log_probs: list[float], ids: list[int]) -> Draft:
+        """The chain of each head's best token (ids), its log-probability in log_probs."""
+        if self.branch is not None:
+            self.branch.head_drafted(float(torch.tensor(log_probs).exp().cumprod(0).sum()))
+        return Draft(tokens=torch.tensor(ids, dtype=torch.long))
+
     def _tree(self, logits: torch.Tensor, costs: CostModel) -> Draft:
-        depth = logits.shape[0]
         width = min(self.width or tree_width(costs), logits.shape[1])
         top = torch.topk(torch.log_softmax(logits, -1), width, dim=-1)
-        logp, ids = top.values.tolist(), self.heads.draft_ids.cpu()[top.indices].tolist()  # (depth, width) each
+        return self._tree_of(top.values.tolist(), self.heads.draft_ids.cpu()[top.indices].tolist(), costs)
+
+    def _tree_of(self, logp: list[list[float]], ids: list[list[int]], costs: CostModel) -> Draft:
+        """The tree of each head's candidates (token ids `ids`, log-probs `logp`: depth lists of width each) whose
+        paths are most probable, sized by the costs."""
+        depth, width = len(logp), len(logp[0])
         tokens, parents, depths, scores = [], [], [], []
         frontier = [(-logp[0][r], -1, 1, r) for r in range(width)]  # (-score, parent node, depth, rank): a heap
         heapq.heapify(frontier)
