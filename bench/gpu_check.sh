@@ -48,6 +48,8 @@ step lossless 60 "${specdec[@]}" check-lossless --device cuda --dtype float32 --
   --prompt "Write a haiku about the sea." --out-json "$out/lossless_sampling_f32.json"
 step shapes 60 "${specdec[@]}" bench-shape --shape smollm2-135m,llama-3.2-1b --device cuda --dtype bfloat16 \
   --out-json "$out/shapes_bf16.json"
+step shapes_compiled 60 "${specdec[@]}" bench-shape --shape smollm2-135m,llama-3.2-1b --device cuda --dtype bfloat16 \
+  --compile on --out-json "$out/shapes_compiled_bf16.json"
 step shapes_more 60 "${specdec[@]}" bench-shape --shape qwen3-0.6b,gemma-3-1b --device cuda --dtype bfloat16 \
   --out-json "$out/shapes_more_bf16.json"
 echo "done in ${SECONDS}s: $out"

@@ -35,6 +35,8 @@ class ShapeBenchSettings:
     device: str = "auto"
     dtype: str = "auto"
     backend: str = "auto"
+    graphs: str = "auto"  # the torch backend's passes as CUDA graphs (GRAPHS)
+    compile: str = "auto"  # those passes compiled by torch.compile (COMPILE)
     prompt_tokens: int = 125
     new_tokens: int = 128
     pass_sizes: tuple[int, ...] = (1, 4, 16, 64)
@@ -141,7 +143,7 @@ def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSett
 def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) -> dict:
     """One shape's figures (see the module's docstring); its model is freed before returning."""
     model = load_shape(name, settings.device, settings.dtype, settings.backend, seed=settings.seed,
-                       max_context=settings.context)
+                       max_context=settings.context, graphs=settings.graphs, compile=settings.compile)
     info, hf_model = model.loaded.info, model.loaded.hf_model
     generator = torch.Generator().manual_seed(settings.seed)
     prompt = torch.randint(0, info.vocab_size, (settings.prompt_tokens,), generator=generator).tolist()
@@ -154,6 +156,7 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) 
         "model_type": hf_model.config.model_type, "parameters": sum(p.numel() for p in hf_model.parameters()),
         "dtype": str(info.dtype).replace("torch.", ""), "device": str(info.device),
         "backend": model.backend_name, "backend_class": type(model.loaded.backend).__name__,
+        **passes_run(model.loaded.backend),
         "fast_path_problem": model.fast_path_problem, "kernels_problem": model.kernels_problem,
         "weight_bytes": weight_bytes(hf_model), "bytes_read_per_token": per_token,
         **speeds,
@@ -170,6 +173,15 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) 
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
+
+
+def passes_run(backend) -> dict:
+    """How the backend's decode passes ran: {"graphs": "cuda" (captured), "eager" (shape-static, uncaptured) or
+    "off", "compiled": bool}."""
+    graphs = getattr(backend, "pass_graphs", None)
+    if graphs is None:
+        return {"graphs": "off", "compiled": False}
+    return {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled}
 
 
 def commit() -> str | None:
@@ -210,6 +222,7 @@ def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) ->
     bandwidth = memory_read_bandwidth(device)
     out = {"kind": "bench-shape", "speed_only": True, "note": SPEED_ONLY_NOTE, **environment(device),
            "device": str(device), "settings": {"dtype": settings.dtype, "backend": settings.backend,
+                                               "graphs": settings.graphs, "compile": settings.compile,
                                                "prompt_tokens": settings.prompt_tokens,
                                                "new_tokens": settings.new_tokens,
                                                "pass_sizes": list(settings.pass_sizes), "repeats": settings.repeats,

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import BACKENDS, DTYPES
+from .common import add_graphs_option
 
 
 def register(sub) -> None:
@@ -19,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: auto)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="specdec's backend (default: auto, the one specdec picks; the JSON says which ran)")
+    add_graphs_option(p)
     p.add_argument("--prompt-tokens", type=int, default=125, help="random prompt tokens (default: 125)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens each decoding run makes (default: 128)")
     p.add_argument("--pass-sizes", default="1,4,16,64",
@@ -38,6 +40,7 @@ def run(args) -> int:
     if not names:
         raise ConfigError("--shape needs at least one shape name")
     settings = ShapeBenchSettings(device=args.device, dtype=args.dtype, backend=args.backend,
+                                  graphs=args.graphs, compile=args.compile,
                                   prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                                   pass_sizes=parse_sizes(args.pass_sizes), repeats=args.repeats, seed=args.seed)
     result = run_shapes(names, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -38,10 +38,9 @@ def add_graphs_option(p: argparse.ArgumentParser) -> None:
                         "passes (default: auto)")
     p.add_argument("--compile", default="auto", choices=COMPILE,
                    help="those shape-static passes compiled by torch.compile before capture, fusing each layer's "
-                        "small operations into a few kernels (docs/cuda.md; each bucket compiled once, at load with CUDA "
-                        "graphs): "
-                        "auto = with CUDA graphs on a CUDA GPU, off elsewhere; on = wherever the shape-static passes "
-                        "run (needs --graphs on on a CPU); off = never (default: auto)")
+                        "small operations into a few kernels (docs/cuda.md; each bucket compiled once, at its first "
+                        "use): on = wherever the shape-static passes run (needs --graphs on on a CPU); off = never; "
+                        "auto = off until measured on a GPU (default: auto)")
 
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8, verifier: str = "auto") -> None:

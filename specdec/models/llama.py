@@ -112,7 +112,8 @@ class FastLlama(PooledCaches, CausalLM):
             from .pass_graphs import PassGraphs
 
             self.pass_graphs = PassGraphs(self, capture=graphs == "cuda", compile=compile)
-            self.pass_graphs.prepare()
+            if not compile:  # compiling every bucket at load would take minutes: compiled ones capture at first use
+                self.pass_graphs.prepare()
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -121,8 +121,9 @@ def graph_mode(graphs: str, device: torch.device) -> str:
 
 def compile_mode(compile: str, graph_mode: str) -> bool:
     """Whether FastLlama compiles its shape-static passes (models/compiled_pass.py) for a --compile choice, given
-    its graph mode: auto compiles captured CUDA graphs only; on compiles the passes wherever they run (on the CPU
-    uncaptured), and needs them; off never."""
+    its graph mode: on compiles the passes wherever they run (captured on a GPU, uncaptured on the CPU), and needs
+    them; off never; auto is off until a GPU measurement shows that compiling pays (docs/cuda.md: it compiles each
+    bucket at its first use, which costs seconds per bucket)."""
     if compile == "on" and graph_mode == "off":
         raise ConfigError("--compile on compiles the shape-static passes: it needs --graphs on (or auto on a CUDA GPU)")
     if compile == "on" and graph_mode == "eager":
@@ -131,7 +132,7 @@ def compile_mode(compile: str, graph_mode: str) -> bool:
         problem = inductor_problem()
         if problem:
             raise ConfigError(f"--compile on: {problem}")
-    return compile == "on" or (compile == "auto" and graph_mode == "cuda")
+    return compile == "on"
 
 
 def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,

@@ -143,9 +143,10 @@ def backend_name(backend: CausalLM) -> str:
 
 
 def load_shape(name: str, device: str = "auto", dtype: str = "auto", backend: str = "auto", seed: int = 0,
-               max_context: int = 2048) -> ShapeModel:
+               max_context: int = 2048, graphs: str = "auto", compile: str = "auto") -> ShapeModel:
     """The shape on specdec's backend selection (make_backend, as for a loaded model), with a KV cache of
-    max_context tokens (the shapes' own contexts, up to 131072, would take gigabytes)."""
+    max_context tokens (the shapes' own contexts, up to 131072, would take gigabytes); graphs, compile: as
+    load_model's."""
     from .family import fast_path_problem
     from .loading import LoadedModel, make_backend, model_info, resolve_device, resolve_dtype
 
@@ -155,7 +156,7 @@ def load_shape(name: str, device: str = "auto", dtype: str = "auto", backend: st
     hf_model = build_shape_model(name, dev, torch_dtype, seed)
     info = model_info(f"shape:{name}", hf_model, _NoTokenizer(), dev, torch_dtype)
     info = replace(info, max_context=min(max_context, info.max_context))
-    made = make_backend(hf_model, info, backend, max_context=max_context)
+    made = make_backend(hf_model, info, backend, max_context=max_context, graphs=graphs, compile=compile)
     loaded = LoadedModel(name=f"shape:{name}", hf_model=hf_model, tokenizer=None, backend=made)
     ran = backend_name(made)
     problem = fast_path_problem(hf_model.config) if ran == "hf" else None
