@@ -4,7 +4,9 @@ it on a GPU through verify() and counts the synchronisations there):
 - rejection sampling is lossless: at every position a step reaches, the token it emits follows the target's
   distribution (chi-square), for one-hot chains, chains with a drafter's q (drafts drawn from q) and trees with
   repeated tokens among siblings; a deliberately broken residual fails the same check;
-- each rule reads from the device once (one .tolist()), whatever the draft.
+- each rule reads from the device once (one .tolist()), whatever the draft;
+- through the engine, with verify() taking them in place of the host rules, generations keep the target's
+  distribution (rejection) and give the host rules' tokens for each seed (coupled).
 """
 from collections import Counter
 
@@ -193,3 +195,55 @@ def test_the_host_rules_read_more_often(host_reads):
     draft = torch.tensor([int(p[0].argmin()), 0, 0])  # the first draft is rejected: a residual is drawn
     rejection_verify(draft, None, p, torch.Generator().manual_seed(0))
     assert len(host_reads) > 1
+
+
+# ---- through the engine: the device rules in place of the host rules -------------------------------------------
+def use_device_rules(monkeypatch) -> Counter:
+    """verify() takes the device rules on the CPU too (it takes them where the logits are on a GPU). Returns the
+    count of calls to each, as they are made."""
+    import specdec.verify as verify_module
+
+    calls = Counter()
+    for host, device in (("rejection_verify", chain_rejection_on_device), ("coupled_verify", chain_coupled_on_device),
+                         ("tree_rejection_verify", tree_rejection_on_device),
+                         ("tree_coupled_verify", tree_coupled_on_device)):
+        def counted(*args, _rule=device, _name=device.__name__):
+            calls[_name] += 1
+            return _rule(*args)
+
+        monkeypatch.setattr(verify_module, host, counted)
+    return calls
+
+
+@pytest.fixture
+def device_rules(monkeypatch):
+    return use_device_rules(monkeypatch)
+
+
+@pytest.mark.parametrize("kind", ["draft", "tree"])
+def test_generation_with_the_device_rules_follows_the_target(device_rules, kind):
+    """Whole generations (three tokens, several steps) through the engine, as tests/test_sampling_lossless.py
+    checks the host rules (with more settings): a draft model's q, and trees with one-hot drafts, under top-k."""
+    from test_sampling_lossless import PROMPT, NEW_TOKENS, SETTINGS, decoder_for, draw, exact_distribution
+
+    sampling = SETTINGS[1]
+    decoder = decoder_for(kind)
+    exact = exact_distribution(decoder.target.backend, PROMPT, NEW_TOKENS, sampling)
+    assert fit_p_value(draw(decoder, sampling, samples=3_000), exact) > P_VALUE_FLOOR
+    assert device_rules["tree_rejection_on_device" if kind == "tree" else "chain_rejection_on_device"] > 0
+
+
+def test_coupled_generation_with_the_device_rules_is_the_host_rules(monkeypatch):
+    """The same seed gives the same tokens with the device rules and the host rules, speculative or not."""
+    from dataclasses import replace
+
+    from specdec.config import GenerationConfig
+    from test_sampling_lossless import PROMPT, SETTINGS, decoder_for
+
+    config = lambda seed: GenerationConfig(max_new_tokens=10, ignore_eos=True,  # noqa: E731
+                                           sampling=replace(SETTINGS[seed % 2 * 5], seed=seed))
+    decoders = [decoder_for(kind, verifier="coupled") for kind in ("none", "ngram", "draft", "tree")]
+    want = [[d.generate_ids(PROMPT, config(seed))[0] for d in decoders] for seed in range(40)]
+    calls = use_device_rules(monkeypatch)
+    assert [[d.generate_ids(PROMPT, config(seed))[0] for d in decoders] for seed in range(40)] == want
+    assert calls["chain_coupled_on_device"] > 0 and calls["tree_coupled_on_device"] > 0
