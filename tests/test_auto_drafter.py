@@ -39,7 +39,8 @@ def flat() -> CostModel:
 
 def counting_llama():
     """A tiny Llama whose greedy next token is the current one plus 1 (mod VOCAB): its layers add nothing to the
-    residual stream (o_proj and down_proj zero), and its LM head scores token j by the (unit) embedding of j - 1, 20 times over."""
+    residual stream (o_proj and down_proj zero), and its LM head scores token j by the (unit) embedding of j - 1,
+    20 times over (a head reading the same LM head is then confident)."""
     model = tiny_llama(seed=0, vocab=VOCAB, hidden=HIDDEN)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -177,7 +177,8 @@ def test_each_rule_reads_from_the_device_once(host_reads, k):
     draft = p[:k].argmax(-1)
     parents = [i - 1 for i in range(k)]  # a chain as a tree
     gen = torch.Generator().manual_seed(0)
-    rules = [lambda: chain_rejection_on_device(draft, None, p, gen), lambda: chain_rejection_on_device(draft, q, p, gen),
+    rules = [lambda: chain_rejection_on_device(draft, None, p, gen),
+             lambda: chain_rejection_on_device(draft, q, p, gen),
              lambda: chain_coupled_on_device(draft, p, noise), lambda: tree_rejection_on_device(draft, parents, p, gen),
              lambda: tree_coupled_on_device(draft, parents, p, noise)]
     for rule in rules:
