@@ -85,4 +85,4 @@ def position_gumbel(seed: int, positions: list[int], vocab_size: int, device: to
         gen = torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + pos * 7_919 + 17) % (2**63))
         u = torch.rand(vocab_size, generator=gen, dtype=torch.float64).clamp_(min=1e-300)
         rows.append(-torch.log(-torch.log(u)))
-    return torch.stack(rows).to(device=device, dtype=torch.float32)
+    return torch.stack(rows).float().to(device, non_blocking=True)  # a copy that does not wait on the device

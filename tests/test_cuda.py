@@ -279,6 +279,56 @@ def test_tiny_captured_medusa_steps_equal_uncaptured(tiny_folder):
             assert torch.allclose(torch.tensor(got[0]), torch.tensor(want[0]), atol=1e-5)
 
 
+@needs_capture
+@pytest.mark.parametrize("generator_device", ["cpu", "cuda"])
+def test_sampling_verification_on_the_gpu_synchronises_once(generator_device):
+    """verify() on cuda logits takes the device rules (device_sampling.py): rejection sampling (chains with and
+    without q, trees) and coupled sampling (its tokens the CPU's for the same noise), each with one synchronisation,
+    whether the request's generator is a CPU or a CUDA one."""
+    import warnings
+
+    from specdec.config import SamplingConfig
+    from specdec.sampling import probs_from_logits
+    from specdec.verify import Draft, verify
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 50, generator=gen) * 3
+    tokens = logits.argmax(-1)[:8].clone()
+    tokens[5] = (tokens[5] + 1) % 50
+    q = torch.softmax(torch.randn(8, 50, generator=gen), -1)
+    parents = [-1, -1, 0, 1, 3, 2, 4, 0]
+    noise = -torch.log(-torch.log(torch.rand(9, 50, generator=gen).clamp_(min=1e-30)))
+    sampling = SamplingConfig(temperature=0.8, top_k=20)
+    drafts = [Draft(tokens), Draft(tokens, probs=q), Draft(tokens, parents=parents), Draft.empty()]
+    for draft in drafts:
+        rows = len(draft) + 1
+        for coupled in (False, True):
+            on_cpu = noise[:rows]
+            want = verify(draft, logits[:rows], sampling, noise=(lambda _: on_cpu) if coupled else None)
+            device_logits, device_noise = logits[:rows].cuda(), noise[:rows].cuda()
+            generator = torch.Generator(device=generator_device).manual_seed(0)
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    got = verify(draft, device_logits, sampling, generator,
+                                 noise=(lambda _: device_noise) if coupled else None)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+            assert len(syncs) == 1, (len(draft), coupled, [str(w.message) for w in syncs])
+            path, token = got
+            if coupled:
+                assert got == want  # deterministic given the noise
+            elif draft.parents is None:
+                assert path == list(range(len(path)))
+            else:
+                assert all(parents[b] == a for a, b in zip([-1] + path, path))  # a path down the tree
+            row = (path[-1] + 1) if path else 0
+            assert probs_from_logits(logits[row], sampling)[token] > 0  # a token the sampler allows there
+
+
 # ---- the real default model (SmolLM2-135M-Instruct) -------------------------------------------------------
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2-135m.json").read_text())
 REAL_DRAFTERS = BY_NAME + ["eagle", "eagle-chain", "medusa", "select"]

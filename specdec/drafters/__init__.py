@@ -1,6 +1,6 @@
 """Drafters, found by name: `create_drafter("ngram", target)`.
 
-"none" is plain decoding (no drafter); "auto" picks the best drafter available for the target. Each drafter's
+"none" is plain decoding (no drafter); "auto" picks the best drafter available for the target (auto.py). Each drafter's
 options are a frozen dataclass (options.py), validated before anything loads.
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from ..errors import ConfigError
+from .auto import auto_drafter, bundled_head, quantized_copy_problem
 from .base import Budget, Draft, Drafter, DraftRequest
 from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions, MedusaOptions, NgramOptions,
                       QuantizedOptions, SelectOptions, SuffixOptions, bad_select_from)
@@ -55,7 +56,7 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
         raise ConfigError(f"unknown drafter option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the "
                           f"drafters take: {', '.join(drafter_options())}")
     if name == "auto":
-        name = auto_drafter_name(target, options)
+        name, options = auto_drafter(target, options)
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
     entry = _FACTORIES[name]
@@ -68,51 +69,6 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
 def _takes(entry: _Entry) -> list[str]:
     """The options a registered drafter names."""
     return [f.name for f in fields(entry.options)] if entry.options is not None else []
-
-
-def auto_drafter_name(target, options: dict) -> str:
-    """A draft model when one is given, else an EAGLE head or Medusa heads when given, else the target's 4-bit copy
-    where the CPU kernels run the target and can hold one, else prompt lookup.
-
-    The copy guesses every kind of prompt about as the target does, with no training, and its drafts pay wherever
-    the policy measures that they do (it drafts nothing where they do not, as in large batches); measured against
-    prompt lookup and the shipped EAGLE head in docs/drafters.md.
-    """
-    if options.get("draft_model"):
-        return "draft-model"
-    if options.get("eagle_head"):
-        return "eagle"
-    if options.get("medusa_head"):
-        return "medusa"
-    if quantized_copy_problem(target) is None:
-        return "quantized"
-    return "ngram"
-
-
-def quantized_copy_problem(target) -> str | None:
-    """Why the quantized drafter cannot run for this LoadedModel, or None."""
-    from ..models.kernel_llama import KernelLlama, four_bit_problem
-
-    if not isinstance(target.backend, KernelLlama):
-        return ("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
-                "AVX2 or AVX-512)")
-    problem = four_bit_problem(target.hf_model.config)
-    return f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}" if problem else None
-
-
-def bundled_head(model_name: str, kind: str = "eagle"):
-    """The folder of the EAGLE head (kind "eagle"), EAGLE-3 head ("eagle3") or Medusa heads ("medusa") shipped with
-    specdec for a built-in model, or None."""
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parent.parent / "assets" / "heads" / model_name
-    if kind == "medusa":
-        folder, weights = folder / "medusa", "medusa_heads.safetensors"
-    elif kind == "eagle3":
-        folder, weights = folder / "eagle3", "model.safetensors"
-    else:
-        weights = "eagle_head.safetensors"
-    return folder if (folder / weights).is_file() else None
 
 
 @register("none")

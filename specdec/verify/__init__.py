@@ -17,7 +17,8 @@ output made so is labelled lossy (metrics, CLI, bench JSON, server responses).
 
 `verify` picks the rule: a lossy one where asked; else greedy (temperature 0), coupled sampling or rejection
 sampling (SpeculationConfig's sampling_verifier), for a chain (here) or a tree (tree.py). The rules are pure
-functions of tensors.
+functions of tensors. Where the logits are not on the CPU (a GPU) the exact rules run as tensor operations with one
+host synchronisation per step (device.py: greedy; device_sampling.py: rejection and coupled sampling).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import torch
 from ..config import EXACT, Acceptance, SamplingConfig
 from ..sampling import draw, probs_from_logits
 from .device import chain_greedy_on_device, tree_greedy_on_device
+from .device_sampling import (chain_coupled_on_device, chain_rejection_on_device, tree_coupled_on_device,
+                              tree_rejection_on_device)
 from .lossy import acceptable, lossy_verify
 from .tree import tree_children, tree_coupled_verify, tree_depths, tree_mask, tree_rejection_verify, tree_walk
 
@@ -80,23 +83,27 @@ def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generat
     """
     if acceptance.lossy and len(draft):  # without drafts every rule emits what the exact one does
         return lossy_verify(draft.tokens, draft.parents, logits, sampling, acceptance, generator, noise)
+    on_device = logits.device.type != "cpu"  # one host synchronisation per step there (device_sampling.py)
     if draft.parents is not None:
         if sampling.greedy:
             return tree_greedy_verify(draft.tokens, draft.parents, logits)
         p = probs_from_logits(logits, sampling)
+        tokens = draft.tokens.to(p.device, non_blocking=True)
         if noise is not None:
-            return tree_coupled_verify(draft.tokens, draft.parents, p, noise([0] + tree_depths(draft.parents)))
-        return tree_rejection_verify(draft.tokens, draft.parents, p, generator)
+            coupled = tree_coupled_on_device if on_device else tree_coupled_verify
+            return coupled(tokens, draft.parents, p, noise([0] + tree_depths(draft.parents)))
+        return (tree_rejection_on_device if on_device else tree_rejection_verify)(tokens, draft.parents, p, generator)
     tokens = draft.tokens.to(logits.device, non_blocking=True)
     if sampling.greedy:
         n, token = greedy_verify(tokens, logits)
     else:
         p = probs_from_logits(logits, sampling)
         if noise is not None:
-            n, token = coupled_verify(tokens, p, noise(list(range(len(draft) + 1))))
+            n, token = (chain_coupled_on_device if on_device else coupled_verify)(
+                tokens, p, noise(list(range(len(draft) + 1))))
         else:
-            n, token = rejection_verify(tokens, None if draft.probs is None else draft.probs.to(p.device), p,
-                                        generator)
+            q = None if draft.probs is None else draft.probs.to(p.device, non_blocking=True)
+            n, token = (chain_rejection_on_device if on_device else rejection_verify)(tokens, q, p, generator)
     return list(range(n)), token
 
 

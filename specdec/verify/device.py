@@ -35,20 +35,38 @@ def tree_greedy_on_device(tokens: torch.Tensor, parents: list[int], choice: torc
     N = len(parents)
     if N == 0:
         return [], int(choice[0])
-    device = choice.device
-    # built on the host and copied without waiting (a blocking copy synchronises like a read-back)
-    parent_rows = torch.tensor([p + 1 for p in parents]).to(device, non_blocking=True)
+    parent_rows = torch.tensor([p + 1 for p in parents]).to(choice.device, non_blocking=True)
     carries = tokens == choice.gather(0, parent_rows)  # (N,): node i is its parent's argmax
-    same_parent = torch.tensor(parents)[:, None] == torch.tensor(parents)[None, :]
-    earlier_sibling = (same_parent & torch.ones(N, N, dtype=torch.bool).tril_(-1)).to(device, non_blocking=True)
-    first = carries & ~(earlier_sibling & carries[None, :]).any(-1)  # the child a walk down would take
-    ancestors = _ancestors(parents).to(device, non_blocking=True)  # (N, N): i's ancestors and i itself
-    on_path = ~(ancestors & ~first[None, :]).any(-1)  # (N,): i and all its ancestors taken
-    rows = torch.arange(1, N + 1, device=device)
-    last_row = (on_path * rows).max()  # the deepest accepted node's row (nodes on a path ascend); 0: the root
+    on_path, last_row = tree_path_on_device(carries, parents)
     token = choice.gather(0, last_row.view(1))
     values = torch.cat([on_path.long(), token]).tolist()
     return [i for i in range(N) if values[i]], values[N]
+
+
+def tree_path_on_device(takes: torch.Tensor, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk down a tree computed at once: from the root, the first child (in node order) that `takes` marks,
+    as far as there is one.
+
+    takes: (N,) bool on the device, node i would be taken where the walk reaches its parent (and no earlier
+    sibling is taken); parents: N parent indices (parents[i] < i, -1 under the root). Returns on_path (N,) bool,
+    the nodes walked, and last_row () int64, the deepest walked node's row (node i's row is i + 1; 0: the root).
+    """
+    N, device = len(parents), takes.device
+    if N == 0:
+        return takes.clone(), torch.zeros((), dtype=torch.long, device=device)
+    # built on the host and copied without waiting (a blocking copy synchronises like a read-back)
+    earlier_sibling = earlier_siblings(parents).to(device, non_blocking=True)
+    first = takes & ~(earlier_sibling & takes[None, :]).any(-1)  # the child a walk down would take
+    ancestors = _ancestors(parents).to(device, non_blocking=True)  # (N, N): i's ancestors and i itself
+    on_path = ~(ancestors & ~first[None, :]).any(-1)  # (N,): i and all its ancestors taken
+    rows = torch.arange(1, N + 1, device=device)
+    return on_path, (on_path * rows).max()  # nodes on a path ascend: the deepest has the largest row
+
+
+def earlier_siblings(parents: list[int]) -> torch.Tensor:
+    """(N, N) bool on the CPU: row i marks the nodes j < i under the same parent as i."""
+    parent, node = torch.tensor(parents, dtype=torch.long), torch.arange(len(parents))
+    return (parent[:, None] == parent[None, :]) & (node[:, None] > node[None, :])  # (a bool tril_ is slow on CPUs)
 
 
 def _ancestors(parents: list[int]) -> torch.Tensor:
