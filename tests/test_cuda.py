@@ -241,10 +241,11 @@ def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(ti
     for drafter in (captured, uncaptured):
         drafter.begin(DraftRequest(prompt_ids=tokens[:20]))
         drafter.observe(hidden[:19])
-    for end in (20, 23, 24, 30, 41, 60):
+    for end in (20, 23, 24, 30, 41, 60, 63):
         drafts = []
         for drafter in (captured, uncaptured):
             drafter.observe(hidden[drafter.feat.shape[0]:end - 1])
+            graphs_before = len(drafter.graphs._graphs)
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
                 torch.cuda.synchronize()
@@ -253,10 +254,41 @@ def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(ti
                     drafts.append(drafter.propose(tokens[:end], Budget(5, tree=tree)))
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-            if drafter is captured and end > 20:  # the first step captured its graph
+            if drafter is captured and len(drafter.graphs._graphs) == graphs_before:  # capturing synchronises
                 syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message).lower()]
                 assert len(syncs) == 1, syncs
         assert drafts[0].tokens.tolist() == drafts[1].tokens.tolist() and drafts[0].parents == drafts[1].parents
+
+
+@needs_capture
+def test_tiny_captured_feed_equals_uncaptured(tiny_folder):
+    """The bucketed feed of a step's true pairs (eagle_device.feed_pairs) replayed as a graph leaves the head cache
+    and gives the head's output as the same feed run directly on the GPU, for each bucket and with padding."""
+    from specdec.drafters.eagle_device import HeadCache
+    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.head_graphs import FEED_BUCKETS, HeadGraphs
+    from specdec.models.loading import load_model
+
+    target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
+    torch.manual_seed(1)
+    head = new_head(target.hf_model, "tiny", torch.arange(target.info.vocab_size)).to("cuda")
+    ids = torch.randint(0, target.info.vocab_size - 1, (120,), generator=torch.Generator().manual_seed(5))
+    hidden = target.backend.forward(target.backend.new_cache(), ids, output_hidden=True).hidden
+    tokens = ids.cuda()
+    features = head.fuse(hidden[:, :head.config.hidden_size])
+    caches = [HeadCache(head.config, torch.device("cuda"), head.feature_dtype, capacity=64) for _ in range(2)]
+    graphs = [HeadGraphs(head, cache, capture=capture) for cache, capture in zip(caches, (True, False))]
+    with torch.inference_mode():
+        for cache in caches:
+            cache.append(head(features[None, :9], tokens[None, 1:10], torch.arange(9, device="cuda")[None])[1])
+        for n in (1, 2, 3, 4, 5, 8, 11, 16, 1, 7):  # the buffer grows past 64 rows on the way: graphs recaptured
+            start = caches[0].length
+            outs = [g.feed(features[start:start + n], tokens[start + 1:start + n + 1]) for g in graphs]
+            torch.testing.assert_close(outs[0], outs[1])
+            assert caches[0].length == caches[1].length == start + n
+            for mine, theirs in zip(caches[0].past(), caches[1].past()):
+                torch.testing.assert_close(mine, theirs)
+        assert {key[:2] for key in graphs[0]._graphs} <= {("feed", b) for b in FEED_BUCKETS}
 
 
 @needs_capture

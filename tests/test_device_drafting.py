@@ -10,7 +10,7 @@ from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle3_head import new_eagle3_head
 from specdec.drafters.eagle_device import HeadCache
 from specdec.drafters.eagle_head import new_head
-from specdec.drafters.head_graphs import HeadGraphs
+from specdec.drafters.head_graphs import FEED_BUCKETS, HeadGraphs
 from specdec.engine import SpecDecoder
 from specdec.verify import tree_depths
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
@@ -164,7 +164,50 @@ def test_speculation_with_device_drafting_equals_plain_decoding(model, kind, tre
     drafter.graphs._step = lambda *args: calls.append(args[0]) or run(*args)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=5, adaptive=False))
     assert drafted_keeping_greedy_output(decoder, target, lengths=(4, 17), new_tokens=24) > 0
-    assert calls and all(shape[0] == ("tree" if tree else "chain") for shape in calls)  # drafted on the device
+    drafted = [shape[0] for shape in calls if shape[0] != "feed"]
+    assert drafted and set(drafted) == {"tree" if tree else "chain"}  # drafted on the device
+    assert any(shape[0] == "feed" for shape in calls)  # each step's accepted pairs fed as a bucketed step
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@torch.inference_mode()
+def test_bucketed_feed_equals_the_eager_feed(model, kind):
+    """The head cache's true pairs and the head's output after a bucketed feed of n pairs (padded to its bucket)
+    equal those of one eager head pass over them, in float32, for every n up to the largest bucket."""
+    head, target = _head(model, kind)
+    tokens = torch.randint(0, 63, (40,), generator=torch.Generator().manual_seed(6))
+    features = head.fuse(_features(target, tokens.tolist())[:, target.backend.add_feature_layers(head.feature_layers)])
+    prefix = 11  # true pairs already in the cache, fed eagerly (the prompt)
+    for n in range(1, FEED_BUCKETS[-1] + 1):
+        caches = [HeadCache(head.config, features.device, head.feature_dtype, capacity=16) for _ in range(2)]
+        for cache in caches:
+            cache.append(head(features[None, :prefix], tokens[None, 1:prefix + 1], torch.arange(prefix)[None])[1])
+        eager, bucketed = caches
+        out, kv = head(features[None, prefix:prefix + n], tokens[None, prefix + 1:prefix + n + 1],
+                       torch.arange(prefix, prefix + n)[None], past=eager.past())
+        eager.append(kv)
+        graphs = HeadGraphs(head, bucketed, capture=False)
+        graphs.feed_hidden.normal_()  # padding rows hold stale pairs: the real ones must not see them
+        got = graphs.feed(features[prefix:prefix + n], tokens[prefix + 1:prefix + n + 1])
+        assert bucketed.length == eager.length == prefix + n
+        torch.testing.assert_close(got, out[0, -1])
+        for mine, theirs in zip(bucketed.past(), eager.past()):
+            torch.testing.assert_close(mine, theirs)
+    with pytest.raises(ValueError, match="bucketed feed"):
+        graphs.feed(features[:FEED_BUCKETS[-1] + 1], tokens[1:FEED_BUCKETS[-1] + 2])
+
+
+def test_device_drafter_feeds_a_steps_pairs_bucketed_and_the_prompt_eagerly(model):
+    head, target = _head(model, "eagle")
+    drafter = _drafter(head, target, True, tree=False)
+    fed = []
+    feed = drafter.graphs.feed
+    drafter.graphs.feed = lambda hidden, tokens: fed.append(tokens.shape[0]) or feed(hidden, tokens)
+    contexts = [c for c in _contexts() if len(c) > FEED_BUCKETS[-1] + 1]  # 18 tokens, 18 changed from 15 on, 24...
+    _run(drafter, target, contexts, lambda c: Budget(3), DraftRequest(prompt_ids=contexts[0]))
+    # the prompt's 17 pairs went eagerly (more than the largest bucket); the change rolled back to 14 pairs
+    assert fed == [3, 9, 7, 9]
+    assert drafter.cache.length == len(contexts[-1]) - 1
 
 
 def test_device_drafting_needs_a_torch_head(model):

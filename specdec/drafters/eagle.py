@@ -12,9 +12,10 @@ head is skipped and the continuation alone is drafted, as a chain sized by the v
 
 On the device path (a head on a CUDA device, or device_drafting=True), greedy chains and trees are drafted by
 shape-static tensor code over a preallocated head cache (eagle_device.py), captured as CUDA graphs on a GPU
-(head_graphs.py), with one host read per step; a tree then has every level up to the depth cap, and the nodes that
-pay are chosen on the host from the most probable `max_nodes`. Sampled chains, penalized requests and calibrated
-trees take the host path, over the same cache.
+(head_graphs.py), with one host read per step; the true pairs a step accepted are fed to the head as a captured
+step too (more than its largest bucket, as the prompt, eagerly). A tree then has every level up to the depth cap,
+and the nodes that pay are chosen on the host from the most probable `max_nodes`. Sampled chains, penalized
+requests and calibrated trees take the host path, over the same cache.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .calibration import Calibration, accepted_path, node_depths
 from .eagle3_head import Eagle3Head
 from .eagle_device import HeadCache
 from .eagle_head import EagleHead
-from .head_graphs import HeadGraphs
+from .head_graphs import FEED_BUCKETS, HeadGraphs
 from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
 
 
@@ -139,7 +140,9 @@ class EagleDrafter(Drafter):
             self.cache.length = min(self.cache.length, keep)  # rollback
         elif self.kv is not None and keep < self.kv[0].shape[2]:
             self.kv = (self.kv[0][:, :, :keep], self.kv[1][:, :, :keep]) if keep else None
-        if keep < n:
+        if self.device_drafting and 0 < n - keep <= FEED_BUCKETS[-1]:  # a step's pairs: a bucketed, captured feed
+            self.last_out = self.graphs.feed(self.feat[keep:n], self._on_device(want[keep:n])[0])
+        elif keep < n:
             out, new_kv = self.head(self.feat[keep:n][None], self._on_device(want[keep:n]),
                                     torch.arange(keep, n, device=self.device)[None], past=self._past())
             if self.device_drafting:

@@ -8,6 +8,7 @@ as one graph and replayed (head_graphs.py); on the CPU the same code runs uncapt
     drafted pairs are written past it with index_copy_ at rows computed on the device from a length tensor;
   - each head pass attends over a fixed window of the buffer plus its own new pairs, with a mask built on the
     device (true pairs: rows below the length; tree nodes: their ancestors' rows; each new pair: itself);
+  - the true pairs accepted in a step are fed the same way, padded to a bucket of sizes (feed_pairs);
   - a chain takes the argmax of each level (greedy); a tree keeps, per level, the W most probable of the
     frontier's W x W continuations by cumulative draft log-probability (EAGLE-2), and at the end the N most
     probable nodes (a stable sort, so a parent, never less probable and earlier, precedes its children), put in
@@ -66,18 +67,36 @@ class HeadCache:
 
 
 def _pass(head, cache: HeadCache, window: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-          visible: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+          visible: torch.Tensor, rows: torch.Tensor, among: torch.Tensor | None = None) -> torch.Tensor:
     """One head pass over T new pairs, attending over the buffer's first `window` rows where `visible` (T, window)
-    bool says, and each new pair over itself; their keys and values go to buffer rows `rows` (T,) int64.
-    hidden (T, H), tokens (T,) token ids, positions (T,) int64. Returns the outputs (T, H)."""
+    bool says, and over the new pairs where `among` (T, T) bool says (None: each over itself); their keys and
+    values go to buffer rows `rows` (T,) int64. hidden (T, H), tokens (T,) token ids, positions (T,) int64.
+    Returns the outputs (T, H)."""
     T = tokens.shape[0]
     past = (cache.keys[:, :, :window], cache.values[:, :, :window])
-    itself = torch.eye(T, dtype=torch.bool, device=visible.device)
-    mask = torch.cat([visible, itself], dim=1)[None, None]  # (1, 1, T, window + T)
+    if among is None:
+        among = torch.eye(T, dtype=torch.bool, device=visible.device)
+    mask = torch.cat([visible, among], dim=1)[None, None]  # (1, 1, T, window + T)
     out, (k, v) = head(hidden[None], tokens[None], positions[None], past=past, mask=mask)
     cache.keys.index_copy_(2, rows, k)
     cache.values.index_copy_(2, rows, v)
     return out[0]
+
+
+def feed_pairs(head, cache: HeadCache, hidden: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
+               length: torch.Tensor, window: int) -> torch.Tensor:
+    """Feeds the head the first `count` of T true pairs (hidden (T, H) features, tokens (T,) token ids), padded to
+    a bucket of T: pair i takes position and buffer row length + i and sees the true pairs below `length` and the
+    new pairs up to itself. Padding rows (i >= count) land past the true pairs, in scratch that no later query
+    sees; the caller then adds count to the cache's length (the caller reserves T rows past it within `window`).
+    count, length: () int64 on the device. Returns the head's output at the last real pair (H,)."""
+    T = tokens.shape[0]
+    new = torch.arange(T, device=hidden.device)
+    rows = length + new
+    visible = (torch.arange(window, device=hidden.device) < length)[None].expand(T, -1)
+    causal = new[None] <= new[:, None]  # (T, T): real pairs never see the padding after them
+    out = _pass(head, cache, window, hidden, tokens, rows, visible, rows, among=causal)
+    return out.index_select(0, (count - 1).view(1))[0]
 
 
 def draft_chain(head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor, k: int, window: int) -> torch.Tensor:
