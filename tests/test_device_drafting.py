@@ -1,6 +1,6 @@
 """EAGLE drafting on the device (drafters/eagle_device.py, head_graphs.py), run uncaptured on the CPU: greedy chains
 are the host path's, trees are well formed and scored by their paths' draft log-probabilities, and speculation
-with it gives plain decoding's tokens. tests/test_cuda.py checks the captured graphs against this code on a GPU."""
+with it gives plain decoding's tokens. tests/test_cuda_graphs.py checks the captured graphs against this code on a GPU."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Sampling verification on the device (verify/device_sampling.py), run here on CPU tensors (tests/test_cuda.py runs
+"""Sampling verification on the device (verify/device_sampling.py), run here on CPU tensors (tests/test_cuda_graphs.py runs
 it on a GPU through verify() and counts the synchronisations there):
 - coupled sampling gives exactly the host rules' tokens for the same noise, chains and trees;
 - rejection sampling is lossless: at every position a step reaches, the token it emits follows the target's

@@ -1,5 +1,5 @@
 """Greedy verification on the device (verify/device.py) gives exactly what the host rules give, chains and trees
-(run here on CPU tensors; tests/test_cuda.py runs them on a GPU and counts the host synchronisations)."""
+(run here on CPU tensors; tests/test_cuda_graphs.py runs them on a GPU and counts the host synchronisations)."""
 import torch
 from hypothesis import given, settings, strategies as st
 

@@ -1,5 +1,5 @@
 """The shape-static pass (models/static_pass.py) and its buckets (models/pass_graphs.py), uncaptured on the CPU: the
-logic that CUDA graphs capture on a GPU (tests/test_cuda.py replays it there)."""
+logic that CUDA graphs capture on a GPU (tests/test_cuda_graphs.py replays it there)."""
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
