@@ -140,7 +140,7 @@ inline __attribute__((always_inline)) void tile_pairs(const void* __restrict xv,
 
 // One row of x (a decoding step) reads each weight once: the tile waits on memory. AVX2 builds prefetch each of its
 // four weight streams kPrefetchBytes ahead, once a cache line, which on Zen 3 raised one core's decoding step rate by
-// 4% (docs/experiments/qwen3_cpu_bandwidth.md). AVX-512 builds, whose block is one stream, do without.
+// 1% to 4% (docs/experiments/qwen3_cpu_bandwidth.md). AVX-512 builds, whose block is one stream, do without.
 #ifdef SPECDEC_AVX512
 constexpr int64_t kPrefetchBytes = 0;
 #else
