@@ -138,6 +138,23 @@ inline __attribute__((always_inline)) void tile_pairs(const void* __restrict xv,
 }
 #endif
 
+// One row of x (a decoding step) reads each weight once: the tile waits on memory. AVX2 builds prefetch each of its
+// four weight streams kPrefetchBytes ahead, once a cache line, which on Zen 3 raised one core's decoding step rate by
+// 1% to 4% (docs/experiments/qwen3_cpu_bandwidth.md). AVX-512 builds, whose block is one stream, do without.
+#ifdef SPECDEC_AVX512
+constexpr int64_t kPrefetchBytes = 0;
+#else
+constexpr int64_t kPrefetchBytes = 1024;
+#endif
+
+template <int WT, int NV>
+inline __attribute__((always_inline)) void prefetch_streams(const char* block, int64_t k, int v0, int64_t K) {
+  constexpr int64_t es = WT == F32 ? 4 : 2, ks_per_line = 64 / (16 * es);
+  if (k % ks_per_line) return;
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) _mm_prefetch(block + packed_at(k, v0 + v, K) * es + kPrefetchBytes, _MM_HINT_T0);
+}
+
 // y[j, n + i] = sum_k x[j, k] W[n + i, k] (+ bias[i]) for the 64 outputs of one packed block and MR rows of x.
 // Each output accumulates in one lane, over k in increasing order (pairs of k for BF16DOT): the order depends on
 // nothing but K. x is float32, or bfloat16 for BF16DOT. Outputs i >= valid are computed but not stored. The
@@ -160,6 +177,7 @@ __attribute__((noinline)) void tile(const void* __restrict xv, int64_t K, const 
 #pragma GCC unroll 4
         for (int v = 0; v < kPassVecs; ++v) acc[j][v] = vec::zero();
       for (int64_t k = 0; k < K; ++k) {
+        if constexpr (kPrefetchBytes > 0 && MR == 1) prefetch_streams<WT, kPassVecs>(block, k, v0, K);
         f32x16 wk[kPassVecs];
 #pragma GCC unroll 4
         for (int v = 0; v < kPassVecs; ++v) wk[v] = load16<WT>(block, packed_at(k, v0 + v, K));
