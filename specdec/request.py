@@ -18,6 +18,7 @@ from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
 from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
+from .models.backend import feature_columns
 from .costs import CostModel
 from .policy import DraftLengthPolicy
 from .sampling import make_generator, position_gumbel, warp_logits
@@ -61,6 +62,7 @@ class Request:
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None
         self.needs_features = drafter is not None and drafter.needs_features
+        self.feature_layers = tuple(drafter.feature_layers) if self.needs_features else ()  # its drafter's layout
         self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
         self.cache = None  # the KV cache the scheduler holds for it, None once it ended
@@ -85,6 +87,12 @@ class Request:
     def draft_cap(self) -> int:
         """Most drafts worth proposing: a step emits at most k + 1 tokens."""
         return min(self.k_max, self.config.max_new_tokens - len(self.generated) - 1)
+
+    def own_features(self, hidden: torch.Tensor, given: tuple[int, ...]) -> torch.Tensor:
+        """hidden (n, H + A*H), laid out for a pass's feature layers `given`, in the layout its drafter declared."""
+        if given == self.feature_layers:
+            return hidden
+        return hidden[:, feature_columns(given, self.feature_layers, hidden.shape[-1] // (1 + len(given)))]
 
     def noise(self, positions: list[int]) -> torch.Tensor:
         """Gumbel noise fixed by (seed, position), for coupled sampling: (len(positions), V)."""
@@ -177,6 +185,13 @@ class Request:
         """Records the end of the request: its total time, and why it ended (its own reason, else `reason`)."""
         self.metrics.total_time_s = time.perf_counter() - self.started_at
         self.metrics.finish_reason = self.finished or reason
+
+
+def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
+    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
+    (each request then takes its own layout: Request.own_features); None where no drafter reads features."""
+    readers = [r for r in requests if r.needs_features]
+    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
 
 
 def count_step(m: GenerationMetrics, drafted: int, accepted: int, emitted: int, source: str | None = None) -> None:

@@ -156,7 +156,8 @@ class TableLM(CausalLM):
     def new_cache(self) -> SequenceCache:
         return SequenceCache(length=0, state=[])
 
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
         rows, hidden = [], []

@@ -59,6 +59,9 @@ class Drafter(Protocol):
     name: str = ""  # its name in the registry; costs and metrics are kept per name
     #: True for drafters that read the target's hidden states (observe() receives them)
     needs_features: bool = False
+    #: the target layers whose inputs follow the final hidden state in the features observe() receives, (m, H + A*H)
+    #: for A of them (EAGLE-3): asked of the target with each pass (CausalLM.forward), set on nothing
+    feature_layers: tuple[int, ...] = ()
     #: True for drafters that read the target's choice at every scored row, rejected drafts included (scored())
     needs_scores: bool = False
     #: True for drafters that size their own draft, a tree, from the measured costs where a step allows a tree:

@@ -32,14 +32,13 @@ class EagleDrafter(Drafter):
     needs_features = True
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
-                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
+                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True,
                  fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
-        columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
-        final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
+        name: the drafter's name (costs, metrics and select's candidates are
         kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
         sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
         the raw confidences."""
@@ -48,7 +47,9 @@ class EagleDrafter(Drafter):
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
         self.head = head  # an EagleHead or Eagle3Head, or a kernel view of one
-        self.columns = torch.arange(head.config.hidden_size) if columns is None else columns
+        H, layers = head.config.hidden_size, len(head.feature_layers)
+        # observe() gets the final state, then the inputs of the head's feature layers (EAGLE-3 reads those alone)
+        self.columns = torch.arange(H, H + H * layers) if layers else torch.arange(H)
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.fixed_size = fixed_size
         self.dtype = head.feature_dtype
@@ -59,7 +60,12 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size, self.name, self.calibration)
+                            self.fixed_size, self.name, self.calibration)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose inputs the head reads (EAGLE-3); none: the final hidden state (EAGLE-1/2)."""
+        return tuple(self.head.feature_layers)
 
     @property
     def sizes_itself(self) -> bool:
@@ -83,7 +89,8 @@ class EagleDrafter(Drafter):
         self._reset()
 
     def observe(self, features: torch.Tensor) -> None:
-        """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
+        """features (m, H + A*H): the target's final state, then the inputs of the head's A feature layers; the
+        head reads its columns, fused (m, H)."""
         mine = features.detach().to("cpu")[:, self.columns]
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
         if self.kv is None and self.request is not None:

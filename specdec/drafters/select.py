@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..costs import CostModel
 from ..policy import DraftLengthPolicy
 from ..errors import ConfigError
+from ..models.backend import feature_columns
 from ..verify import tree_children
 from ..tokens import common_prefix
 from .base import Budget, Draft, Drafter, DraftRequest
@@ -123,6 +124,8 @@ class SelectingDrafter(Drafter):
             raise ConfigError(f"drafter 'select' got the same candidate twice: {', '.join(names)}")
         self.candidates = {c.name: c for c in candidates}
         self.needs_features = any(c.needs_features for c in candidates)
+        readers = [c for c in candidates if c.needs_features]  # the layers any of them reads, each its own layout
+        self.feature_layers = tuple(dict.fromkeys(i for c in readers for i in c.feature_layers))
         self.needs_scores = any(c.needs_scores for c in candidates)
         self.history = history if history is not None else SelectionHistory()
         self.request: DraftRequest | None = None
@@ -151,9 +154,13 @@ class SelectingDrafter(Drafter):
         self.request = None
 
     def observe(self, features) -> None:
+        """features (m, H + A*H) for this drafter's feature_layers: each reader gets those of its own layers."""
+        H = features.shape[-1] // (1 + len(self.feature_layers))
         for candidate in self.candidates.values():
             if candidate.needs_features:
-                candidate.observe(features)
+                own = candidate.feature_layers
+                candidate.observe(features if own == self.feature_layers else
+                                  features[:, feature_columns(self.feature_layers, own, H)])
 
     def scored(self, draft: Draft, choices, path: list[int]) -> None:
         """To the candidate that drafted the step, where it reads every row's choice (lookahead)."""
