@@ -29,7 +29,7 @@ from .drafters.base import Drafter, DraftRequest
 from .errors import ConstraintError
 from .costs import CostModel
 from .drafting import propose_all, shared_passes
-from .policy import choose_lengths, draft_length
+from .policy import plan_alone, plan_lengths
 from .request import Request, pass_feature_layers
 from .sampling import make_generator
 
@@ -136,15 +136,15 @@ class BatchEngine:
         limit = self.speculation.max_batch_for_drafting
         if all(r.drafter is None for r in requests) or (limit is not None and len(requests) > limit):
             return [0] * len(requests)  # no drafter runs, no policy probes or counts down its pause
-        if solo:
+        if solo:  # the plan this step runs, committed: its policy's step
             r = requests[0]
-            return [draft_length(r.policy, self.costs, r.draft_cap(), r.drafter.sizes_itself, r.drafter.decides_itself)]
+            return plan_alone(r.policy, self.costs, r.draft_cap(), r.drafter.sizing).commit()
         size, left = self._idle
         if size == len(requests) and left > 0:
             self._idle = (size, left - 1)
             return [0] * len(requests)
-        lengths = choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
-                                 [shared_passes(r) for r in requests])
+        lengths = plan_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
+                               [shared_passes(r) for r in requests]).commit()
         self._idle = (len(requests), 0 if any(lengths) else IDLE_RECHECK)
         return lengths
 
@@ -152,8 +152,8 @@ class BatchEngine:
                 layers: tuple[int, ...] | None, seconds: float) -> list[int]:
         """Verifies the target's logits (1 + k, V) of a request's scored rows, rolls its cache back to the accepted
         path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H + A*H) for the
-        pass's feature `layers`: the kept rows' features) and policy observe, and hands the outcome to the request: the tokens it emitted."""
-        processed = request.logits.rows(logits, draft) if request.logits is not None else logits
+        pass's feature `layers`) and policy observe, and hands the outcome to the request: the tokens it emitted."""
+        processed = request.logits_processor.rows(logits, draft) if request.logits_processor is not None else logits
         path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead(),
                              request.acceptance)
         rows = [0] + [i + 1 for i in path]
@@ -219,7 +219,7 @@ class BatchEngine:
                 request.features = [hidden]
             request.drafter.observe(hidden)
         draft = Draft.empty()
-        processed = request.logits.rows(last, draft) if request.logits is not None else last
+        processed = request.logits_processor.rows(last, draft) if request.logits_processor is not None else last
         _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
         return request.take_first(token, last, processed, seconds)
 

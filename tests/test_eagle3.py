@@ -9,10 +9,11 @@ import torch.nn.functional as F
 
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
+from specdec.drafters.base import feature_columns
 from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
-from specdec.models.backend import check_feature_layers, feature_columns
+from specdec.models.backend import check_feature_layers
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 
 LAYERS = (2, 4, 5)  # of the tiny target's 8

@@ -194,7 +194,7 @@ class TableTreeDrafter(Drafter):
     step allows no tree, the chain of top-1 tokens."""
 
     name = "table-tree"
-    sizes_itself = True
+    sizing = "tree"
 
     def __init__(self, lm: TableLM, width: int = 2, depth: int = 2):
         self.lm, self.width, self.depth = lm, width, depth

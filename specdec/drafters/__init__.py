@@ -201,8 +201,6 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
     be EAGLE-3). The head runs on the CPU: on the kernels where they run, else in torch, in bfloat16 for a
     bfloat16 target, else float32. An EAGLE-3 head declares the target layers it reads (Drafter.feature_layers)."""
-    from pathlib import Path
-
     import torch
 
     from ..kernels import KernelUnavailable
@@ -223,7 +221,7 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
                           f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
                           f"--eagle-head DIR")
-    eagle3 = is_eagle3_folder(Path(folder))
+    eagle3 = is_eagle3_folder(folder)
     if version and not eagle3:
         raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
                           f"'eagle' for EAGLE-1/2 heads")

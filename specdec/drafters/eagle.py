@@ -29,7 +29,6 @@ from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_wi
 
 class EagleDrafter(Drafter):
     name = "eagle"
-    needs_features = True
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
                  max_depth: int = 8, max_nodes: int = 48, lookup: bool = True,
@@ -68,9 +67,9 @@ class EagleDrafter(Drafter):
         return tuple(self.head.feature_layers)
 
     @property
-    def sizes_itself(self) -> bool:
+    def sizing(self) -> str:
         """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
-        return self.tree
+        return "tree" if self.tree else "policy"
 
     def _reset(self) -> None:
         self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype)

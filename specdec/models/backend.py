@@ -55,6 +55,9 @@ class CausalLM(ABC):
     prefix_cache = None
     #: True when copy_cache works: sequences with the same prompt prefill it once.
     copies_caches: bool = False
+    #: The shape-static passes (pass_graphs.py: CUDA graphs where captured) that run its decode and verify passes,
+    #: or None: eager passes only (always, for a backend without them).
+    pass_graphs = None
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend
@@ -113,15 +116,6 @@ def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int,
     if len(set(layers)) != len(layers):
         raise ConfigError(f"feature layers repeat: {list(layers)}")
     return tuple(layers)
-
-
-def feature_columns(given: tuple[int, ...], wanted: tuple[int, ...], hidden_size: int) -> torch.Tensor:
-    """Column indices (H + len(wanted) * H,) that take, from hidden states laid out for feature layers `given`
-    (the final state, then each given layer's input: ForwardOutput.hidden), the layout for `wanted` (each of them
-    one of `given`)."""
-    H = hidden_size
-    blocks = [0] + [1 + given.index(i) for i in wanted]
-    return torch.cat([torch.arange(H) + H * block for block in blocks])
 
 
 def tree_positions(tree_mask: torch.Tensor) -> torch.Tensor:

@@ -129,7 +129,7 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     on: also on a CPU, as the same shape-static passes uncaptured; a backend other than torch refuses on."""
     check_graphs(graphs)
     backend_made = _make_backend(hf_model, info, backend, slots, max_context, graph_mode(graphs, info.device))
-    if graphs == "on" and getattr(backend_made, "pass_graphs", None) is None:
+    if graphs == "on" and backend_made.pass_graphs is None:
         raise ConfigError(f"--graphs on needs the torch backend (--backend torch), not {type(backend_made).__name__}")
     return backend_made
 
