@@ -52,7 +52,8 @@ class _Bucket:
     def __init__(self, batch: int, tokens: int, device: torch.device):
         self.shape = (batch, tokens)
         self.inputs = StaticInputs.empty(batch, tokens, device)
-        self.graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (key window, feature layers) -> (graph, its outputs)
+        self.graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
 
 
 class PassGraphs:
@@ -142,8 +143,8 @@ class PassGraphs:
             self._captured_for = state
 
     def _capture(self, bucket: _Bucket, window: int, feature_layers: tuple[int, ...]) -> None:
-        """Warms the bucket's pass over `window` key rows (returning the inputs of `feature_layers`) up on a side stream, then captures it into the shared
-        memory pool."""
+        """Warms the bucket's pass over `window` key rows (returning the inputs of `feature_layers`) up on a side
+        stream, then captures it into the shared memory pool."""
         if (window, feature_layers) in bucket.graphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))

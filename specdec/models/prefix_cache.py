@@ -42,9 +42,9 @@ class PrefixCache:
     def claim(self, prompt_ids: list[int], feature_layers: tuple[int, ...] | None = None
               ) -> tuple[SequenceCache, torch.Tensor | None] | None:
         """(a cache holding the longest stored prefix of `prompt_ids`, marked `restored`; with `feature_layers`
-        (not None), that prefix's hidden states (n, H + A*H) laid out for them, from entries that kept those). Never the prompt's last token, which the
-        prefill must score; None when no entry shares at least `min_tokens` with it. The entry is copied into a
-        free slot (freed from the least recently used other entry if need be) and kept; when it is the only one
+        (not None), that prefix's hidden states (n, H + A*H) laid out for them, from entries that kept those).
+        Never the prompt's last token, which the prefill must score; None when no entry shares at least `min_tokens`
+        with it. The entry is copied into a free slot (freed from the least recently used other entry if need be) and kept; when it is the only one
         and no slot is free, it is handed over itself."""
         limit = len(prompt_ids) - 1
         best, length = None, 0
@@ -74,8 +74,8 @@ class PrefixCache:
     def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None,
              feature_layers: tuple[int, ...] = ()) -> bool:
         """Keeps the first len(tokens) positions of a finished sequence's cache (and their hidden states
-        `features` (>= len(tokens), H + A*H) for the A `feature_layers`, for requests whose drafter reads them); False (the caller releases it)
-        when they are too few to be worth a slot or the cache keeps no entries."""
+        `features` (>= len(tokens), H + A*H) for the A `feature_layers`, for requests whose drafter reads them);
+        False (the caller releases it) when they are too few to be worth a slot or the cache keeps no entries."""
         if self.max_entries <= 0 or len(tokens) < self.min_tokens:
             return False
         for entry in list(self.entries):  # an entry this one extends is redundant (unless it alone has features)
