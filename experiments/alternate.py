@@ -46,14 +46,14 @@ def named_copy(target, copy, name: str, split_attention: bool | None = None, mod
 
     class NamedCopy(QuantizedCopyDrafter):
         def fork(self):
-            return named_copy(self.draft, self.copy, name, split_attention, module, self.passes)
+            return named_copy(self.target, self.copy, name, split_attention, module, self.passes)
 
-        def _passes(self, drafters, feeds):
+        def _passes(self, caches, starts, feeds):
             if split_attention is None:
-                return super()._passes(drafters, feeds)
+                return super()._passes(caches, starts, feeds)
             was = module.set_split_attention(split_attention)
             try:
-                return super()._passes(drafters, feeds)
+                return super()._passes(caches, starts, feeds)
             finally:
                 module.set_split_attention(was)
 
@@ -83,13 +83,14 @@ def copy_ab(args, decoder, drafters: dict) -> dict:
 
     from specdec.bench.prompts import load_prompts
     from specdec.bench.runner import machine_info
+    from specdec.choice import PLAIN, DrafterChoice
     from specdec.config import GenerationConfig
 
     for drafter in drafters.values():
         decoder.warm_up(drafter=drafter)
     prompts = load_prompts(args.prompts, args.limit)
     totals, equal = alternate(decoder, prompts, GenerationConfig(max_new_tokens=args.max_new_tokens),
-                              {"none": None, **drafters})
+                              {"none": PLAIN, **{name: DrafterChoice(d) for name, d in drafters.items()}})
     speedup = {name: totals[name]["tokens_per_s"] / totals["none"]["tokens_per_s"] for name in drafters}
     result = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "equal_to_plain": equal, "speedup_over_none": speedup, "methods": totals, "machine": machine_info()}

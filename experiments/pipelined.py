@@ -47,7 +47,7 @@ class PipelinedChain(Drafter):
     """Wraps an EagleDrafter drafting chains; see the module docstring. hits / launched count the steps whose draft
     came from the worker and the verify passes it drafted behind."""
 
-    needs_features = True
+    feature_layers = ()  # the final hidden state
 
     def __init__(self, inner: EagleDrafter, threads: int = 1):
         if inner.tree:

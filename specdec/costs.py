@@ -74,19 +74,29 @@ class CostModel:
 
 
 class SharedPasses:
-    """A drafter whose passes serve several sequences at once (the 4-bit copy drafting for a batch): its pass time
-    by rows fed (a curve like the verify one, `curve.verify_s(rows)`, measured at load and moved by every pass),
-    so that the policy charges a sequence's draft what one more row adds to a shared pass."""
+    """A drafter whose passes serve several sequences at once (the 4-bit copy drafting for a batch): its seconds per
+    pass by rows fed (measured at load, moved by every pass; read as the verify curve is: non-decreasing,
+    interpolated), so that the policy charges a sequence's draft what one more row adds to a shared pass."""
 
     def __init__(self, table: dict[int, float]):
-        self.curve = CostModel(table)
+        self.table = dict(table)  # {rows fed: seconds of one pass}
+        self._points: list[tuple[int, float]] | None = None  # the table made non-decreasing; None after a change
+
+    def pass_s(self, rows: int) -> float:
+        """Seconds of one pass over `rows` rows."""
+        if self._points is None:
+            self._points = non_decreasing(sorted(self.table.items()))
+        return interpolate(self._points, rows)
 
     def ratio(self, rows: int) -> float:
         """A pass over `rows` rows against a pass over one (0 for none)."""
-        return self.curve.verify_s(rows) / self.curve.verify_s(1) if rows > 0 else 0.0
+        return self.pass_s(rows) / self.pass_s(1) if rows > 0 else 0.0
 
-    def observe(self, rows: int, seconds: float) -> None:
-        self.curve.observe_verify(rows, seconds)
+    def observe(self, rows: int, seconds: float, weight: float = 0.1) -> None:
+        """Moves the time of a pass over `rows` rows towards `seconds` (a size seen first starts from the curve)."""
+        old = self.table.get(rows)
+        self.table[rows] = (1 - weight) * (self.pass_s(rows) if old is None else old) + weight * seconds
+        self._points = None
 
 
 def non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -113,7 +123,7 @@ def interpolate(points: list[tuple[int, float]], T: int) -> float:
     return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
 
 
-def count_step(tried: list[float], accepted: list[float], reached: int, kept: int,
+def fade_position_counts(tried: list[float], accepted: list[float], reached: int, kept: int,
                decay: float) -> tuple[list[float], list[float]]:
     """Per-position counts after a step that reached its first `reached` positions and kept its first `kept`
     drafts: earlier counts fade by `decay`, then each reached position counts one try, and a kept one an acceptance."""
@@ -143,7 +153,7 @@ class AcceptanceMemory:
             grow = reached - len(self.tried)
             self.tried += [0.0] * grow
             self.accepted += [0.0] * grow
-        self.tried, self.accepted = count_step(self.tried, self.accepted, reached, accepted, self.DECAY)
+        self.tried, self.accepted = fade_position_counts(self.tried, self.accepted, reached, accepted, self.DECAY)
 
     def start(self, k_max: int) -> tuple[list[float], list[float]]:
         """(tried, accepted) for a new policy's first k_max positions, scaled to at most START_WEIGHT steps."""

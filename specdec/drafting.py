@@ -1,7 +1,7 @@
 """A step's drafts: each running request's drafter proposes up to its draft length (the scheduler's step, before
 the verify pass), or the tokens its constraint forces next; drafters that draft several requests in shared passes
 (propose_together: the target's 4-bit copy) do so. Each request's drafting time goes to its metrics and costs.
-Shared passes are charged to the policy by what a row adds to them (policy.choose_lengths, costs.SharedPasses)."""
+Shared passes are charged to the policy by what a row adds to them (policy.plan_lengths, costs.SharedPasses)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,7 @@ import time
 import torch
 
 from .costs import SharedPasses
-from .drafters.base import Budget
+from .drafters.base import Budget, DraftJob
 from .request import Request
 from .verify import Draft
 
@@ -26,7 +26,7 @@ def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list
     for passes, members in (g for g in groups.values() if len(g[1]) > 1):
         t0 = time.perf_counter()
         made = requests[members[0]].drafter.propose_together(
-            [(requests[i].drafter, requests[i].tokens, lengths[i]) for i in members])
+            [DraftJob(requests[i].drafter, requests[i].tokens, lengths[i]) for i in members])
         seconds = time.perf_counter() - t0
         # each is charged an equal share, and its cost model learns what drafting alone would have cost it
         alone = seconds / passes.ratio(len(members))
@@ -39,14 +39,14 @@ def shared_passes(request: Request) -> SharedPasses | None:
     """The passes a request's drafts share with other requests' (the 4-bit copy drafting for greedy requests that
     no constraint steers), or None where it drafts alone."""
     drafter = request.drafter
-    return drafter.pass_sharing() if drafter is not None and request.logits is None else None
+    return drafter.pass_sharing() if drafter is not None and request.logits_processor is None else None
 
 
 def propose(request: Request, budget: Budget) -> Draft:
     """Up to budget.k drafts for the request: the tokens its constraint forces next, else its drafter's."""
     if budget.k <= 0:
         return Draft.empty()
-    if request.logits is not None and (forced := request.logits.forced(budget.k)):
+    if request.logits_processor is not None and (forced := request.logits_processor.forced(budget.k)):
         return Draft(tokens=torch.tensor(forced, dtype=torch.long))  # the text the constraint forces next
     t0 = time.perf_counter()
     draft = request.drafter.propose(request.tokens, budget)

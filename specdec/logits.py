@@ -4,7 +4,7 @@ A verify pass scores the row after the emitted text and one row per draft. Row r
 on its path (a chain's row i: drafts 0..i-1; a tree's row: its node and the node's ancestors), so each row gets the
 penalties of that text (penalties.py) and the constraint's mask after it (structured.py): the target's greedy
 choice and distribution at every position are those plain decoding would see there. Requests that ask for neither
-never reach this module (Request.logits is None).
+never reach this module (Request.logits_processor is None).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Per-request speculation metrics: one dataclass that the request fills (request.count_step); logs, Prometheus and
-benchmark JSON only read it."""
+"""Per-request speculation metrics: one dataclass that the request fills (request.count_step_metrics); logs,
+Prometheus and benchmark JSON only read it."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -16,8 +16,9 @@ compute-bound.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, replace
 
-from .costs import AcceptanceMemory, CostModel, SharedPasses, count_step
+from .costs import AcceptanceMemory, CostModel, SharedPasses, fade_position_counts
 
 PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
 PROBE_MARGIN = 0.1  # a probe must promise 10% more tokens per second than plain decoding, at the prior
@@ -67,21 +68,38 @@ class DraftLengthPolicy:
                 best_k, best_rate = k, rate
         return best_k
 
-    def choose(self) -> int:
-        """k for this sequence scored alone."""
-        return choose_lengths([self], self.costs, [self.k_max])[0]
+    def step(self) -> int:
+        """Takes one step for this sequence scored alone: its k, the step committed (plan_lengths)."""
+        return plan_lengths([self], self.costs, [self.k_max]).commit()[0]
 
-    def count_down(self) -> bool:
-        """Counts one step of a pause down (a command, not a question: the step that ends a pause forgets half the
-        evidence and decides whether the next step probes). False while speculation is paused."""
+    def turn(self, sequences: int, cap: int) -> str:
+        """What the next step is for this policy, in a pass over `sequences` sequences (a question: nothing changes
+        until take_turn): "fixed" (not adaptive: the cap), "probe" (drafts to measure again), "defer" (a probe that
+        would not pay in this pass), "wait" (a pause counting down), "pause" (no k pays: a pause starts), or
+        "draft" (a length from the estimates, allocated with the pass's other sequences)."""
+        if not self.adaptive:
+            return "fixed"
+        if self.probing:  # alone, the end of the pause judged it; in a batch, judge it in this pass
+            return "probe" if sequences == 1 or self.probe_pays(sequences, min(cap, PROBE_LENGTH)) else "defer"
         if self.paused > 0:
+            return "wait"
+        return "draft" if self.best_k(self.acceptance()) > 0 else "pause"
+
+    def take_turn(self, turn: str) -> None:
+        """Commits a step that turn() said is `turn`: a probe is spent or deferred, a pause counts down (the step
+        that ends it forgets half the evidence and decides whether the next step probes), a miss pauses."""
+        if turn in ("probe", "defer"):
+            self.probing = False
+            if turn == "defer":
+                self.defer()
+        elif turn == "wait":
             self.paused -= 1
             if self.paused == 0:
                 self.tried = [t * 0.5 for t in self.tried]
                 self.accepted = [a * 0.5 for a in self.accepted]
                 self.probing = self.best_k([self.prior] * self.k_max, cheapest=True, margin=PROBE_MARGIN) > 0
-            return False
-        return True
+        elif turn == "pause":
+            self.pause()
 
     def pause(self) -> None:
         self.paused = self.next_cooldown
@@ -108,13 +126,31 @@ class DraftLengthPolicy:
         if self.memory is not None:
             self.memory.observe(drafted, accepted, positions)
         reached = min(accepted + 1, positions, self.k_max)
-        self.tried, self.accepted = count_step(self.tried, self.accepted, reached, accepted, self.decay)
+        self.tried, self.accepted = fade_position_counts(self.tried, self.accepted, reached, accepted, self.decay)
         if accepted > 0:
             self.next_cooldown = self.first_cooldown
 
 
-def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int],
-                   shared: list[SharedPasses | None] | None = None) -> list[int]:
+@dataclass
+class LengthPlan:
+    """A step's draft lengths, and what the step is for each policy (DraftLengthPolicy.turn; None: not asked), which
+    commit() applies: the owner of the step commits the plan it runs."""
+
+    lengths: list[int]
+    policies: list[DraftLengthPolicy | None]
+    turns: list[str | None]
+
+    def commit(self) -> list[int]:
+        """Applies each policy's turn (a pause counts down, a probe is spent or deferred, a miss pauses); returns
+        the lengths. Once per step that runs the plan."""
+        for policy, turn in zip(self.policies, self.turns):
+            if turn is not None:
+                policy.take_turn(turn)
+        return self.lengths
+
+
+def plan_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int],
+                 shared: list[SharedPasses | None] | None = None) -> LengthPlan:
     """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
     drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
     drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes sequence i shares
@@ -127,29 +163,22 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
     best prefix of that order. With many sequences the pass is compute-bound, so lengths shrink, and
     speculation switches off by itself when it no longer pays. Alone, this is argmax_k E(k) / C(k).
 
-    It is also each policy's step: a pause counts down, a probe is spent or deferred, a miss pauses. Call it once
-    per step that drafts, never just to ask.
+    A question: no policy changes. The plan's commit() is each policy's step.
     """
     ks = [0] * len(policies)
+    turns: list[str | None] = [None] * len(policies)
     candidates = []
     for i, (policy, cap) in enumerate(zip(policies, caps)):
         cap = min(cap, policy.k_max) if policy is not None else 0
         if cap <= 0:
             continue
-        if not policy.adaptive:
+        turns[i] = turn = policy.turn(len(policies), cap)
+        if turn == "fixed":
             ks[i] = cap
-        elif policy.probing:  # alone, count_down() judged it; in a batch, judge it in this pass
-            policy.probing = False
-            if len(policies) == 1 or policy.probe_pays(len(policies), min(cap, PROBE_LENGTH)):
-                ks[i] = min(cap, PROBE_LENGTH)
-            else:
-                policy.defer()
-        elif policy.count_down():
-            acceptance = policy.acceptance()
-            if policy.best_k(acceptance) == 0:
-                policy.pause()
-            else:
-                candidates.append((i, cap, acceptance))
+        elif turn == "probe":
+            ks[i] = min(cap, PROBE_LENGTH)
+        elif turn == "draft":
+            candidates.append((i, cap, policy.acceptance()))
     shared = shared or [None] * len(policies)
     widths: dict[int, list[int]] = {}  # group -> how many of its sequences draft at each depth so far
 
@@ -187,16 +216,16 @@ def choose_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, c
             best_rate, best_prefix = rate, len(order)
     for i in order[:best_prefix]:
         ks[i] += 1
-    return ks
+    return LengthPlan(ks, list(policies), turns)
 
 
-def draft_length(policy: DraftLengthPolicy, costs: CostModel, cap: int, sizes_itself: bool = False,
-                 decides_itself: bool = False) -> int:
-    """k for a sequence verified alone, with at most `cap` drafts. The policy decides whether drafting pays at all
-    (pausing when it does not); a drafter that sizes its own tree from the measured costs (sizes_itself) then gets
-    the most drafts allowed. One that decides both itself (decides_itself: the select drafter, from its candidates'
-    measured speeds) gets the most allowed without asking the policy, unless drafting is fixed (not adaptive)."""
-    if decides_itself and sizes_itself and policy.adaptive:
-        return cap
-    k = choose_lengths([policy], costs, [cap])[0]
-    return cap if k > 0 and sizes_itself else k
+def plan_alone(policy: DraftLengthPolicy, costs: CostModel, cap: int, sizing: str = "policy") -> LengthPlan:
+    """The plan for a sequence verified alone, with at most `cap` drafts, for a drafter of that sizing
+    (Drafter.sizing). The policy decides whether drafting pays at all (pausing when it does not); a drafter that
+    sizes its own tree from the measured costs ("tree") then gets the most drafts allowed. One that decides both
+    itself ("drafter": select, lookahead) gets the most allowed without asking the policy, unless drafting is fixed
+    (not adaptive). A question, as plan_lengths."""
+    if sizing == "drafter" and policy.adaptive:
+        return LengthPlan([cap], [policy], [None])
+    plan = plan_lengths([policy], costs, [cap])
+    return replace(plan, lengths=[cap]) if plan.lengths[0] > 0 and sizing != "policy" else plan

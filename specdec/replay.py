@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .costs import CostModel
-from .policy import DraftLengthPolicy, choose_lengths
+from .policy import DraftLengthPolicy, plan_lengths
 from .drafters.base import Budget, Drafter, DraftRequest
 from .tokens import common_prefix
 
@@ -114,7 +114,7 @@ def replay_drafter(requests: list[dict], make: Callable[[], Drafter], name: str,
         policy = DraftLengthPolicy(limit, costs, adaptive=k is None)
         tokens, done, steps = prompt + output[:1], 1, []
         while done < len(output):
-            ks = choose_lengths([policy], costs, [min(limit, budget - done - 1)])
+            ks = plan_lengths([policy], costs, [min(limit, budget - done - 1)]).commit()
             draft, seconds = [], 0.0
             if ks[0] > 0:
                 t0 = time.perf_counter()

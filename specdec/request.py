@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .config import EXACT, GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter
+from .drafters.base import Drafter, feature_columns
 from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
 from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
@@ -53,14 +53,15 @@ class Request:
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None  # one per output token
         self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, after the prefill if asked for
         wanted = sampling.penalized or config.constraint is not None  # else the logits are used as they come
-        self.logits = LogitsProcessor(prompt_ids, config, info, tokenizer) if wanted else None
+        self.logits_processor = LogitsProcessor(prompt_ids, config, info, tokenizer) if wanted else None
         self.seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         self.generator = None if sampling.greedy else make_generator(self.seed)  # rejection sampling's draws
         self.coupled = not sampling.greedy and speculation.verifier_for(sampling) == "coupled"
         self.eos = () if config.ignore_eos else info.eos_token_ids
         self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
         self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None
-        self.needs_features = drafter is not None and drafter.needs_features
+        self.needs_features = drafter is not None and drafter.feature_layers is not None  # Drafter.observe
+        self.feature_layers = tuple(drafter.feature_layers) if self.needs_features else ()  # its drafter's layout
         self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
         self.cache = None  # the KV cache the scheduler holds for it, None once it ended
@@ -85,6 +86,12 @@ class Request:
     def draft_cap(self) -> int:
         """Most drafts worth proposing: a step emits at most k + 1 tokens."""
         return min(self.k_max, self.config.max_new_tokens - len(self.generated) - 1)
+
+    def own_features(self, hidden: torch.Tensor, given: tuple[int, ...]) -> torch.Tensor:
+        """hidden (n, H + A*H), laid out for a pass's feature layers `given`, in the layout its drafter declared."""
+        if given == self.feature_layers:
+            return hidden
+        return hidden[:, feature_columns(given, self.feature_layers, hidden.shape[-1] // (1 + len(given)))]
 
     def noise(self, positions: list[int]) -> torch.Tensor:
         """Gumbel noise fixed by (seed, position), for coupled sampling: (len(positions), V)."""
@@ -115,7 +122,7 @@ class Request:
         if self.step_log is not None:
             self.step_log.append([len(draft), len(path)])
         new = self._emit(draft.tokens[path].tolist() + [token], raw, processed, [0] + [i + 1 for i in path])
-        count_step(self.metrics, drafted=len(draft), accepted=len(path), emitted=len(new), source=draft.source)
+        count_step_metrics(self.metrics, drafted=len(draft), accepted=len(path), emitted=len(new), source=draft.source)
         return new
 
     def _emit(self, tokens: list[int], raw: torch.Tensor, processed: torch.Tensor,
@@ -141,18 +148,18 @@ class Request:
     def append(self, new: list[int]) -> list[int]:
         """Appends tokens up to the first EOS, the end of a constrained text or the length limit; marks the request
         finished there."""
-        kept = []
+        kept, processor = [], self.logits_processor
         for token in new:
             kept.append(token)
-            if token in self.eos or (self.logits is not None and self.logits.ends_text(token)):
+            if token in self.eos or (processor is not None and processor.ends_text(token)):
                 self.finished = "stop"
                 break
             if len(self.generated) + len(kept) >= self.config.max_new_tokens:
                 self.finished = "length"
                 break
         self.tokens.extend(kept)
-        if self.logits is not None:
-            self.logits.extend(kept)
+        if processor is not None:
+            processor.extend(kept)
         return kept
 
     # ---- text and the end -----------------------------------------------------------------------------
@@ -179,7 +186,15 @@ class Request:
         self.metrics.finish_reason = self.finished or reason
 
 
-def count_step(m: GenerationMetrics, drafted: int, accepted: int, emitted: int, source: str | None = None) -> None:
+def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
+    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
+    (each request then takes its own layout: Request.own_features); None where no drafter reads features."""
+    readers = [r for r in requests if r.needs_features]
+    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
+
+
+def count_step_metrics(m: GenerationMetrics, drafted: int, accepted: int, emitted: int,
+                       source: str | None = None) -> None:
     """Counts one verify step into m: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens
     output; source: the drafter a selector chose for it."""
     m.steps += 1

@@ -29,8 +29,8 @@ from .drafters.base import Drafter, DraftRequest
 from .errors import ConstraintError
 from .costs import CostModel
 from .drafting import propose_all, shared_passes
-from .policy import choose_lengths, draft_length
-from .request import Request
+from .policy import plan_alone, plan_lengths
+from .request import Request, pass_feature_layers
 from .sampling import make_generator
 
 from .verify import Draft, tree_mask, verify
@@ -115,18 +115,19 @@ class BatchEngine:
         lengths = self._draft_lengths(requests, solo)
         drafts = propose_all(requests, lengths, solo) if any(lengths) else [Draft.empty()] * len(requests)
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
+        layers = pass_feature_layers(requests)
         t0 = time.perf_counter()
         if solo:
             mask = tree_mask(drafts[0].parents) if drafts[0].parents is not None else None  # (1 + k, 1 + k)
-            outputs = [self.backend.forward(requests[0].cache, inputs[0], tree_mask=mask,
-                                            output_hidden=requests[0].needs_features)]
+            outputs = [self.backend.forward(requests[0].cache, inputs[0], tree_mask=mask, output_hidden=layers is not
+                                            None, feature_layers=layers or ())]
         else:
-            outputs = self.backend.forward_batch([r.cache for r in requests], inputs,
-                                                 output_hidden=any(r.needs_features for r in requests))
+            outputs = self.backend.forward_batch([r.cache for r in requests], inputs, output_hidden=layers is not None,
+                                                 feature_layers=layers or ())
         seconds = time.perf_counter() - t0
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
-        return events + [self._outcome(rid, r, lambda: self._verify(r, draft, out.logits, out.hidden, seconds))
+        return events + [self._outcome(rid, r, lambda: self._verify(r, draft, out.logits, out.hidden, layers, seconds))
                          for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
 
     def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
@@ -135,24 +136,24 @@ class BatchEngine:
         limit = self.speculation.max_batch_for_drafting
         if all(r.drafter is None for r in requests) or (limit is not None and len(requests) > limit):
             return [0] * len(requests)  # no drafter runs, no policy probes or counts down its pause
-        if solo:
+        if solo:  # the plan this step runs, committed: its policy's step
             r = requests[0]
-            return [draft_length(r.policy, self.costs, r.draft_cap(), r.drafter.sizes_itself, r.drafter.decides_itself)]
+            return plan_alone(r.policy, self.costs, r.draft_cap(), r.drafter.sizing).commit()
         size, left = self._idle
         if size == len(requests) and left > 0:
             self._idle = (size, left - 1)
             return [0] * len(requests)
-        lengths = choose_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
-                                 [shared_passes(r) for r in requests])
+        lengths = plan_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
+                               [shared_passes(r) for r in requests]).commit()
         self._idle = (len(requests), 0 if any(lengths) else IDLE_RECHECK)
         return lengths
 
     def _verify(self, request: Request, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,
-                seconds: float) -> list[int]:
+                layers: tuple[int, ...] | None, seconds: float) -> list[int]:
         """Verifies the target's logits (1 + k, V) of a request's scored rows, rolls its cache back to the accepted
-        path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H): the kept
-        rows' features) and policy observe, and hands the outcome to the request: the tokens it emitted."""
-        processed = request.logits.rows(logits, draft) if request.logits is not None else logits
+        path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H + A*H) for the
+        pass's feature `layers`) and policy observe, and hands the outcome to the request: the tokens it emitted."""
+        processed = request.logits_processor.rows(logits, draft) if request.logits_processor is not None else logits
         path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead(),
                              request.acceptance)
         rows = [0] + [i + 1 for i in path]
@@ -163,9 +164,10 @@ class BatchEngine:
         if request.needs_scores:  # every row's choice, rejected drafts included (lookahead's Jacobi window)
             request.drafter.scored(draft, processed.argmax(-1).cpu(), path)
         if request.needs_features:
-            request.drafter.observe(hidden[rows])
+            kept = request.own_features(hidden[rows], layers)
+            request.drafter.observe(kept)
             if request.features is not None:
-                request.features.append(hidden[rows])
+                request.features.append(kept)
         if request.policy is not None:
             request.policy.observe(len(draft), len(path), draft.positions)
         return request.take_step(draft, path, token, logits, processed, seconds)
@@ -185,11 +187,11 @@ class BatchEngine:
             if not groups:
                 continue
             leads = [members[0][1] for members in groups.values()]
+            layers = pass_feature_layers([r for members in groups.values() for _, r in members])
             t0 = time.perf_counter()
             outputs = self.backend.forward_batch([r.cache for r in leads],  # after the prefix the cache restored
                                                  [torch.tensor(r.tokens[r.cache.length:]) for r in leads],
-                                                 output_hidden=any(r.needs_features for members in groups.values()
-                                                                   for _, r in members),
+                                                 output_hidden=layers is not None, feature_layers=layers or (),
                                                  last_only=not every_row)
             seconds = time.perf_counter() - t0
             for members, lead, out in zip(groups.values(), leads, outputs):
@@ -198,25 +200,26 @@ class BatchEngine:
                 for rid, request in members:
                     self.running[rid] = request
                     events.append(self._outcome(rid, request, lambda: self._first_token(request, out.logits,
-                                                                                        out.hidden, seconds)))
+                                                                                        out.hidden, layers, seconds)))
         return events
 
     def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
-                     seconds: float) -> list[int]:
+                     layers: tuple[int, ...] | None, seconds: float) -> list[int]:
         """Chooses a request's first token from its prefill's logits, (1, V) for the last prompt token or (prompt
-        length, V) when it asked for prompt logprobs; hidden: the prompt's rows (prompt length, H), for drafters that
-        read features."""
+        length, V) when it asked for prompt logprobs; hidden: the prompt's rows (prompt length, H + A*H) for the
+        pass's feature `layers`, for drafters that read features."""
         if request.prefill_all_logits:
             request.take_prompt_logprobs(logits)
         last = logits[-1:]
         if request.needs_features:
+            hidden = request.own_features(hidden, layers)
             if request.features is not None:  # restored rows first, then the prefill's (prompt length, H) in all
                 features = request.features
                 hidden = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden
                 request.features = [hidden]
             request.drafter.observe(hidden)
         draft = Draft.empty()
-        processed = request.logits.rows(last, draft) if request.logits is not None else last
+        processed = request.logits_processor.rows(last, draft) if request.logits_processor is not None else last
         _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
         return request.take_first(token, last, processed, seconds)
 
@@ -274,7 +277,7 @@ def _claim_prefix(prefix, request: Request):
     when the request asks for every prompt row's logprobs."""
     if prefix is None or request.prefill_all_logits:
         return None
-    claimed = prefix.claim(request.tokens, features=request.needs_features)
+    claimed = prefix.claim(request.tokens, request.feature_layers if request.needs_features else None)
     if claimed is None:
         return None
     cache, features = claimed
@@ -288,13 +291,10 @@ def _park_or_release(backend, request: Request) -> None:
     prefix = backend.prefix_cache
     if prefix is not None:
         rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
-        # none where the request ended before its prefill, or where a drafter built meanwhile asked the target for
-        # more feature layers (CausalLM.add_feature_layers): its rows have two widths
-        features = request.features
-        same_width = features and len({f.shape[-1] for f in features}) == 1
-        features = torch.cat(features) if same_width else None
+        features = torch.cat(request.features) if request.features else None  # none: it ended before its prefill
         if features is not None and features.shape[0] < rows:
             features = None
-        if prefix.park(request.tokens[:rows], request.cache, features):
+        if prefix.park(request.tokens[:rows], request.cache, features, request.feature_layers):
             return
     backend.release(request.cache)
+

@@ -2,7 +2,7 @@
 import random
 
 from specdec.costs import CostModel
-from specdec.policy import DraftLengthPolicy, draft_length
+from specdec.policy import DraftLengthPolicy, plan_alone
 
 
 def flat_costs() -> CostModel:
@@ -42,16 +42,16 @@ def test_a_new_request_starts_from_what_earlier_requests_were_accepted_at():
 
     def drafts_after_two_misses(policy: DraftLengthPolicy) -> bool:
         for _ in range(2):
-            k = policy.choose()
+            k = policy.step()
             policy.observe(k, 0)
-        return policy.choose() > 0
+        return policy.step() > 0
 
     assert not drafts_after_two_misses(DraftLengthPolicy(8, CostModel(dict(costs.table))))
     rng = random.Random(0)
     for _ in range(30):  # earlier requests
         earlier = DraftLengthPolicy(8, costs)
         for _ in range(20):
-            k = earlier.choose()
+            k = earlier.step()
             earlier.observe(k, next((i for i in range(k) if rng.random() > 0.9), k))
     informed = DraftLengthPolicy(8, costs)
     assert informed.acceptance()[0] > 0.75
@@ -70,22 +70,22 @@ def test_a_tree_whose_every_level_was_accepted_counts_no_miss_below_it():
 def test_k_grows_to_the_maximum_when_everything_is_accepted():
     policy = DraftLengthPolicy(8, flat_costs())
     for _ in range(20):
-        k = policy.choose()
+        k = policy.step()
         policy.observe(k, k)
-    assert policy.choose() == 8
+    assert policy.step() == 8
 
 
 def test_speculation_switches_off_when_drafts_miss_and_retries_later():
     policy = DraftLengthPolicy(8, flat_costs())
     for _ in range(20):
-        k = policy.choose()
+        k = policy.step()
         policy.observe(k, 0)
         if k == 0:
             break
-    assert policy.choose() == 0
+    assert policy.step() == 0
     retried = False
     for _ in range(40):
-        k = policy.choose()
+        k = policy.step()
         policy.observe(k, 0)
         retried |= k > 0
     assert retried, "the policy never tried speculation again"
@@ -100,25 +100,25 @@ def test_expensive_drafts_shorten_k():
         accepted = next((i for i in range(8) if rng.random() > 0.8), 8)  # each position kept with chance 0.8
         a.observe(8, accepted)
         b.observe(8, accepted)
-    assert 0 < b.choose() < a.choose()
+    assert 0 < b.step() < a.step()
 
 
 def test_fixed_k_when_not_adaptive():
     policy = DraftLengthPolicy(5, flat_costs(), adaptive=False)
     policy.observe(5, 0)
-    assert policy.choose() == 5
+    assert policy.step() == 5
 
 
 def test_trees_size_themselves_but_stop_drafting_when_it_does_not_pay():
     """A tree drafter gets the whole cap while drafts pay, and nothing once they miss (then retries later)."""
     costs = flat_costs()
     tree = DraftLengthPolicy(6, costs)
-    assert draft_length(tree, costs, 6, sizes_itself=True) == 6
+    assert plan_alone(tree, costs, 6, sizing="tree").commit()[0] == 6
     for _ in range(30):
         tree.observe(6, 0)
-    ks = [draft_length(tree, costs, 6, sizes_itself=True) for _ in range(12)]
+    ks = [plan_alone(tree, costs, 6, sizing="tree").commit()[0] for _ in range(12)]
     assert ks[0] == 0 and 6 in ks  # paused first, then a retry with a full tree
-    assert 0 < draft_length(DraftLengthPolicy(6, costs), costs, 6) <= 6
+    assert 0 < plan_alone(DraftLengthPolicy(6, costs), costs, 6).commit()[0] <= 6
 
 
 def test_a_probe_follows_a_pause_when_only_a_stale_cost_keeps_drafting_off():
@@ -128,11 +128,11 @@ def test_a_probe_follows_a_pause_when_only_a_stale_cost_keeps_drafting_off():
     costs.observe_draft(1, 0.0001)
     costs.observe_draft(1, 20.0, weight=1.0)
     policy = DraftLengthPolicy(8, costs)
-    ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+    ks = [policy.step() for _ in range(policy.first_cooldown + 2)]
     assert ks[0] == 0 and ks[-1] > 0, ks  # paused, then the probe
     costs.observe_draft(ks[-1], ks[-1] * 0.0001, weight=1.0)  # the probe's drafts were cheap and accepted
     policy.observe(ks[-1], ks[-1])
-    assert policy.choose() > 0
+    assert policy.step() > 0
 
 
 def test_a_cheap_drafter_that_kept_missing_is_probed_after_each_pause():
@@ -143,10 +143,10 @@ def test_a_cheap_drafter_that_kept_missing_is_probed_after_each_pause():
     policy = DraftLengthPolicy(8, costs)
     for _ in range(30):
         policy.observe(8, 0)
-    ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+    ks = [policy.step() for _ in range(policy.first_cooldown + 2)]
     assert ks[0] == 0 and ks[-1] > 0, ks
     policy.observe(ks[-1], ks[-1])
-    assert policy.choose() > 0
+    assert policy.step() > 0
 
 
 def test_no_probe_when_drafts_would_not_pay_at_any_measured_cost():
@@ -157,7 +157,7 @@ def test_no_probe_when_drafts_would_not_pay_at_any_measured_cost():
     policy = DraftLengthPolicy(8, costs)
     for _ in range(20):
         policy.observe(2, 0)
-    assert [policy.choose() for _ in range(100)] == [0] * 100
+    assert [policy.step() for _ in range(100)] == [0] * 100
 
 
 def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
@@ -202,7 +202,7 @@ def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve(
 
 def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
     """Two sequences with the same acceptance in one pass: the one with costly drafts gets fewer."""
-    from specdec.policy import choose_lengths
+    from specdec.policy import plan_lengths
 
     costs = flat_costs()
     costly, cheap = costs.for_drafter("slow"), costs.for_drafter("fast")
@@ -211,7 +211,7 @@ def test_a_batch_gives_drafts_to_the_drafter_whose_drafts_are_cheap():
     for p in policies:
         for _ in range(30):
             p.observe(8, 5)
-    slow_k, fast_k = choose_lengths(policies, costs, [8, 8])
+    slow_k, fast_k = plan_lengths(policies, costs, [8, 8]).commit()
     assert fast_k > slow_k
 
 
@@ -228,14 +228,14 @@ def test_no_probe_when_drafts_would_only_just_pay_at_the_prior():
         assert (gain > PROBE_MARGIN) == probed and gain > 0
         for _ in range(20):
             policy.observe(2, 0)
-        ks = [policy.choose() for _ in range(policy.first_cooldown + 2)]
+        ks = [policy.step() for _ in range(policy.first_cooldown + 2)]
         assert (ks[-1] > 0) == probed, ks
 
 
 def test_a_probe_that_pays_alone_is_skipped_in_a_compute_bound_batch():
     """After a pause, a request drafts a probe when alone, but not in a pass over 16 sequences whose verify cost
     grows with every token (a CPU without AMX): there the probe waits for another pause, not doubled."""
-    from specdec.policy import PROBE_LENGTH, choose_lengths
+    from specdec.policy import PROBE_LENGTH, plan_lengths
 
     costs = CostModel({1: 0.010, 2: 0.0105, 4: 0.011, 8: 0.016, 16: 0.024, 32: 0.045})
     costs.observe_draft(1, 0.002)
@@ -246,7 +246,8 @@ def test_a_probe_that_pays_alone_is_skipped_in_a_compute_bound_batch():
                 policy.observe(2, 0)
             policy.pause()
         cooldown = policies[0].paused
-        ks = [choose_lengths(policies, costs, [8] * batch) for _ in range(cooldown + 1)]  # the pause, then the probe
+        ks = [plan_lengths(policies, costs, [8] * batch).commit()
+              for _ in range(cooldown + 1)]  # the pause, then the probe
         assert (ks[-1][0] == PROBE_LENGTH) == probed, ks[-1]
         if not probed:
             assert ks[-1] == [0] * batch and policies[0].paused == policies[0].next_cooldown == 2 * cooldown
@@ -258,7 +259,7 @@ def test_drafts_made_in_shared_passes_are_charged_what_a_row_adds():
     bound verify pass; charged what each row adds, it does. A copy whose passes cost as much per row as passes
     apart (ratio n) is charged as before."""
     from specdec.costs import SharedPasses
-    from specdec.policy import choose_lengths
+    from specdec.policy import plan_lengths
 
     costs = CostModel({1: 0.010, 4: 0.011, 8: 0.014, 16: 0.026, 32: 0.050})
     copy_costs = costs.for_drafter("quantized")
@@ -273,9 +274,40 @@ def test_drafts_made_in_shared_passes_are_charged_what_a_row_adds():
 
     shared = SharedPasses({1: 0.0042, 2: 0.0044, 4: 0.0058, 8: 0.0106, 16: 0.020})
     apart = SharedPasses({1: 0.0042, 2: 0.0084, 4: 0.0168, 8: 0.0336, 16: 0.0672})
-    assert choose_lengths(ready(4), costs, [8] * 4) == [0] * 4
-    assert choose_lengths(ready(4), costs, [8] * 4, [apart] * 4) == [0] * 4
-    lengths = choose_lengths(ready(4), costs, [8] * 4, [shared] * 4)
+    assert plan_lengths(ready(4), costs, [8] * 4).commit() == [0] * 4
+    assert plan_lengths(ready(4), costs, [8] * 4, [apart] * 4).commit() == [0] * 4
+    lengths = plan_lengths(ready(4), costs, [8] * 4, [shared] * 4).commit()
     assert min(lengths) > 0 and max(lengths) - min(lengths) <= 1, lengths
     # alone there is nothing to share: the same length either way
-    assert choose_lengths(ready(1), costs, [8], [shared]) == choose_lengths(ready(1), costs, [8])
+    assert plan_lengths(ready(1), costs, [8], [shared]).commit() == plan_lengths(ready(1), costs, [8]).commit()
+
+
+def test_planning_lengths_changes_no_policy_until_the_plan_is_committed():
+    """plan_lengths and plan_alone are questions: asked any number of times they give the same plan and leave every
+    policy as it was (a pause, a probe, a miss, estimates); commit() then takes the step."""
+    import copy
+
+    from specdec.policy import plan_lengths
+
+    costs = flat_costs()
+    waiting, probing, missing, drafting = (DraftLengthPolicy(6, costs) for _ in range(4))
+    waiting.pause()
+    waiting.paused = 1  # its pause ends with this step
+    probing.probing = True
+    for _ in range(30):
+        missing.observe(6, 0)
+    for _ in range(5):
+        drafting.observe(6, 6)
+    policies = [waiting, probing, missing, drafting]
+
+    def state(policy: DraftLengthPolicy) -> dict:  # all but the shared cost model it reads
+        return copy.deepcopy({k: v for k, v in vars(policy).items() if k not in ("costs", "memory")})
+
+    before = [state(p) for p in policies]
+    plans = [plan_lengths(policies, costs, [6] * 4) for _ in range(3)]
+    alone = [plan_alone(waiting, costs, 6, sizing="tree") for _ in range(3)]
+    assert [state(p) for p in policies] == before
+    assert all(p.lengths == plans[0].lengths and p.turns == plans[0].turns for p in plans)
+    assert plans[0].turns == ["wait", "probe", "pause", "draft"] and alone[0].lengths == alone[2].lengths == [0]
+    assert plans[0].commit() == plans[0].lengths
+    assert waiting.paused == 0 and not probing.probing and missing.paused > 0

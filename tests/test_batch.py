@@ -10,7 +10,7 @@ from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
 from specdec.costs import CostModel
-from specdec.policy import DraftLengthPolicy, choose_lengths
+from specdec.policy import DraftLengthPolicy, LengthPlan, plan_lengths
 from tiny import loaded, random_medusa_heads, tiny_llama
 
 
@@ -123,9 +123,9 @@ def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeyp
 
     def no_drafts(policies, costs, caps, shared=None):
         asked.append(len(policies))
-        return [0] * len(policies)
+        return LengthPlan([0] * len(policies), policies, [None] * len(policies))
 
-    monkeypatch.setattr(scheduler, "choose_lengths", no_drafts)
+    monkeypatch.setattr(scheduler, "plan_lengths", no_drafts)
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     engine = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3)).batch_engine(max_batch=3)
     for name in "abc":
@@ -162,9 +162,9 @@ def test_speculation_shrinks_as_the_batch_grows():
             out.append(p)
         return out
 
-    alone = sum(choose_lengths(policies(1), costs, [8]))
-    per_seq_2 = sum(choose_lengths(policies(2), costs, [8] * 2)) / 2
-    per_seq_16 = sum(choose_lengths(policies(16), costs, [8] * 16)) / 16
+    alone = sum(plan_lengths(policies(1), costs, [8]).commit())
+    per_seq_2 = sum(plan_lengths(policies(2), costs, [8] * 2).commit()) / 2
+    per_seq_16 = sum(plan_lengths(policies(16), costs, [8] * 16).commit()) / 16
     assert alone >= 3 and alone > per_seq_2 > per_seq_16
     assert per_seq_16 == 0  # a full compute-bound batch gains nothing from drafts
 

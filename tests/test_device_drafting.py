@@ -40,23 +40,23 @@ def _head(model, kind: str):
     if kind == "eagle":
         return _noisy(new_head(model, "tiny", torch.arange(64)), 2), target
     head = _noisy(new_eagle3_head(model, "tiny", torch.arange(1, 64, 2), feature_layers=LAYERS), 2)
-    target.backend.add_feature_layers(head.feature_layers)
     return head, target
 
 
 def _drafter(head, target, device: bool, rows: int | None = None, **options) -> EagleDrafter:
     """rows: the device path's head cache starts with room for that many rows (it grows as drafting needs)."""
-    columns = target.backend.add_feature_layers(head.feature_layers)
-    drafter = EagleDrafter(head, columns=columns, lookup=False, device_drafting=device, **options)
+    drafter = EagleDrafter(head, lookup=False, device_drafting=device, **options)
     if device and rows:
         drafter.cache = HeadCache(head.config, drafter.device, head.feature_dtype, capacity=rows)
         drafter.graphs = HeadGraphs(head, drafter.cache, capture=False)
     return drafter
 
 
-def _features(target, tokens: list[int]) -> torch.Tensor:
-    """The target's output_hidden rows (n, H') of every position of tokens."""
-    return target.backend.forward(target.backend.new_cache(), torch.tensor(tokens), output_hidden=True).hidden
+def _features(target, tokens: list[int], layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """The target's output_hidden rows (n, H + A*H) of every position of tokens: the final state, then the inputs
+    of the A feature `layers`."""
+    return target.backend.forward(target.backend.new_cache(), torch.tensor(tokens), output_hidden=True,
+                                  feature_layers=layers).hidden
 
 
 def _contexts(n: int = 40):
@@ -75,7 +75,7 @@ def _run(drafter, target, contexts, budget_of, request: DraftRequest):
     drafter.begin(request)
     drafts = []
     for context in contexts:
-        hidden = _features(target, context)
+        hidden = _features(target, context, drafter.feature_layers)
         drafter.feat = drafter.feat[:0]  # the features of this context, as if observed step by step
         drafter.observe(hidden[:-1])
         drafts.append(drafter.propose(context, budget_of(context)))
@@ -132,7 +132,7 @@ def test_device_trees_are_well_formed_and_scored_by_their_paths(model, kind, dep
     drafter = _drafter(head, target, True)
     for context in _contexts()[1::3]:
         drafter.begin(DraftRequest(prompt_ids=context))
-        drafter.observe(_features(target, context)[:-1])
+        drafter.observe(_features(target, context, drafter.feature_layers)[:-1])
         root = drafter._sync(context)
         tokens, parents, scores = (t.tolist() for t in drafter.graphs.tree(root, depth, width, nodes))
         assert len(tokens) == len(parents) == len(scores) == min(nodes, depth * width)
@@ -176,7 +176,8 @@ def test_bucketed_feed_equals_the_eager_feed(model, kind):
     equal those of one eager head pass over them, in float32, for every n up to the largest bucket."""
     head, target = _head(model, kind)
     tokens = torch.randint(0, 63, (40,), generator=torch.Generator().manual_seed(6))
-    features = head.fuse(_features(target, tokens.tolist())[:, target.backend.add_feature_layers(head.feature_layers)])
+    H = head.config.hidden_size
+    features = head.fuse(_features(target, tokens.tolist(), tuple(head.feature_layers))[:, H if head.feature_layers else 0:])
     prefix = 11  # true pairs already in the cache, fed eagerly (the prompt)
     for n in range(1, FEED_BUCKETS[-1] + 1):
         caches = [HeadCache(head.config, features.device, head.feature_dtype, capacity=16) for _ in range(2)]

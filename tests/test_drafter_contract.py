@@ -12,7 +12,7 @@ from specdec.drafters.options import (DraftModelOptions, EagleOptions, LayerSkip
                                       MedusaOptions, NgramOptions, SelectOptions, SuffixOptions)
 from specdec.errors import ConfigError
 
-MEMBERS = ("name", "needs_features", "needs_scores", "sizes_itself", "decides_itself", "begin", "propose", "observe",
+MEMBERS = ("name", "feature_layers", "needs_scores", "sizing", "begin", "propose", "observe",
            "scored", "learn", "end", "fork")
 
 

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
+from specdec.drafters.base import feature_columns
 from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
+from specdec.models.backend import check_feature_layers
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 
 LAYERS = (2, 4, 5)  # of the tiny target's 8
@@ -32,26 +34,25 @@ def test_default_feature_layers():
 @pytest.mark.parametrize("backend", ["kernels", "torch", "hf"])
 def test_the_target_returns_the_inputs_of_its_feature_layers(model, backend):
     """After the final hidden state come the inputs of the asked layers (transformers' hidden_states[i]), in the
-    order asked, in a prefill and a later batched pass alike; columns find each layer."""
+    order asked with each pass, in a prefill and a later batched pass alike; columns find each layer; a layer
+    outside the model is refused."""
     target = loaded(model, backend)
     ids = torch.tensor([1, 5, 9, 13, 2, 7])
     with torch.no_grad():
         states = model(ids[None], output_hidden_states=True).hidden_states
-    target.backend.add_feature_layers((5, 2))
-    target.backend.add_feature_layers((2, 4))  # kept with the earlier ones, not repeated
-    assert target.backend.feature_layers == (5, 2, 4)
+    asked = (5, 2, 4)
     cache = target.backend.new_cache()
-    first = target.backend.forward(cache, ids[:4], output_hidden=True).hidden
-    later = target.backend.forward_batch([cache], [ids[4:]], output_hidden=True)[0].hidden
+    first = target.backend.forward(cache, ids[:4], output_hidden=True, feature_layers=asked).hidden
+    later = target.backend.forward_batch([cache], [ids[4:]], output_hidden=True, feature_layers=asked)[0].hidden
     hidden = torch.cat([first, later]).float()
     H = model.config.hidden_size
     assert hidden.shape == (6, 4 * H)
     torch.testing.assert_close(hidden[:, :H], states[-1][0], atol=2e-4, rtol=1e-4)
-    columns = target.backend.feature_columns(LAYERS)
-    torch.testing.assert_close(hidden[:, columns], torch.cat([states[i][0] for i in LAYERS], -1), atol=2e-4,
+    columns = feature_columns(asked, LAYERS, H)
+    torch.testing.assert_close(hidden[:, columns], torch.cat([states[i][0] for i in (-1, *LAYERS)], -1), atol=2e-4,
                                rtol=1e-4)
     with pytest.raises(ConfigError, match="outside"):
-        target.backend.add_feature_layers((8,))
+        check_feature_layers((8,), target.info.num_layers)
 
 
 def write_eagle3(folder, model, draft_vocab=40, seed=5, layers=LAYERS, **tensors):
@@ -165,7 +166,7 @@ def test_an_eagle3_head_keeps_greedy_output(model, tmp_path, backend, tree):
     target = loaded(model, backend)
     write_eagle3(tmp_path / "head", model, draft_vocab=model.config.vocab_size // 2)
     drafter = create_drafter("eagle", target, eagle_head=tmp_path / "head", tree=tree)
-    assert target.backend.feature_layers == LAYERS
+    assert drafter.feature_layers == LAYERS  # declared, asked of the target with each pass
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
     assert drafted_keeping_greedy_output(decoder, target) > 0
 
@@ -280,3 +281,32 @@ def test_drafters_are_named_as_asked_and_unknown_options_are_refused(model, tmp_
         create_drafter("ngram", target, mn_n=1, max_m=3)
     # an option of another drafter is one of the shared set: the n-gram drafter does not take it
     assert create_drafter("ngram", target, eagle_head=tmp_path / "head").name == "ngram"
+
+
+def test_an_eagle3_drafter_leaves_the_shared_target_as_it_was(model, tmp_path):
+    """Building an EAGLE-3 drafter on a target changes nothing another decoder sharing it sees: the target's
+    hidden states keep their width, and an EAGLE-1 decoder on it generates the same tokens, before and after."""
+    from specdec.config import GenerationConfig
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle_head import new_head
+
+    target = loaded(model, "kernels")
+    torch.manual_seed(1)
+    other = SpecDecoder(target, EagleDrafter(new_head(target.hf_model, "tiny", torch.arange(64))),
+                        SpeculationConfig(num_speculative_tokens=4))
+    prompt, config = [1, 5, 9, 13, 2, 7, 30, 4], GenerationConfig(max_new_tokens=12, ignore_eos=True)
+
+    def width() -> int:
+        cache = target.backend.new_cache()
+        try:
+            return target.backend.forward(cache, torch.tensor(prompt), output_hidden=True).hidden.shape[-1]
+        finally:
+            target.backend.release(cache)
+
+    before, before_width = other.generate_ids(prompt, config)[0], width()
+    write_eagle3(tmp_path / "head", model, draft_vocab=model.config.vocab_size // 2)
+    eagle3 = SpecDecoder(target, create_drafter("eagle", target, eagle_head=tmp_path / "head"),
+                         SpeculationConfig(num_speculative_tokens=4))
+    assert eagle3.generate_ids(prompt, config)[0] == before  # greedy: the target's tokens either way
+    assert width() == before_width == model.config.hidden_size
+    assert other.generate_ids(prompt, config)[0] == before

@@ -206,9 +206,9 @@ def test_an_eagle_request_restores_the_prefix_with_its_hidden_states(backend):
         assert torch.equal(a, b) if backend == "kernels" else torch.allclose(a, b, atol=1e-5)
 
 
-def test_entries_kept_before_a_drafter_asked_for_more_layers_are_not_restored_with_features():
-    """An EAGLE-3 drafter built after an entry was parked reads wider features than the entry kept: the entry still
-    serves requests without features, not those with."""
+def test_entries_kept_with_the_features_of_other_layers_are_not_restored_with_features():
+    """An entry parked by an EAGLE-1 request keeps the final hidden states only: it serves requests whose drafter
+    reads those, or none, but not one that reads the inputs of other layers (an EAGLE-3 head)."""
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.eagle_head import new_head
 
@@ -219,7 +219,9 @@ def test_entries_kept_before_a_drafter_asked_for_more_layers_are_not_restored_wi
     decoder.enable_prefix_cache(4)
     prompt = _prompt(30)
     out, _ = decoder.generate_ids(prompt, GenerationConfig(max_new_tokens=8, ignore_eos=True))
-    target.backend.add_feature_layers((0, 1))
     follow_up = prompt + out + [5, 6]
-    assert target.backend.prefix_cache.claim(follow_up, features=True) is None
-    assert target.backend.prefix_cache.claim(follow_up, features=False) is not None
+    prefix = target.backend.prefix_cache
+    assert prefix.claim(follow_up, (0, 1)) is None
+    assert prefix.claim(follow_up, None) is not None
+    claimed = prefix.claim(follow_up, ())
+    assert claimed is not None and claimed[1].shape[-1] == target.info.hidden_size

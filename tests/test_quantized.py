@@ -145,7 +145,7 @@ def test_greedy_requests_share_the_copys_passes_and_its_measured_curve(model):
 
     target = loaded(model, "kernels", slots=4)
     drafter = create_drafter("quantized", target)
-    assert {1, 2, 4, 8, 16} <= set(drafter.passes.curve.table) and drafter.fork().passes is drafter.passes
+    assert {1, 2, 4, 8, 16} <= set(drafter.passes.table) and drafter.fork().passes is drafter.passes
     assert drafter.passes.ratio(0) == 0 and drafter.passes.ratio(1) == 1 <= drafter.passes.ratio(16)
     for sampling, shares in ((SamplingConfig(), True), (SamplingConfig(temperature=0.7), False),
                              (SamplingConfig(repetition_penalty=1.3), False)):
@@ -193,7 +193,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     from types import SimpleNamespace
 
     from specdec.costs import SharedPasses
-    from specdec.drafters.base import Budget, DraftRequest
+    from specdec.drafters.base import Budget, DraftJob, DraftRequest
     from specdec.drafters.quantized import QuantizedCopyDrafter
     from specdec.models.backend import SequenceCache
 
@@ -217,7 +217,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
     other_context = [7, 7, 7, 1]
     other.begin(DraftRequest(prompt_ids=other_context, target_cache=SequenceCache(length=3, slot=5)))
     copy.passes, copy.fed = 0, []
-    made = drafter.propose_together([(drafter, context, 5), (other, other_context, 2)])
+    made = drafter.propose_together([DraftJob(drafter, context, 5), DraftJob(other, other_context, 2)])
     assert [d.tokens.tolist() for d in made] == [[3, 4, 5, 6, 7], [2, 3]]
     assert copy.passes == 2
     assert copy.fed == [[(3, 7, [2, 3, 4, 5, 9]), (5, 3, [1])], [(3, 11, [6]), (5, 4, [2])]]

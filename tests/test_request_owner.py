@@ -66,7 +66,7 @@ def test_the_contracts_declare_what_the_scheduler_uses():
     from specdec.models.backend import CausalLM
 
     for name in ("begin", "propose", "observe", "scored", "learn", "end", "fork", "pass_sharing",
-                 "propose_together", "request", "needs_features", "needs_scores", "sizes_itself", "decides_itself"):
+                 "propose_together", "request", "feature_layers", "needs_scores", "sizing"):
         assert hasattr(Drafter, name), name
     for name in ("prefix_cache", "copies_caches", "enable_prefix_cache", "copy_cache", "new_cache", "release",
                  "forward", "forward_batch", "truncate", "compact"):

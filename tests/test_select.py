@@ -12,7 +12,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.metrics import GenerationMetrics
-from specdec.request import count_step
+from specdec.request import count_step_metrics
 from tiny import drafted_keeping_greedy_output, loaded, random_medusa_heads, tiny_llama
 
 
@@ -43,8 +43,9 @@ def test_a_pending_tree_follows_the_branch_the_target_took():
 class _Known(Drafter):
     """Drafts the target's known greedy continuation of one prompt (always right), or a wrong token (never)."""
 
-    def __init__(self, name: str, continuation: list[int], right: bool, needs_features: bool = False):
-        self.name, self.continuation, self.right, self.needs_features = name, continuation, right, needs_features
+    def __init__(self, name: str, continuation: list[int], right: bool, reads_features: bool = False):
+        self.name, self.continuation, self.right = name, continuation, right
+        self.feature_layers = () if reads_features else None
 
     def begin(self, request):
         super().begin(request)
@@ -65,8 +66,8 @@ def test_select_drafts_mostly_with_the_drafter_that_is_right(target, heads):
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     config = GenerationConfig(max_new_tokens=120, ignore_eos=True)
     plain, _ = SpecDecoder(target, None).generate_ids(prompt, config)
-    drafter = SelectingDrafter([_Known("wrong", plain, right=False, needs_features=heads),
-                                _Known("right", plain, right=True, needs_features=heads)])
+    drafter = SelectingDrafter([_Known("wrong", plain, right=False, reads_features=heads),
+                                _Known("right", plain, right=True, reads_features=heads)])
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=3))
     got, metrics = decoder.generate_ids(prompt, config)
     assert got == plain
@@ -105,10 +106,10 @@ def test_select_options_are_checked(target):
 
 def test_metrics_count_the_steps_of_each_chosen_drafter():
     a, b = GenerationMetrics(), GenerationMetrics()
-    count_step(a, drafted=3, accepted=1, emitted=2, source="ngram")
-    count_step(b, drafted=2, accepted=2, emitted=3, source="eagle")
-    count_step(b, drafted=2, accepted=0, emitted=1, source="ngram")
-    count_step(b, drafted=0, accepted=0, emitted=1)
+    count_step_metrics(a, drafted=3, accepted=1, emitted=2, source="ngram")
+    count_step_metrics(b, drafted=2, accepted=2, emitted=3, source="eagle")
+    count_step_metrics(b, drafted=2, accepted=0, emitted=1, source="ngram")
+    count_step_metrics(b, drafted=0, accepted=0, emitted=1)
     merged = a.merge(b)
     assert merged.drafter_steps == {"ngram": 2, "eagle": 1} and merged.steps == 4
     assert "drafted by eagle 1, ngram 2" in merged.summary()

@@ -121,8 +121,8 @@ def test_eagle3_data_holds_the_inputs_of_its_layers(data, eagle3_data):
     assert final[0]["features"].shape[-1] == target.info.hidden_size
     assert torch.equal(final[0]["labels"], seqs[0]["labels"])
     cache = target.backend.new_cache()
-    hidden = target.backend.forward(cache, seqs[0]["tokens"][:-1], output_hidden=True).hidden
-    torch.testing.assert_close(seqs[0]["features"].float(), hidden[:, target.backend.feature_columns(layers)],
+    hidden = target.backend.forward(cache, seqs[0]["tokens"][:-1], output_hidden=True, feature_layers=layers).hidden
+    torch.testing.assert_close(seqs[0]["features"].float(), hidden[:, target.info.hidden_size:],
                                atol=0.05, rtol=0.02)  # stored in bfloat16
 
 

@@ -156,7 +156,8 @@ class TableLM(CausalLM):
     def new_cache(self) -> SequenceCache:
         return SequenceCache(length=0, state=[])
 
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
         rows, hidden = [], []
@@ -193,7 +194,7 @@ class TableTreeDrafter(Drafter):
     step allows no tree, the chain of top-1 tokens."""
 
     name = "table-tree"
-    sizes_itself = True
+    sizing = "tree"
 
     def __init__(self, lm: TableLM, width: int = 2, depth: int = 2):
         self.lm, self.width, self.depth = lm, width, depth

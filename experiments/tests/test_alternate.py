@@ -69,11 +69,12 @@ def test_a_named_copy_runs_its_passes_in_the_order_it_names_and_keeps_its_name(t
             return real(on)
 
     drafter = named_copy(backend, backend.four_bit_copy(), "quantized_rows", False, Spy())
+    assert seen and set(seen[::2]) == {False} and set(seen[1::2]) == {True}  # its pass costs, measured in its order
+    seen.clear()
     cache = backend.new_cache()
     try:
         backend.forward(cache, torch.arange(1, 20))
-        drafter.cache, drafter.position = cache, 19
-        drafter._passes([drafter], [[3]])
+        drafter._passes([cache], [19], [[3]])
     finally:
         backend.release(cache)
     assert seen == [False, True] and real(True) is True  # off for the pass, then back as it was

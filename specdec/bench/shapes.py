@@ -178,7 +178,7 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) 
 def passes_run(backend) -> dict:
     """How the backend's decode passes ran: {"graphs": "cuda" (captured), "eager" (shape-static, uncaptured) or
     "off", "compiled": bool}."""
-    graphs = getattr(backend, "pass_graphs", None)
+    graphs = backend.pass_graphs
     if graphs is None:
         return {"graphs": "off", "compiled": False}
     return {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled}

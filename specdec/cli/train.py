@@ -82,6 +82,7 @@ def run(args) -> int:
     from ..models.registry import DEFAULT_MODEL, cache_root
     from ..training.datamix import (default_mix, describe, mix_fingerprint, mix_order, parse_data_spec,
                                     parse_repeats, without_families)
+    from ..models.backend import check_feature_layers
     from ..training.extract import Extractor, data_meta, generate_training_data
     from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
     from ..training.shards import ShardWriter, read_data, shards_for
@@ -102,7 +103,7 @@ def run(args) -> int:
     target = load_model(name, dtype=args.dtype, max_context=MAX_SEQUENCE)
     layers = _feature_layers(args, target)  # what the head reads (EAGLE-3), or () for the final state
     stored = _stored_layers(args, target, layers)
-    target.backend.add_feature_layers(stored)
+    check_feature_layers(stored, target.info.num_layers)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
     setting = f"-{mix_fingerprint(files, args.follow_up_every)}" + \
         (f"-t{args.temperature:g}" if args.temperature > 0 else "") + \
@@ -115,9 +116,10 @@ def run(args) -> int:
     if not items and not args.synthesize:
         raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
     meta = data_meta(target, args.max_new_tokens, args.temperature, {"mix": describe(files),
-                                                                    "follow_up_every": args.follow_up_every})
+                                                                    "follow_up_every": args.follow_up_every},
+                     stored)
     extractor = Extractor(target, args.max_new_tokens, args.batch_size, temperature=args.temperature,
-                          max_len=MAX_SEQUENCE)
+                          max_len=MAX_SEQUENCE, feature_layers=stored)
     data = extractor.run(items, ShardWriter(data_dir, meta), block=max(64, 4 * args.batch_size))
     print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens "
           f"({data['trained_tokens']} in answers)", file=sys.stderr)

@@ -157,12 +157,11 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     """The EAGLE drafter of the head in `folder` (EAGLE-1/2 or EAGLE-3, told by its files; version "3": it must
     be EAGLE-3). On a CUDA target the head drafts there in its dtype (CUDA graphs: eagle_device.py); on a CPU, on
     the kernels where they run, else in torch, in bfloat16 for a bfloat16 target, else float32. An EAGLE-3 head
-    makes the target return the inputs of the layers it reads."""
-    from pathlib import Path
-
+    declares the target layers it reads (Drafter.feature_layers)."""
     import torch
 
     from ..kernels import KernelUnavailable
+    from ..models.backend import check_feature_layers
     from .eagle import EagleDrafter
     from .calibration import Calibration
     from .eagle3_head import is_eagle3_folder, load_eagle3_head
@@ -177,22 +176,22 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
         raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
                           f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
                           f"--eagle-head DIR")
-    eagle3 = is_eagle3_folder(Path(folder))
+    eagle3 = is_eagle3_folder(folder)
     if version and not eagle3:
         raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
                           f"'eagle' for EAGLE-1/2 heads")
     head = read_head(load_eagle3_head if eagle3 else load_head, folder, target)
-    columns = target.backend.add_feature_layers(head.feature_layers)  # EAGLE-1/2: the final state
+    check_feature_layers(head.feature_layers, target.info.num_layers)  # asked of the target per pass, not set on it
     info, bfloat16 = target.info, target.info.dtype == torch.bfloat16
     if info.device.type == "cuda":
-        return EagleDrafter(head.to(info.device, info.dtype), tree=tree, columns=columns, name=name, **shape)
+        return EagleDrafter(head.to(info.device, info.dtype), tree=tree, name=name, **shape)
     if info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
             view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
-            return EagleDrafter(view, tree=tree, columns=columns, name=name, **shape)
+            return EagleDrafter(view, tree=tree, name=name, **shape)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products
-    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, columns=columns, name=name, **shape)
+    return EagleDrafter(head.to(torch.bfloat16) if bfloat16 else head, tree=tree, name=name, **shape)
 
 
 @register("medusa", MedusaOptions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -53,20 +53,39 @@ class DraftRequest:
         return int(sample(q.cpu(), self.generator))
 
 
+def feature_columns(given: tuple[int, ...], wanted: tuple[int, ...], hidden_size: int) -> torch.Tensor:
+    """Column indices (H + len(wanted) * H,) that take, from hidden states laid out for feature layers `given` (the
+    final state, then each given layer's input, as a target pass returns them), the layout for `wanted` (each of
+    them one of `given`): what observe() receives for a drafter that reads `wanted`."""
+    H = hidden_size
+    blocks = [0] + [1 + given.index(i) for i in wanted]
+    return torch.cat([torch.arange(H) + H * block for block in blocks])
+
+
+class DraftJob(NamedTuple):
+    """One request's part of propose_together: its drafter, its context (prompt + generated so far), and the most
+    tokens it drafts."""
+
+    drafter: "Drafter"
+    context: list[int]
+    k: int
+
+
 class Drafter(Protocol):
     """What every drafter is. Drafters subclass it for the defaults below (propose is theirs to write)."""
 
     name: str = ""  # its name in the registry; costs and metrics are kept per name
-    #: True for drafters that read the target's hidden states (observe() receives them)
-    needs_features: bool = False
+    #: the target's hidden states the drafter reads (observe() receives them): None, none; (), the final hidden
+    #: state (m, H); layers (A of them, EAGLE-3), that state followed by the inputs of those target layers
+    #: (m, H + A*H). Asked of the target with each pass (CausalLM.forward's feature_layers), set on nothing
+    feature_layers: tuple[int, ...] | None = None
     #: True for drafters that read the target's choice at every scored row, rejected drafts included (scored())
     needs_scores: bool = False
-    #: True for drafters that size their own draft, a tree, from the measured costs where a step allows a tree:
-    #: the engine then gives them the most drafts allowed whenever its policy says drafting pays
-    sizes_itself: bool = False
-    #: True for drafters that also decide themselves whether a step drafts at all where a tree is allowed (the
-    #: select drafter, from its candidates' measured speeds): the engine's policy is not asked then
-    decides_itself: bool = False
+    #: who sizes a step's draft where the step allows a tree (alone; in a batch the engine's policy gives k):
+    #: "policy", the engine's draft-length policy; "tree", the policy decides whether drafting pays and the drafter
+    #: then gets the most drafts allowed and sizes its tree from the measured costs; "drafter", it decides both
+    #: (select and lookahead, from their own measurements), and the policy is not asked
+    sizing: str = "policy"
     #: the request being drafted for, from begin() on (None before the first)
     request: DraftRequest | None = None
 
@@ -98,9 +117,9 @@ class Drafter(Protocol):
         where it drafts alone: the default."""
         return None
 
-    def propose_together(self, jobs: list[tuple["Drafter", list[int], int]]) -> list[Draft]:
-        """Drafts for several requests in shared passes, one (drafter, context, k) job each, where pass_sharing()
-        returned the same passes for all of them: one chain of up to k tokens each."""
+    def propose_together(self, jobs: list["DraftJob"]) -> list[Draft]:
+        """Drafts for several requests in shared passes, one job each, where pass_sharing() returned the same
+        passes for all of them: one chain of up to k tokens each."""
         raise NotImplementedError(f"drafter {self.name!r} drafts alone")
 
     def fork(self) -> "Drafter":

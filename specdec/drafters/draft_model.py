@@ -28,6 +28,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, draft: CausalLM, target_vocab_size: int, name: str = "draft-model", p_min: float = 0.0):
         self.name = name
         self.draft = draft
+        self.device = draft.info.device  # where its logits are
         self.vocab = target_vocab_size
         self.p_min = check_p_min(p_min)
         self.cache = None
@@ -57,7 +58,7 @@ class DraftModelDrafter(Drafter):
         sampling = self.request.sampling
         history = None
         if sampling.penalized:  # the request's penalties, as the target applies them: fewer rejected drafts
-            history = TokenHistory.of(self.request.prompt_ids, context, self.vocab, self.draft.info.device)
+            history = TokenHistory.of(self.request.prompt_ids, context, self.vocab, self.device)
         tokens, rows = [], []
         for i in range(k):
             logits = _fit_vocab(self._next_logits(pending).float(), self.vocab)

@@ -39,18 +39,16 @@ from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_wi
 
 class EagleDrafter(Drafter):
     name = "eagle"
-    needs_features = True
 
     def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
-                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True, columns: torch.Tensor | None = None,
+                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True,
                  fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None,
                  device_drafting: bool | None = None):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
         the prompt-lookup continuation (NgramDrafter) as one more branch, for text the answer copies.
-        columns: which columns of the target's output_hidden the head reads (CausalLM.feature_columns; None: the
-        final hidden state, the first H). name: the drafter's name (costs, metrics and select's candidates are
+        name: the drafter's name (costs, metrics and select's candidates are
         kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
         sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
         the raw confidences. device_drafting: draft greedy chains and trees with shape-static tensor code, captured
@@ -69,7 +67,9 @@ class EagleDrafter(Drafter):
         if self.device_drafting:
             self.cache = HeadCache(head.config, self.device, head.feature_dtype)
             self.graphs = HeadGraphs(head, self.cache, capture=self.device.type == "cuda")
-        self.columns = (torch.arange(head.config.hidden_size) if columns is None else columns).to(self.device)
+        H, layers = head.config.hidden_size, len(head.feature_layers)
+        # observe() gets the final state, then the inputs of the head's feature layers (EAGLE-3 reads those alone)
+        self.columns = (torch.arange(H, H + H * layers) if layers else torch.arange(H)).to(self.device)
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.fixed_size = fixed_size
         self.dtype = head.feature_dtype
@@ -80,12 +80,17 @@ class EagleDrafter(Drafter):
 
     def fork(self) -> "EagleDrafter":
         return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.columns, self.fixed_size, self.name, self.calibration, self.device_drafting)
+                            self.fixed_size, self.name, self.calibration, self.device_drafting)
 
     @property
-    def sizes_itself(self) -> bool:
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose inputs the head reads (EAGLE-3); none: the final hidden state (EAGLE-1/2)."""
+        return tuple(self.head.feature_layers)
+
+    @property
+    def sizing(self) -> str:
         """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
-        return self.tree
+        return "tree" if self.tree else "policy"
 
     def _reset(self) -> None:
         self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
@@ -107,7 +112,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
-        """features (m, H or more): the target's output_hidden rows; the head reads its columns, fused (m, H)."""
+        """features (m, H + A*H): the target's final state, then the inputs of the head's A feature layers; the
+        head reads its columns, fused (m, H)."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
         if self._past() is None and self.request is not None:

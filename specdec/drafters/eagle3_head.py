@@ -166,10 +166,10 @@ KEYS = {"fc.weight": "fc.weight", "fc.bias": "fc.bias",
         "lm_head.weight": "lm_head.weight"}
 
 
-def is_eagle3_folder(folder: Path) -> bool:
+def is_eagle3_folder(folder: str | Path) -> bool:
     """Whether folder/config.json describes an EAGLE-3 head (its architecture, or a draft vocabulary with the
     authors' aux-layer setting)."""
-    path = folder / CONFIG_FILE
+    path = Path(folder) / CONFIG_FILE
     if not path.is_file():
         return False
     try:

@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import IncompatibleDraftError
+from ..models.ops import rotate_half
 
 HEAD_FILE, CONFIG_FILE = "eagle_head.safetensors", "eagle_config.json"
 
@@ -183,8 +184,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig,
     freqs = positions[..., None].float() * inv_freq  # (B, T, hd/2), float32 whatever the head's dtype
     angles = torch.cat([freqs, freqs], dim=-1)
     cos, sin = angles.cos().to(q.dtype)[:, None], angles.sin().to(q.dtype)[:, None]  # (B, 1, T, hd)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
     new_kv = (k, v)
     if past is not None:
         k = torch.cat([past[0], k], dim=2)
@@ -198,9 +199,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig,
     return out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim), new_kv
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = True) -> EagleHead:

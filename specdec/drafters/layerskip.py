@@ -29,6 +29,8 @@ class EarlyExit(CausalLM):
     def truncate(self, cache, length: int) -> None:
         self.backend.truncate(cache, length)
 
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
         return self.backend.forward(cache, input_ids, tree_mask=tree_mask, output_hidden=output_hidden,
-                                    last_only=last_only, layers=min(layers or self.layers, self.layers))
+                                    last_only=last_only, layers=min(layers or self.layers, self.layers),
+                                    feature_layers=feature_layers)

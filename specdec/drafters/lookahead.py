@@ -127,11 +127,10 @@ class LookaheadDrafter(Drafter):
 
     name = "lookahead"
     needs_scores = True
-    #: alone (where a step allows a tree) it sizes its own tree: the window's and the trie's nodes
-    sizes_itself = True
-    #: and it decides itself whether a step runs the window, drafts a chain, or drafts nothing (the engine's
-    #: policy would judge its wide trees as chains of the same length)
-    decides_itself = True
+    #: alone (where a step allows a tree) it sizes its own tree, the window's and the trie's nodes, and decides
+    #: itself whether a step runs the window, drafts a chain, or drafts nothing (the engine's policy would judge
+    #: its wide trees as chains of the same length)
+    sizing = "drafter"
 
     def __init__(self, window: int | None = None, ngram: int | None = None, guesses: int | None = None,
                  pause: PauseState | None = None):

@@ -27,7 +27,7 @@ from .trees import LookupBranch, finish_tree, tree_width
 
 class MedusaDrafter(Drafter):
     name = "medusa"
-    needs_features = True
+    feature_layers = ()  # the final hidden state
 
     def __init__(self, heads: MedusaHeads | KernelMedusaHeads, tree: bool = True, width: int | None = None,
                  max_nodes: int = 48, lookup: bool = True, fixed_size: bool = False,
@@ -55,9 +55,9 @@ class MedusaDrafter(Drafter):
         return fork
 
     @property
-    def sizes_itself(self) -> bool:
+    def sizing(self) -> str:
         """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
-        return self.tree
+        return "tree" if self.tree else "policy"
 
     def _reset(self) -> None:
         self.seen = 0  # positions whose features arrived

@@ -15,17 +15,32 @@ bfloat16 loses more to the rounding (docs/drafters.md).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..costs import SharedPasses, time_by_size
-from .base import Budget, Draft, DraftRequest
+from .base import Budget, Draft, DraftJob, DraftRequest
 from .draft_model import DraftModelDrafter
+from .options import check_p_min
 from ..verify import greedy_choices
 from .ngram import ngram_lookup
 
 LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess the copy checks (greedy requests)
+
+
+@dataclass
+class _Job:
+    """One greedy request drafting in the shared passes of propose_together."""
+
+    index: int  # its place among the jobs
+    drafter: "QuantizedCopyDrafter"
+    context: list[int]
+    k: int  # the most tokens it drafts
+    position: int  # the position the next token fed for it takes
+    tokens: list[int] = field(default_factory=list)  # drafted so far
+    logits: torch.Tensor | None = None  # (V,) the copy's logits that chose its latest draft
 
 
 class QuantizedCopyDrafter(DraftModelDrafter):
@@ -37,13 +52,17 @@ class QuantizedCopyDrafter(DraftModelDrafter):
     def __init__(self, target, copy, p_min: float = 0.0, passes: SharedPasses | None = None):
         """target: the KernelLlama whose caches the request uses; copy: its four_bit_copy(). passes: the copy's
         pass time by rows, shared by every fork (None: measured now)."""
-        super().__init__(target, target.info.vocab_size, name="quantized", p_min=p_min)
+        self.name, self.vocab, self.p_min = "quantized", target.info.vocab_size, check_p_min(p_min)
+        self.device = target.info.device
+        self.target = target  # the copy drafts on its caches: it has none of its own
         self.copy = copy
-        self.position = 0  # the position the next fed token takes
+        self.cache = None  # the request's target cache, from begin() to end()
+        self.cached: list[int] = []  # DraftModelDrafter.propose's record of fed tokens: the copy feeds from position
+        self.position = 0  # the position the next token fed alone (a sampling request's draft) takes
         self.passes = passes or SharedPasses(self._measure_passes())
 
     def fork(self) -> "QuantizedCopyDrafter":
-        return QuantizedCopyDrafter(self.draft, self.copy, self.p_min, self.passes)
+        return QuantizedCopyDrafter(self.target, self.copy, self.p_min, self.passes)
 
     def pass_sharing(self) -> SharedPasses | None:
         """The copy's pass costs where this request drafts in passes shared with others (greedy, no penalties:
@@ -60,39 +79,40 @@ class QuantizedCopyDrafter(DraftModelDrafter):
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
-        return self.propose_together([(self, context, budget.k)])[0]
+        return self.propose_together([DraftJob(self, context, budget.k)])[0]
 
     @torch.inference_mode()
-    def propose_together(self, jobs: list[tuple["QuantizedCopyDrafter", list[int], int]]) -> list[Draft]:
-        """Drafts for requests (drafter, context, k) whose drafters share this copy. Greedy ones draft in shared
-        passes, each feeding every request's latest token (its last context token, then its latest draft) and
-        prompt lookup's guess of what follows, until each has k drafts or the copy is unsure (p_min): the part of a
-        guess the copy agrees with is drafted by the same pass. Others draft alone."""
+    def propose_together(self, jobs: list[DraftJob]) -> list[Draft]:
+        """Drafts for requests whose drafters share this copy. Greedy ones draft in shared passes, each feeding
+        every request's latest token (its last context token, then its latest draft) and prompt lookup's guess of
+        what follows, until each has k drafts or the copy is unsure (p_min): the part of a guess the copy agrees
+        with is drafted by the same pass. Others draft alone. Each job's drafter keeps its own state: the shared
+        passes' positions are this call's."""
         drafts: dict[int, Draft] = {}
-        live = []  # [index, drafter, context, drafts so far, k, last logits (V,)]
+        live: list[_Job] = []
         for i, (drafter, context, k) in enumerate(jobs):
             k = drafter._room(context, k)
             sampling = drafter.request.sampling if k > 0 else None
             if sampling is None or not sampling.greedy or sampling.penalized:
                 drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k))  # empty where k <= 0
                 continue
-            drafter.position = len(context) - 1
-            live.append([i, drafter, context, [], k, None])
+            live.append(_Job(i, drafter, context, k, position=len(context) - 1))
         active = live
         while active:
-            guesses = [_lookup(job[2] + job[3], job[4] - len(job[3]) - 1) for job in active]
-            feeds = [(job[3][-1:] or job[2][-1:]) + guess for job, guess in zip(active, guesses)]
-            for job, guess, logits in zip(active, guesses, self._passes([j[1] for j in active], feeds)):
+            guesses = [_lookup(job.context + job.tokens, job.k - len(job.tokens) - 1) for job in active]
+            feeds = [(job.tokens[-1:] or job.context[-1:]) + guess for job, guess in zip(active, guesses)]
+            passes = self._timed_passes([j.drafter.cache for j in active], [j.position for j in active], feeds)
+            for job, guess, logits in zip(active, guesses, passes):
                 choices = greedy_choices(logits).tolist()
                 agreed = 0
                 while agreed < len(guess) and choices[agreed] == guess[agreed]:
                     agreed += 1
-                job[3] += guess[:agreed] + [choices[agreed]]
-                job[5] = logits[agreed]
-                job[1].position -= len(guess) - agreed  # the copy's own token is fed next, after the agreed guesses
-            active = [j for j in active if len(j[3]) < j[4] and not j[1]._unsure(j[5], None, j[3][-1])]
-        for i, _, _, tokens, k, _ in live:
-            drafts[i] = Draft(tokens=torch.tensor(tokens[:k], dtype=torch.long))
+                job.tokens += guess[:agreed] + [choices[agreed]]
+                job.logits = logits[agreed]
+                job.position += 1 + agreed  # the copy's own token is fed next, after the agreed guesses
+            active = [j for j in active if len(j.tokens) < j.k and not j.drafter._unsure(j.logits, None, j.tokens[-1])]
+        for job in live:
+            drafts[job.index] = Draft(tokens=torch.tensor(job.tokens[:job.k], dtype=torch.long))
         return [drafts[i] for i in range(len(jobs))]
 
     def _room(self, context: list[int], k: int) -> int:
@@ -100,52 +120,51 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         target caches everything but the context's last token (which the verify pass feeds with the drafts)."""
         if self.cache is None or self.cache.length != len(context) - 1:
             return 0
-        return min(k, self.draft.max_context - len(context))
+        return min(k, self.target.max_context - len(context))
 
     def _sync(self, context: list[int]) -> list[int]:
         self.position = len(context) - 1
         return context[-1:]
 
     def _next_logits(self, pending: list[int]) -> torch.Tensor:
-        return self._passes([self], [pending])[0][-1]
+        logits = self._timed_passes([self.cache], [self.position], [pending])[0][-1]
+        self.position += len(pending)
+        return logits
 
-    def _passes(self, drafters: list["QuantizedCopyDrafter"], feeds: list[list[int]]) -> list[torch.Tensor]:
-        """One pass of the copy over each drafter's `feed` tokens from its position on, in its request's target
-        cache (past its length, where it writes the copy's keys and values), all in one call: logits (len(feed), V)
-        of each; positions move past the feeds."""
-        if not drafters:
-            return []
+    def _timed_passes(self, caches, starts: list[int], feeds: list[list[int]]) -> list[torch.Tensor]:
+        """_passes, its time observed in the copy's pass costs (shared by every fork)."""
         start = time.perf_counter()
+        logits = self._passes(caches, starts, feeds)
+        if feeds:
+            self.passes.observe(sum(len(f) for f in feeds), time.perf_counter() - start)
+        return logits
+
+    def _passes(self, caches, starts: list[int], feeds: list[list[int]]) -> list[torch.Tensor]:
+        """One pass of the copy over each feed's tokens from its start position on, in its target cache (past its
+        length, where it writes the copy's keys and values), all in one call: logits (len(feed), V) of each."""
+        if not feeds:
+            return []
         lengths = [len(f) for f in feeds]
-        starts = [d.position for d in drafters]
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)])
-        slots = torch.tensor([d.cache.slot for d in drafters])
+        slots = torch.tensor([c.slot for c in caches])
         logits, _, _ = self.copy.forward(torch.tensor([t for f in feeds for t in f]),
                                          torch.tensor([0] + lengths).cumsum(0), slots, torch.tensor(starts), positions,
-                                         _NO_MASK, self.draft.pool.keys, self.draft.pool.values,
+                                         _NO_MASK, self.target.pool.keys, self.target.pool.values,
                                          torch.arange(sum(lengths)), 0, False, _NO_LAYERS)
-        self.passes.observe(sum(lengths), time.perf_counter() - start)
-        for d, n in zip(drafters, lengths):
-            d.position += n
         return list(logits.split(lengths))
 
     @torch.inference_mode()
     def _measure_passes(self, sizes=(1, 2, 4, 8, 16), context: int = 128, repeats: int = 3) -> dict[int, float]:
         """{rows: median seconds} of the copy's pass over that many rows after `context` cached tokens."""
-        context = max(1, min(context, self.draft.max_context - max(sizes)))
-        cache = self.draft.new_cache()
+        context = max(1, min(context, self.target.max_context - max(sizes)))
+        cache = self.target.new_cache()
         try:
-            self.draft.forward(cache, torch.randint(0, self.draft.info.vocab_size, (context,)), last_only=True)
-            probe = QuantizedCopyDrafter(self.draft, self.copy, passes=SharedPasses({1: 1.0}))
-            probe.cache, probe.position = cache, context
-            feeds = {rows: torch.randint(0, self.draft.info.vocab_size, (rows,)).tolist() for rows in sizes}
-
-            def reset(_rows: int) -> None:
-                probe.position = context
-
-            return time_by_size(lambda rows: probe._passes([probe], [feeds[rows]]), reset, sizes, repeats)
+            self.target.forward(cache, torch.randint(0, self.target.info.vocab_size, (context,)), last_only=True)
+            feeds = {rows: torch.randint(0, self.target.info.vocab_size, (rows,)).tolist() for rows in sizes}
+            return time_by_size(lambda rows: self._passes([cache], [context], [feeds[rows]]), lambda _rows: None,
+                                sizes, repeats)
         finally:
-            self.draft.release(cache)
+            self.target.release(cache)
 
 
 def _lookup(tokens: list[int], k: int) -> list[int]:

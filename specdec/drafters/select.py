@@ -25,7 +25,7 @@ from ..policy import DraftLengthPolicy
 from ..errors import ConfigError
 from ..verify import tree_children
 from ..tokens import common_prefix
-from .base import Budget, Draft, Drafter, DraftRequest
+from .base import Budget, Draft, Drafter, DraftRequest, feature_columns
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128
@@ -109,11 +109,10 @@ class SelectingDrafter(Drafter):
 
     name = "select"
     #: where a step allows a tree, the selector takes the most drafts allowed and sizes each candidate's draft
-    #: itself (a tree drafter its tree, a chain drafter by its own acceptance); in batches k comes from the engine
-    sizes_itself = True
-    #: and there it decides itself whether a step drafts (from its candidates' measured speeds), instead of the
-    #: engine's policy, which would judge a mix of trees and chains as one drafter
-    decides_itself = True
+    #: itself (a tree drafter its tree, a chain drafter by its own acceptance), and decides itself whether a step
+    #: drafts (from its candidates' measured speeds), instead of the engine's policy, which would judge a mix of
+    #: trees and chains as one drafter; in batches k comes from the engine
+    sizing = "drafter"
 
     def __init__(self, candidates: list[Drafter], history: SelectionHistory | None = None):
         if not candidates:
@@ -122,7 +121,8 @@ class SelectingDrafter(Drafter):
         if len(set(names)) != len(names):
             raise ConfigError(f"drafter 'select' got the same candidate twice: {', '.join(names)}")
         self.candidates = {c.name: c for c in candidates}
-        self.needs_features = any(c.needs_features for c in candidates)
+        readers = [c for c in candidates if c.feature_layers is not None]  # each gets its own layout (observe)
+        self.feature_layers = tuple(dict.fromkeys(i for c in readers for i in c.feature_layers)) if readers else None
         self.needs_scores = any(c.needs_scores for c in candidates)
         self.history = history if history is not None else SelectionHistory()
         self.request: DraftRequest | None = None
@@ -151,9 +151,13 @@ class SelectingDrafter(Drafter):
         self.request = None
 
     def observe(self, features) -> None:
+        """features (m, H + A*H) for this drafter's feature_layers: each reader gets those of its own layers."""
+        H = features.shape[-1] // (1 + len(self.feature_layers))
         for candidate in self.candidates.values():
-            if candidate.needs_features:
-                candidate.observe(features)
+            own = candidate.feature_layers
+            if own is not None:
+                candidate.observe(features if own == self.feature_layers else
+                                  features[:, feature_columns(self.feature_layers, own, H)])
 
     def scored(self, draft: Draft, choices, path: list[int]) -> None:
         """To the candidate that drafted the step, where it reads every row's choice (lookahead)."""
@@ -169,7 +173,7 @@ class SelectingDrafter(Drafter):
         """Whether a candidate also drafts in the shadow when not chosen: one that reads only the context (not the
         target's features, nor its choices at the drafted rows)."""
         candidate = self.candidates[name]
-        return not (candidate.needs_features or candidate.needs_scores)
+        return candidate.feature_layers is None and not candidate.needs_scores
 
     # ---- a step -----------------------------------------------------------------------------------
     def propose(self, context: list[int], budget: Budget) -> Draft:
@@ -205,7 +209,7 @@ class SelectingDrafter(Drafter):
     def _length(self, name: str, budget: Budget) -> int:
         """Drafts a chain candidate's real step would hold: k in batches and for tree drafters, else the length its
         own acceptance and costs favour (0: a plain step)."""
-        if not budget.tree or self.candidates[name].sizes_itself or not self.request.adaptive:
+        if not budget.tree or self.candidates[name].sizing != "policy" or not self.request.adaptive:
             return budget.k
         return min(budget.k, self.policies[name].best_k())
 

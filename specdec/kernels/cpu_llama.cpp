@@ -18,7 +18,7 @@
 //
 // One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
 // and linear()), row_ops.h (norms, RoPE, SwiGLU, softmax numerators), kv_cache.h, attention.h, attention_split.h
-// (a drafting copy's), this file's model, and head_layer.h (a drafter head's layer).
+// (a drafting copy's), this file's model, head_layer.h (a drafter head's layer), and bindings.h (the Python module).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -282,35 +282,4 @@ class CpuLlama {
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // module_local: an AVX2 and an AVX-512 build may share one process (tests compare them)
-  pybind11::class_<CpuLlama>(m, "CpuLlama", pybind11::module_local())
-      .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor, std::vector<int64_t>, std::vector<torch::Tensor>,
-                          std::vector<int64_t>, std::vector<double>, bool, bool>())
-      .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("compact", &CpuLlama::compact)
-      .def_static("matmul", &CpuLlama::matmul);
-  m.def("quantized_matmul", [](torch::Tensor x, torch::Tensor w, int64_t bits) {
-    return product(x, make_quantized_weight(w, static_cast<int>(bits)));
-  }, "x (M, K) @ w (N, K)^T, w in groups of 32 of `bits` 4 or 8, x rounded to int8 (a drafting copy's products)");
-  m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
-  m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },
-        "turns the AMX products on or off (for comparisons); returns the previous setting");
-  m.def("set_split_attention", [](bool on) {
-    const bool was = split_attention_enabled;
-    split_attention_enabled = on;
-    return was;
-  }, "a drafting copy's attention by pieces of keys (on) or in the target's order (off), for comparisons; returns "
-     "the previous setting");
-  pybind11::class_<PackedLinear>(m, "PackedLinear", pybind11::module_local())
-      .def(pybind11::init<torch::Tensor, torch::Tensor, bool>(), pybind11::arg("weight"), pybind11::arg("bias"),
-           pybind11::arg("bf16_dot"))
-      .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def_property_readonly("out_features", &PackedLinear::out_features)
-      .def_property_readonly("in_features", &PackedLinear::in_features);
-  pybind11::class_<HeadLayer>(m, "HeadLayer", pybind11::module_local())
-      .def(pybind11::init<std::vector<int64_t>, double, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor, bool>())
-      .def("forward", &HeadLayer::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
-}
+#include "bindings.h"

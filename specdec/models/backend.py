@@ -17,7 +17,7 @@ import torch
 class ForwardOutput:
     logits: torch.Tensor  # (T, V) for the scored positions, in the model's dtype
     # (T, H) final hidden state, after the final norm (the LM head's input); with feature layers (A of them),
-    # (T, H + A*H): that state, then the input of each feature layer in turn (see CausalLM.feature_layers)
+    # (T, H + A*H): that state, then the input of each feature layer in turn (CausalLM.forward's feature_layers)
     hidden: torch.Tensor | None = None
 
 
@@ -50,15 +50,14 @@ class CausalLM(ABC):
     info: ModelInfo
     #: True when one forward over several sequences (forward_batch) is a real batched pass.
     batched: bool = False
-    #: Layers whose input (the residual stream before layer i: transformers' hidden_states[i]) follows the final
-    #: hidden state in ForwardOutput.hidden, for heads that read several depths (EAGLE-3). Set with
-    #: add_feature_layers; empty: the final hidden state alone.
-    feature_layers: tuple[int, ...] = ()
     #: The prefix cache (prefix_cache.py) that keeps finished sequences' caches for later prompts with the same
     #: beginning, once enable_prefix_cache made one; None: none (always, for a backend without cache slots).
     prefix_cache = None
     #: True when copy_cache works: sequences with the same prompt prefill it once.
     copies_caches: bool = False
+    #: The shape-static passes (pass_graphs.py: CUDA graphs where captured) that run its decode and verify passes,
+    #: or None: eager passes only (always, for a backend without them).
+    pass_graphs = None
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend
@@ -69,24 +68,6 @@ class CausalLM(ABC):
         """dst (a fresh cache) gets src's first `length` keys and values (default: all); where copies_caches."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy a cache")
 
-    def add_feature_layers(self, layers: tuple[int, ...]) -> torch.Tensor:
-        """Makes `layers` part of every output_hidden from now on (kept with those asked for before, in order
-        of request) and returns their columns there (feature_columns)."""
-        from ..errors import ConfigError
-
-        bad = [i for i in layers if not 0 <= i < self.info.num_layers]
-        if bad:
-            raise ConfigError(f"feature layer {bad[0]} is outside the target's {self.info.num_layers} layers")
-        self.feature_layers = self.feature_layers + tuple(i for i in layers if i not in self.feature_layers)
-        return self.feature_columns(layers)
-
-    def feature_columns(self, layers: tuple[int, ...]) -> torch.Tensor:
-        """Column indices (len(layers) * H,) of those layers' inputs, in that order, in an output_hidden tensor;
-        for no layers, the final hidden state's (H,)."""
-        H = self.info.hidden_size
-        blocks = [1 + self.feature_layers.index(i) for i in layers] or [0]
-        return torch.cat([torch.arange(H) + H * block for block in blocks])
-
     @abstractmethod
     def new_cache(self) -> SequenceCache: ...
 
@@ -95,13 +76,17 @@ class CausalLM(ABC):
 
     @abstractmethod
     def forward(self, cache: SequenceCache, input_ids: torch.Tensor, *, tree_mask: torch.Tensor | None = None,
-                output_hidden: bool = False, last_only: bool = False, layers: int | None = None) -> ForwardOutput:
+                output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
+                feature_layers: tuple[int, ...] = ()) -> ForwardOutput:
         """Scores `input_ids` (T,) appended to the cache, and caches their keys and values.
 
         Token t sits at position cache.length + t, or with a tree_mask (T, T) bool (row t: which new
         tokens token t sees, itself included) at cache.length + depth(t), depth = ancestors seen.
         Returns logits (T, V), or (1, V) for the last token with last_only. cache.length grows by T.
         layers: run only the first `layers` decoder layers, then the final norm and LM head (early exit).
+        output_hidden: also return the final hidden state (T, H), followed by the inputs of `feature_layers` (the
+        residual stream before layer i: transformers' hidden_states[i]), (T, H + A*H) for A of them, in that order,
+        for heads that read several depths (EAGLE-3). Asked for per call: the model keeps no such setting.
         """
 
     @abstractmethod
@@ -113,12 +98,24 @@ class CausalLM(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compact a tree into a path")
 
     def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
-                      output_hidden: bool = False, last_only: bool = False,
-                      layers: int | None = None) -> list[ForwardOutput]:
+                      output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
+                      feature_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
         """Scores several sequences (last_only: logits (1, V) of each one's last token, as for a prefill);
         the default runs them one after another."""
-        return [self.forward(c, ids, output_hidden=output_hidden, last_only=last_only, layers=layers)
-                for c, ids in zip(caches, input_ids)]
+        return [self.forward(c, ids, output_hidden=output_hidden, last_only=last_only, layers=layers,
+                             feature_layers=feature_layers) for c, ids in zip(caches, input_ids)]
+
+
+def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """`layers` as a tuple, when each is one of the model's `num_layers` layers and none repeats; else ConfigError."""
+    from ..errors import ConfigError
+
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ConfigError(f"feature layer {bad[0]} is outside the target's {num_layers} layers")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"feature layers repeat: {list(layers)}")
+    return tuple(layers)
 
 
 def tree_positions(tree_mask: torch.Tensor) -> torch.Tensor:
@@ -139,7 +136,8 @@ class HFBackend(CausalLM):
         return SequenceCache(length=0, state=DynamicCache(config=self.model.config))
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
         if layers is not None:
             from ..errors import ConfigError
 
@@ -165,7 +163,7 @@ class HFBackend(CausalLM):
         hidden = None
         if output_hidden:
             states = out.hidden_states
-            hidden = torch.cat([states[-1][0]] + [states[i][0] for i in self.feature_layers], dim=-1)
+            hidden = torch.cat([states[-1][0]] + [states[i][0] for i in feature_layers], dim=-1)
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
 
     def truncate(self, cache, length):

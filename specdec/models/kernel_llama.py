@@ -143,7 +143,8 @@ class KernelLlama(PooledCaches, CausalLM):
         cache.length = start + len(keep)
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
         ids = input_ids.reshape(-1).to(torch.long).cpu()
         T = ids.numel()
         if tree_mask is not None:
@@ -153,17 +154,19 @@ class KernelLlama(PooledCaches, CausalLM):
             positions = torch.arange(cache.length, cache.length + T)
             masks = torch.empty(0, dtype=torch.uint8)
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
-        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden)
+        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers)
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
+                      feature_layers=()):
         fresh = [_first_pass(c) for c in caches]
         if self.bf16_prefill and not self.bf16_products and any(fresh) and not all(fresh):
             # first passes and later ones multiply differently: two passes, each as it would run alone
             parts = [[i for i, f in enumerate(fresh) if f == want] for want in (True, False)]
             outs = [self.forward_batch([caches[i] for i in part], [input_ids[i] for i in part],
-                                       output_hidden=output_hidden, last_only=last_only, layers=layers)
+                                       output_hidden=output_hidden, last_only=last_only, layers=layers,
+                                       feature_layers=feature_layers)
                     for part in parts]
             merged = dict(zip(parts[0] + parts[1], outs[0] + outs[1]))
             return [merged[i] for i in range(len(caches))]
@@ -173,7 +176,7 @@ class KernelLlama(PooledCaches, CausalLM):
         ends = torch.tensor(lengths).cumsum(0)
         rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
         logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers,
-                                   output_hidden)
+                                   output_hidden, feature_layers)
         out = []
         for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
             scored = logits[s:s + 1] if last_only else logits[end - n:end]
@@ -181,14 +184,14 @@ class KernelLlama(PooledCaches, CausalLM):
         return out
 
     def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None,
-             output_hidden: bool = False):
-        """One kernel pass; hidden holds the feature layers' inputs too when output_hidden (and no early exit)."""
+             output_hidden: bool = False, feature_layers: tuple[int, ...] = ()):
+        """One kernel pass; hidden holds the inputs of feature_layers too when output_hidden (and no early exit)."""
         offsets = torch.tensor([0] + lengths).cumsum(0)
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
         bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
-        aux_layers = torch.tensor(self.feature_layers if output_hidden and not layers else (), dtype=torch.long)
+        aux_layers = torch.tensor(feature_layers if output_hidden and not layers else (), dtype=torch.long)
         logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                                  torch.tensor([c.length for c in caches]), positions.to(torch.long),
                                                  masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,

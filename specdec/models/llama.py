@@ -117,17 +117,19 @@ class FastLlama(PooledCaches, CausalLM):
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None):
-        static = self._static([cache], [input_ids], tree_mask, last_only, layers, output_hidden)
+    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
+                feature_layers=()):
+        static = self._static([cache], [input_ids], tree_mask, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return ForwardOutput(logits=static[0][0], hidden=static[0][1] if output_hidden else None)
         out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
-                                           output_hidden, last_only, layers)
+                                           output_hidden, last_only, layers, feature_layers)
         return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None):
-        static = self._static(caches, input_ids, None, last_only, layers, output_hidden)
+    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
+                      feature_layers=()):
+        static = self._static(caches, input_ids, None, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]
         lengths = [ids.numel() for ids in input_ids]
@@ -138,28 +140,31 @@ class FastLlama(PooledCaches, CausalLM):
             # would mostly compute padding (prompts of unequal lengths)
             outs = {i: out for group in groups for i, out in zip(group, self.forward_batch(
                 [caches[i] for i in group], [input_ids[i] for i in group], output_hidden=output_hidden,
-                last_only=last_only, layers=layers))}
+                last_only=last_only, layers=layers, feature_layers=feature_layers))}
             return [outs[i] for i in range(len(caches))]
         T = max(lengths)
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
             padded[b, : lengths[b]] = ids.to(self.info.device)
-        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, last_only, layers)
+        logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, last_only, layers, feature_layers)
         return [ForwardOutput(logits=logits[b] if last_only else logits[b, : lengths[b]],
                               hidden=None if hidden is None else hidden[b, : lengths[b]])
                 for b in range(len(caches))]
 
-    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None, output_hidden: bool):
+    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None, output_hidden: bool,
+                feature_layers: tuple[int, ...] = ()):
         """Each row's (logits, hidden) from a shape-static pass (pass_graphs.py), or None where the eager forward
         runs: graphs off, a prefill's last_only, an early exit, or a pass that fits no bucket."""
         if self.pass_graphs is None or last_only or layers is not None:
             return None
-        return self.pass_graphs.run(caches, input_ids, tree_mask, output_hidden)
+        return self.pass_graphs.run(caches, input_ids, tree_mask, output_hidden, feature_layers)
 
     def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
-                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None):
+                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None,
+                 feature_layers: tuple[int, ...] = ()):
         """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T, V), or (B, 1, V) of each
-        row's last valid token with last_only, and hidden (B, T, H)."""
+        row's last valid token with last_only, and hidden (B, T, H + A*H): the final state, then the inputs of the A
+        feature_layers."""
         device = self.info.device
         ids = ids.to(device)
         B, T = ids.shape
@@ -190,7 +195,7 @@ class FastLlama(PooledCaches, CausalLM):
             x = x * self.embed_scale
         feature_inputs = {}  # layer -> its input x (B, T, H), for feature_layers
         for li, layer in enumerate(self.layers[:layers]):
-            if output_hidden and not layers and li in self.feature_layers:
+            if output_hidden and not layers and li in feature_layers:
                 feature_inputs[li] = x
             mask, row_masks = masks[layer.window]
             q, k, v = self._qkv(layer, x, *angles[layer.rope_kind])
@@ -213,7 +218,7 @@ class FastLlama(PooledCaches, CausalLM):
         x = self._final_norm(x)
         hidden = None
         if output_hidden:
-            hidden = torch.cat([x] + [feature_inputs[i] for i in self.feature_layers if i in feature_inputs], dim=-1)
+            hidden = torch.cat([x] + [feature_inputs[i] for i in feature_layers if i in feature_inputs], dim=-1)
         if last_only:  # the LM head runs on each row's last token only
             x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
         logits = _soft_cap(self.lm_head(x), self.family.logit_softcap)

@@ -151,7 +151,7 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     compiled = compile_mode(compile, mode)
     backend_made = _make_backend(hf_model, info, backend, slots, max_context, mode, compiled)
     for option, value in (("graphs", graphs), ("compile", compile)):
-        if value == "on" and getattr(backend_made, "pass_graphs", None) is None:
+        if value == "on" and backend_made.pass_graphs is None:
             raise ConfigError(f"--{option} on needs the torch backend (--backend torch), not "
                               f"{type(backend_made).__name__}")
     return backend_made

@@ -49,14 +49,16 @@ def key_windows(capacity: int, smallest: int = MIN_WINDOW) -> tuple[int, ...]:
 
 
 class _Bucket:
-    """One pass shape (B, T): its static inputs (written from the host, host_inputs.py) and, per key window once
-    captured, its graph and the outputs the graph writes on each replay: (logits (B, T, V), hidden (B, T, H'))."""
+    """One pass shape (B, T): its static inputs (written from the host, host_inputs.py) and, per (key window,
+    feature layers) once captured, its graph and the outputs the graph writes on each replay: (logits (B, T, V),
+    hidden (B, T, H + A*H))."""
 
     def __init__(self, batch: int, tokens: int, scratch_row: int, device: torch.device):
         self.shape = (batch, tokens)
         self.host = HostInputs(batch, tokens, scratch_row, device)
         self.inputs = self.host.device
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (key window, feature layers) -> (graph, its outputs)
+        self.graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
 
 
 class PassGraphs:
@@ -80,7 +82,7 @@ class PassGraphs:
         self.token_counts = tuple(sorted(token_counts))
         self.windows = key_windows(model.pool.capacity, min_window)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._captured_for = None  # (pool tensor, feature layers) that the captured graphs read
+        self._captured_for = None  # the pool tensor that the captured graphs read
         self._memory_pool = None
 
     def bucket_shape(self, rows: int, tokens: int) -> tuple[int, int] | None:
@@ -89,11 +91,12 @@ class PassGraphs:
         return None if batch is None or count is None else (batch, count)
 
     def run(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], tree_mask: torch.Tensor | None = None,
-            output_hidden: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
+            output_hidden: bool = True, feature_layers: tuple[int, ...] = ()
+            ) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
         """Scores input_ids[b] (n_b,) appended to caches[b] (tree_mask (n, n) bool: one row's tree); advances the
-        caches' lengths. Returns each row's (logits (n_b, V), hidden (n_b, H'), None unless output_hidden), or None
-        (nothing run) when the pass fits no bucket or would run past the cache's end (the eager forward then runs,
-        and raises)."""
+        caches' lengths. Returns each row's (logits (n_b, V), hidden (n_b, H + A*H): the final state, then the inputs
+        of the A feature_layers; None unless output_hidden), or None (nothing run) when the pass fits no bucket or
+        would run past the cache's end (the eager forward then runs, and raises)."""
         counts = [int(ids.numel()) for ids in input_ids]
         shape = self.bucket_shape(len(caches), max(counts))
         if shape is None or min(counts) == 0 or any(
@@ -102,7 +105,7 @@ class PassGraphs:
         bucket = self._bucket(shape)
         bucket.host.fill(caches, input_ids, tree_mask)
         window = smallest_fitting(self.windows, max(c.length + n for c, n in zip(caches, counts)))
-        logits, hidden = self._execute(bucket, window)
+        logits, hidden = self._execute(bucket, window, tuple(feature_layers))
         for cache, n in zip(caches, counts):
             cache.length += n
         if not output_hidden:
@@ -120,7 +123,7 @@ class PassGraphs:
         self._check_captured_state()
         for shape in sorted(((b, t) for b in self.batch_sizes for t in self.token_counts),
                             key=lambda s: s[0] * s[1], reverse=True):
-            self._capture(self._bucket(shape), self.windows[0])
+            self._capture(self._bucket(shape), self.windows[0], ())
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _bucket(self, shape: tuple[int, int]) -> _Bucket:
@@ -128,36 +131,36 @@ class PassGraphs:
             self._buckets[shape] = _Bucket(*shape, self.model.pool.capacity - 1, self.model.info.device)
         return self._buckets[shape]
 
-    def _execute(self, bucket: _Bucket, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _execute(self, bucket: _Bucket, window: int, feature_layers: tuple[int, ...]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
-            return static_pass(self.model, bucket.inputs, window, self.model.feature_layers, self.steps)
+            return static_pass(self.model, bucket.inputs, window, feature_layers, self.steps)
         self._check_captured_state()
-        if window not in bucket.graphs:
+        if (window, feature_layers) not in bucket.graphs:
             live = StaticInputs.empty(*bucket.shape, self.model.info.device)
             live.copy_(bucket.inputs)  # capture runs the pass on padding inputs, which write scratch rows only
-            self._capture(bucket, window)
+            self._capture(bucket, window, feature_layers)
             bucket.inputs.copy_(live)
-        graph, outputs = bucket.graphs[window]
+        graph, outputs = bucket.graphs[window, feature_layers]
         graph.replay()
         return outputs
 
     def _check_captured_state(self) -> None:
-        """Drops every graph when the pool's tensors or the feature layers differ from those captured."""
-        state = (self.model.pool.keys.data_ptr(), self.model.feature_layers)
+        """Drops every graph when the pool's tensors differ from those captured."""
+        state = self.model.pool.keys.data_ptr()
         if state != self._captured_for:
             for bucket in self._buckets.values():
                 bucket.graphs.clear()
             self._memory_pool = torch.cuda.graph_pool_handle()
             self._captured_for = state
 
-    def _capture(self, bucket: _Bucket, window: int) -> None:
-        """Warms the bucket's pass over `window` key rows up on a side stream, then captures it into the shared
-        memory pool."""
-        if window in bucket.graphs:
+    def _capture(self, bucket: _Bucket, window: int, feature_layers: tuple[int, ...]) -> None:
+        """Warms the bucket's pass over `window` key rows (returning the inputs of `feature_layers`) up on a side
+        stream, then captures it into the shared memory pool."""
+        if (window, feature_layers) in bucket.graphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))
-        run = lambda: static_pass(self.model, bucket.inputs, window, self.model.feature_layers,  # noqa: E731
-                                  self.steps)
+        run = lambda: static_pass(self.model, bucket.inputs, window, feature_layers, self.steps)  # noqa: E731
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -167,7 +170,7 @@ class PassGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._memory_pool):
             outputs = run()
-        bucket.graphs[window] = (graph, outputs)
+        bucket.graphs[window, feature_layers] = (graph, outputs)
 
 
 def padded_inputs(shape: tuple[int, int], caches: list[SequenceCache], input_ids: list[torch.Tensor],

@@ -23,7 +23,8 @@ MIN_PREFIX_TOKENS = 16  # shorter matches are prefilled: a copy of the slot's ro
 class _Entry:
     tokens: list[int]  # the token ids whose keys and values cache.slot holds, at positions 0..len-1
     cache: SequenceCache
-    features: torch.Tensor | None = None  # (len(tokens), H) the target's final hidden states, when they were kept
+    features: torch.Tensor | None = None  # (len(tokens), H + A*H) the target's hidden states, when they were kept
+    feature_layers: tuple[int, ...] = ()  # the A layers whose inputs follow the final state in `features`
 
 
 class PrefixCache:
@@ -38,19 +39,19 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def claim(self, prompt_ids: list[int], features: bool = False
+    def claim(self, prompt_ids: list[int], feature_layers: tuple[int, ...] | None = None
               ) -> tuple[SequenceCache, torch.Tensor | None] | None:
-        """(a cache holding the longest stored prefix of `prompt_ids`, marked `restored`; with `features`, that
-        prefix's hidden states (n, H), from entries that kept them). Never the prompt's last token, which the
-        prefill must score; None when no entry shares at least `min_tokens` with it. The entry is copied into a
-        free slot (freed from the least recently used other entry if need be) and kept; when it is the only one
+        """(a cache holding the longest stored prefix of `prompt_ids`, marked `restored`; with `feature_layers`
+        (not None), that prefix's hidden states (n, H + A*H) laid out for them, from entries that kept those).
+        Never the prompt's last token, which the prefill must score; None when no entry shares at least `min_tokens`
+        with it. The entry is copied into a free slot (freed from the least recently used other entry if need be) and kept; when it is the only one
         and no slot is free, it is handed over itself."""
         limit = len(prompt_ids) - 1
         best, length = None, 0
-        width = self.backend.info.hidden_size * (1 + len(self.backend.feature_layers))
+        features = feature_layers is not None
         for entry in self.entries:
-            if features and (entry.features is None or entry.features.shape[-1] != width):
-                continue  # kept without features, or before a drafter asked the target for more layers
+            if features and (entry.features is None or entry.feature_layers != tuple(feature_layers)):
+                continue  # kept without features, or with those of other layers
             n = common_prefix(entry.tokens, prompt_ids, limit)
             if n > length:
                 best, length = entry, n
@@ -70,10 +71,11 @@ class PrefixCache:
         cache.restored = True
         return cache, best.features[:length] if features else None
 
-    def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None) -> bool:
+    def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None,
+             feature_layers: tuple[int, ...] = ()) -> bool:
         """Keeps the first len(tokens) positions of a finished sequence's cache (and their hidden states
-        `features` (>= len(tokens), H), for requests whose drafter reads them); False (the caller releases it)
-        when they are too few to be worth a slot or the cache keeps no entries."""
+        `features` (>= len(tokens), H + A*H) for the A `feature_layers`, for requests whose drafter reads them);
+        False (the caller releases it) when they are too few to be worth a slot or the cache keeps no entries."""
         if self.max_entries <= 0 or len(tokens) < self.min_tokens:
             return False
         for entry in list(self.entries):  # an entry this one extends is redundant (unless it alone has features)
@@ -82,7 +84,7 @@ class PrefixCache:
                 self._drop(entry)
         self.backend.truncate(cache, len(tokens))
         kept = None if features is None else features[: len(tokens)]
-        self.entries.append(_Entry(list(tokens), cache, kept))
+        self.entries.append(_Entry(list(tokens), cache, kept, tuple(feature_layers)))
         while len(self.entries) > self.max_entries:
             self.evict_oldest()
         return True

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.backend import check_feature_layers
 from ..sampling import tempered_logits
 from .datamix import Item
 from .shards import TOPK, ShardWriter
@@ -26,7 +27,8 @@ def summarize(logits: torch.Tensor, k: int = TOPK):
 
 
 def decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...],
-                 temperature: float = 0.0, seeds=None, keep_features: bool = True, prefill_tokens: int = 4096):
+                 temperature: float = 0.0, seeds=None, keep_features: bool = True, prefill_tokens: int = 4096,
+                 feature_layers: tuple[int, ...] = ()):
     """Plain batched decoding that keeps every position's hidden row and logits summary. The next token is the
     argmax (temperature 0) or drawn from softmax(logits / temperature) with one generator per sequence (`seeds`).
     Prompts are prefilled in passes of at most `prefill_tokens` padded tokens (every row's logits are kept), then
@@ -45,7 +47,7 @@ def decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tu
         outs = []
         for part in _token_budget_groups([len(p) for p in prompts], prefill_tokens):
             outs += backend.forward_batch([caches[i] for i in part], [torch.tensor(prompts[i]) for i in part],
-                                          output_hidden=keep_features)
+                                          output_hidden=keep_features, feature_layers=feature_layers)
         tokens = [list(p) for p in prompts]
         hidden = [[o.hidden.float()] if keep_features else [] for o in outs]
         summaries = [[summarize(o.logits)] for o in outs]
@@ -55,7 +57,7 @@ def decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tu
         live = [i for i in range(len(prompts)) if tokens[i][-1] not in eos]
         while live and steps < max_new_tokens:
             outs = backend.forward_batch([caches[i] for i in live], [torch.tensor(tokens[i][-1:]) for i in live],
-                                         output_hidden=keep_features)
+                                         output_hidden=keep_features, feature_layers=feature_layers)
             for i, o in zip(live, outs):
                 if keep_features:
                     hidden[i].append(o.hidden.float())
@@ -83,11 +85,13 @@ def _token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups + [current] if current else groups
 
 
-def teacher_forced(backend, sequences: list[list[int]]):
-    """One prefill pass over each sequence (batched). Yields (hidden (L-1, C), labels, topk_ids, topk_logprobs)."""
+def teacher_forced(backend, sequences: list[list[int]], feature_layers: tuple[int, ...] = ()):
+    """One prefill pass over each sequence (batched). Yields (hidden (L-1, H + A*H) with the inputs of the A
+    feature_layers, labels, topk_ids, topk_logprobs)."""
     caches = [backend.new_cache() for _ in sequences]
     try:
-        outs = backend.forward_batch(caches, [torch.tensor(s) for s in sequences], output_hidden=True)
+        outs = backend.forward_batch(caches, [torch.tensor(s) for s in sequences], output_hidden=True,
+                                     feature_layers=feature_layers)
         for o in outs:
             yield (o.hidden[:-1].float(), *summarize(o.logits[:-1]))
     finally:
@@ -97,10 +101,10 @@ def teacher_forced(backend, sequences: list[list[int]]):
 
 class Extractor:
     """Turns items into stored sequences for one target. max_len: longest sequence kept (prompts that leave no
-    room for an answer are skipped, responses are cut)."""
+    room for an answer are skipped, responses are cut). feature_layers: also store the inputs of these layers."""
 
     def __init__(self, target, max_new_tokens: int = 256, batch_size: int = 16, batch_tokens: int = 4096,
-                 temperature: float = 0.0, max_len: int = 2048):
+                 temperature: float = 0.0, max_len: int = 2048, feature_layers: tuple[int, ...] = ()):
         from ..engine import SpecDecoder
 
         self.target, self.backend = target, target.backend
@@ -108,6 +112,7 @@ class Extractor:
         self.max_new_tokens, self.batch_size, self.batch_tokens = max_new_tokens, batch_size, batch_tokens
         self.temperature, self.max_len = temperature, max_len
         self.eos = target.info.eos_token_ids
+        self.feature_layers = tuple(feature_layers)
         self.skipped = 0
 
     def run(self, items: list[Item], writer: ShardWriter, block: int = 64, progress: bool = True) -> dict:
@@ -156,12 +161,14 @@ class Extractor:
                 continue
             self.skipped += 1
         for group in self._by_length(forced, lambda f: len(f[1])):
-            for (item, tokens, answer_from), out in zip(group, teacher_forced(self.backend, [g[1] for g in group])):
+            for (item, tokens, answer_from), out in zip(group, teacher_forced(self.backend, [g[1] for g in group],
+                                                                                   self.feature_layers)):
                 yield (item.source, tokens, *out, answer_from)
         follow = []
         for group in self._by_length(open_ended, lambda o: len(o[1]), tokens=None):
             answers = decode_batch(self.backend, [g[1] for g in group], self.max_new_tokens, self.eos,
-                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens)
+                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens,
+                                   feature_layers=self.feature_layers)
             for (item, prompt, seed), (tokens, *out) in zip(group, answers):
                 yield (item.source, tokens, *out, len(prompt))
                 if item.follow_up:
@@ -169,7 +176,8 @@ class Extractor:
         follow = [f for f in follow if len(f[1]) + self.max_new_tokens <= self.max_len]
         for group in self._by_length(follow, lambda f: len(f[1]), tokens=None):
             answers = decode_batch(self.backend, [g[1] for g in group], self.max_new_tokens, self.eos,
-                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens)
+                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens,
+                                   feature_layers=self.feature_layers)
             for (item, prompt, _), (tokens, *out) in zip(group, answers):
                 yield (item.source + "+turn2", tokens, *out, len(prompt))
 
@@ -192,11 +200,12 @@ class Extractor:
         return batches + [current] if current else batches
 
 
-def data_meta(target, max_new_tokens: int, temperature: float, extra: dict | None = None) -> dict:
+def data_meta(target, max_new_tokens: int, temperature: float, extra: dict | None = None,
+              feature_layers: tuple[int, ...] = ()) -> dict:
     """The settings a data folder is made with (a later run must match them to continue it)."""
-    info, backend = target.info, target.backend
+    info = target.info
     meta = {"target": target.name, "vocab_size": info.vocab_size, "hidden_size": info.hidden_size,
-            "max_new_tokens": max_new_tokens, "feature_layers": list(backend.feature_layers)}
+            "max_new_tokens": max_new_tokens, "feature_layers": list(feature_layers)}
     if temperature > 0:
         meta["temperature"] = temperature
     meta.update(extra or {})
@@ -209,7 +218,7 @@ def generate_training_data(target, prompts: list[str], folder: Path, max_new_tok
                            feature_layers: tuple[int, ...] = ()) -> dict:
     """The target's answers to `prompts` (greedy, or sampled at `temperature`), with its features and choices
     at every position; resumes where it stopped. feature_layers: also store the inputs of these layers."""
-    target.backend.add_feature_layers(tuple(feature_layers))
-    writer = ShardWriter(Path(folder), data_meta(target, max_new_tokens, temperature, extra_meta))
-    extractor = Extractor(target, max_new_tokens, batch_size, temperature=temperature)
+    layers = check_feature_layers(tuple(feature_layers), target.info.num_layers)
+    writer = ShardWriter(Path(folder), data_meta(target, max_new_tokens, temperature, extra_meta, layers))
+    extractor = Extractor(target, max_new_tokens, batch_size, temperature=temperature, feature_layers=layers)
     return extractor.run([Item("prompts", p) for p in prompts], writer, block=batch_size, progress=progress)
