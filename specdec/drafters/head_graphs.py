@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.pass_graphs import MIN_WINDOW, key_windows, smallest_fitting
+from ..models.pass_graphs import MIN_WINDOW, captured, key_windows, smallest_fitting
 from .eagle_device import HeadCache, draft_chain, draft_tree, feed_pairs
 
-WARMUP_CALLS = 3
 FEED_BUCKETS = (1, 2, 4, 8, 16)  # true pairs fed per step; more (the prompt) are fed eagerly by the caller
 
 
@@ -104,18 +103,3 @@ class HeadGraphs:
 
     def _capture(self, shape: tuple, window: int):
         return captured(lambda: self._step(shape, window), self._memory_pool)
-
-
-def captured(run, memory_pool) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-    """(graph, the outputs each replay writes) of run(), a shape-static step over static inputs: warmed up on a
-    side stream, then captured into `memory_pool`."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_CALLS):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=memory_pool):
-        outputs = run()
-    return graph, outputs

@@ -160,17 +160,8 @@ class PassGraphs:
         if (window, feature_layers) in bucket.graphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))
-        run = lambda: static_pass(self.model, bucket.inputs, window, feature_layers, self.steps)  # noqa: E731
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._memory_pool):
-            outputs = run()
-        bucket.graphs[window, feature_layers] = (graph, outputs)
+        bucket.graphs[window, feature_layers] = captured(
+            lambda: static_pass(self.model, bucket.inputs, window, feature_layers, self.steps), self._memory_pool)
 
 
 def padded_inputs(shape: tuple[int, int], caches: list[SequenceCache], input_ids: list[torch.Tensor],
@@ -199,3 +190,18 @@ def _padding_inputs(batch: int, tokens: int, scratch_row: int) -> StaticInputs:
     inputs = StaticInputs.empty(batch, tokens, torch.device("cpu"))
     inputs.write_rows.fill_(scratch_row)
     return inputs
+
+
+def captured(run, memory_pool) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """(graph, the outputs each replay writes) of run(), a shape-static step over static inputs: warmed up on a
+    side stream (WARMUP_CALLS calls), then captured into `memory_pool`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=memory_pool):
+        outputs = run()
+    return graph, outputs
