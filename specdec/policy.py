@@ -40,8 +40,8 @@ class DraftLengthPolicy:
         self.costs = costs
         self.adaptive = adaptive
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.memory: AcceptanceMemory | None = getattr(costs, "memory", None)
-        self.tried, self.accepted = self.memory.start(k_max) if self.memory else ([0.0] * k_max, [0.0] * k_max)
+        self.memory: AcceptanceMemory = costs.memory  # what this kind of drafter was accepted at before
+        self.tried, self.accepted = self.memory.start(k_max)
         self.first_cooldown, self.max_cooldown = cooldown, max_cooldown
         self.next_cooldown = cooldown
         self.paused = 0
