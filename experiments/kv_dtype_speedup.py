@@ -62,7 +62,7 @@ def time_passes(backend, copy, pools: dict, contexts: list[int], repeats: int = 
                     start = time.perf_counter()
                     copy.forward(torch.tensor([5]), torch.tensor([0, 1]), torch.tensor([cache.slot]),
                                  torch.tensor([context]), torch.tensor([context]), no_mask, pool.keys, pool.values,
-                                 torch.arange(1), 0, False, no_layers)
+                                 torch.arange(1), 0, False, no_layers, False)
                     times[f"{name}_copy"].append(time.perf_counter() - start)
             out[context] = {key: round(statistics.median(t[3:]) * 1e3, 3) for key, t in times.items()}
             for name, pool in pools.items():

@@ -34,7 +34,7 @@ def main() -> None:
     without_vnni = kernels._build.__wrapped__("avx512")
     kernels.build_flags = flags
     model_args = kernel_model_args(backend._hf_model, backend.max_context)
-    drafters = {name: named_copy(backend, module.CpuLlama(*model_args, False, True), f"quantized_{name}")
+    drafters = {name: named_copy(backend, module.CpuLlama(*model_args, False, True, False), f"quantized_{name}")
                 for name, module in (("vnni", with_vnni), ("no_vnni", without_vnni))}
     result = copy_ab(args, decoder, drafters)
     speedup, totals = result["speedup_over_none"], result["methods"]

@@ -67,6 +67,9 @@ class Request:
         self.cache = None  # the KV cache the scheduler holds for it, None once it ended
         self.acceptance = speculation.acceptance if drafter is not None else EXACT  # nothing drafted: exact
         self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len, acceptance=str(self.acceptance))
+        # whether the target's rows for it are read for their argmax alone (CausalLM.forward's argmax_only)
+        self.argmax_only = (sampling.greedy and self.logits_processor is None and self.logprobs is None
+                            and config.prompt_logprobs is None and not self.acceptance.lossy)
         self.finished = ""  # "stop" (EOS, a stop string, a complete constrained text) or "length"
         self.started_at = time.perf_counter()
         self.learn = learn

@@ -32,7 +32,6 @@ from .drafting import propose_all, shared_passes
 from .policy import plan_alone, plan_lengths
 from .request import Request, pass_feature_layers
 from .sampling import make_generator
-
 from .verify import Draft, tree_mask, verify
 
 IDLE_RECHECK = 8
@@ -116,14 +115,14 @@ class BatchEngine:
         drafts = propose_all(requests, lengths, solo) if any(lengths) else [Draft.empty()] * len(requests)
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
         layers = pass_feature_layers(requests)
+        wanted = dict(output_hidden=layers is not None, feature_layers=layers or (),
+                      argmax_only=all(r.argmax_only for r in requests))
         t0 = time.perf_counter()
         if solo:
             mask = tree_mask(drafts[0].parents) if drafts[0].parents is not None else None  # (1 + k, 1 + k)
-            outputs = [self.backend.forward(requests[0].cache, inputs[0], tree_mask=mask, output_hidden=layers is not
-                                            None, feature_layers=layers or ())]
+            outputs = [self.backend.forward(requests[0].cache, inputs[0], tree_mask=mask, **wanted)]
         else:
-            outputs = self.backend.forward_batch([r.cache for r in requests], inputs, output_hidden=layers is not None,
-                                                 feature_layers=layers or ())
+            outputs = self.backend.forward_batch([r.cache for r in requests], inputs, **wanted)
         seconds = time.perf_counter() - t0
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
@@ -192,7 +191,8 @@ class BatchEngine:
             outputs = self.backend.forward_batch([r.cache for r in leads],  # after the prefix the cache restored
                                                  [torch.tensor(r.tokens[r.cache.length:]) for r in leads],
                                                  output_hidden=layers is not None, feature_layers=layers or (),
-                                                 last_only=not every_row)
+                                                 last_only=not every_row, argmax_only=all(
+                                                     r.argmax_only for m in groups.values() for _, r in m))
             seconds = time.perf_counter() - t0
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache

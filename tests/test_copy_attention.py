@@ -31,7 +31,8 @@ def _copy_pass(copy, backend, caches, feeds, starts):
     logits, hidden, _ = copy.forward(
         torch.tensor([t for f in feeds for t in f]), torch.tensor([0] + lengths).cumsum(0),
         torch.tensor([c.slot for c in caches]), torch.tensor(starts), positions, torch.empty(0, dtype=torch.uint8),
-        backend.pool.keys, backend.pool.values, torch.arange(sum(lengths)), 0, False, torch.empty(0, dtype=torch.long))
+        backend.pool.keys, backend.pool.values, torch.arange(sum(lengths)), 0, False, torch.empty(0, dtype=torch.long),
+        False)
     return logits, hidden
 
 
@@ -55,7 +56,7 @@ def test_attention_by_pieces_agrees_with_the_targets_order(target, context, toke
         backend.forward(cache, torch.randint(1, 95, (context,), generator=torch.Generator().manual_seed(context)))
         feed = [[(7 * context + i) % 95 + 1 for i in range(tokens)]]
         for module in _builds():
-            copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True)
+            copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True, False)
             run = lambda: _copy_pass(copy, backend, [cache], feed, [context])
             (split_logits, split_hidden), (rows_logits, rows_hidden) = (_with_split(module, on, run)
                                                                         for on in (True, False))
@@ -75,7 +76,7 @@ def test_a_rows_attention_by_pieces_does_not_depend_on_the_batch(target):
             backend.forward(cache, torch.randint(1, 95, (n,), generator=torch.Generator().manual_seed(n)))
         starts = [c.length for c in caches]
         for module in _builds():
-            copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True)
+            copy = module.CpuLlama(*kernel_model_args(model, backend.max_context), False, True, False)
             alone, _ = _with_split(module, True,
                                    lambda: _copy_pass(copy, backend, caches[:1], [[5]], starts[:1]))
             both, _ = _with_split(module, True,

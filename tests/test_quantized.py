@@ -97,7 +97,7 @@ def test_a_copy_of_weights_already_in_4_bit_groups_reproduces_them(model):
         got = backend.four_bit_copy().forward(
             ids, torch.tensor([0, len(ids)]), torch.tensor([cache.slot]), torch.tensor([0]), torch.arange(len(ids)),
             torch.empty(0, dtype=torch.uint8), backend.pool.keys, backend.pool.values, torch.arange(len(ids)), 0, False,
-            torch.empty(0, dtype=torch.long))[0]
+            torch.empty(0, dtype=torch.long), False)[0]
         errors.append(((got - want).abs().mean() / want.abs().mean()).item())
     assert errors[1] < 0.5 * errors[0], errors
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
@@ -177,7 +177,7 @@ class _CountingCopy:
     def __init__(self, vocab: int):
         self.vocab, self.passes, self.fed = vocab, 0, []
 
-    def forward(self, ids, offsets, slots, starts, positions, masks, keys, values, rows, layers, bf16, aux):
+    def forward(self, ids, offsets, slots, starts, positions, masks, keys, values, rows, layers, bf16, aux, argmax_only):
         self.passes += 1
         bounds = offsets.tolist()
         self.fed.append([(int(slot), int(start), ids[a:b].tolist())
@@ -242,7 +242,7 @@ def test_the_copys_logits_are_a_4_bit_screen_with_its_highest_rescored_in_8_bits
     logits, hidden, _ = backend.four_bit_copy().forward(
         ids, torch.tensor([0, len(ids)]), torch.tensor([cache.slot]), torch.tensor([0]), torch.arange(len(ids)),
         torch.empty(0, dtype=torch.uint8), backend.pool.keys, backend.pool.values, torch.arange(len(ids)), 0, False,
-        torch.empty(0, dtype=torch.long))
+        torch.empty(0, dtype=torch.long), False)
     head = model.lm_head.weight.detach()
     screen = kernels.load().quantized_matmul(hidden, head, 4)
     exact = kernels.load().quantized_matmul(hidden, head, 8)

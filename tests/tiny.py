@@ -157,7 +157,7 @@ class TableLM(CausalLM):
         return SequenceCache(length=0, state=[])
 
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=()):
+                feature_layers=(), argmax_only=False):
         tokens: list[int] = cache.state
         new = input_ids.tolist()
         rows, hidden = [], []

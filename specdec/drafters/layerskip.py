@@ -30,7 +30,7 @@ class EarlyExit(CausalLM):
         self.backend.truncate(cache, length)
 
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=()):
+                feature_layers=(), argmax_only=False):
         return self.backend.forward(cache, input_ids, tree_mask=tree_mask, output_hidden=output_hidden,
                                     last_only=last_only, layers=min(layers or self.layers, self.layers),
-                                    feature_layers=feature_layers)
+                                    feature_layers=feature_layers, argmax_only=argmax_only)

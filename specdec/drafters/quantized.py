@@ -150,7 +150,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         logits, _, _ = self.copy.forward(torch.tensor([t for f in feeds for t in f]),
                                          torch.tensor([0] + lengths).cumsum(0), slots, torch.tensor(starts), positions,
                                          _NO_MASK, self.target.pool.keys, self.target.pool.values,
-                                         torch.arange(sum(lengths)), 0, False, _NO_LAYERS)
+                                         torch.arange(sum(lengths)), 0, False, _NO_LAYERS, False)
         return list(logits.split(lengths))
 
     @torch.inference_mode()

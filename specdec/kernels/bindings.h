@@ -8,7 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<CpuLlama>(m, "CpuLlama", pybind11::module_local())
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
                           torch::Tensor, torch::Tensor, torch::Tensor, std::vector<int64_t>, std::vector<torch::Tensor>,
-                          std::vector<int64_t>, std::vector<double>, bool, bool>())
+                          std::vector<int64_t>, std::vector<double>, bool, bool, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
       .def_static("matmul", &CpuLlama::matmul);

@@ -49,6 +49,7 @@ using vec::f32x16;
 #include "amx.h"
 #include "quantized.h"
 #include "weights.h"
+#include "argmax_screen.h"
 #include "row_ops.h"
 #include "kv_cache.h"
 #include "attention.h"
@@ -62,7 +63,7 @@ class CpuLlama {
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
            torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin,
            std::vector<int64_t> windows, std::vector<torch::Tensor> local_rope, std::vector<int64_t> local_layers,
-           std::vector<double> family, bool pairs, bool quantized) {
+           std::vector<double> family, bool pairs, bool quantized, bool screened) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
     read_family(cfg_, family);
@@ -81,6 +82,7 @@ class CpuLlama {
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
     lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
     if (quantized) lm_screen_ = make_quantized_weight(lm_head, 4);
+    if (screened && !quantized) argmax_screen_ = make_argmax_screen(lm_head);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -108,29 +110,33 @@ class CpuLlama {
   // holds for it.
   // aux_layers (A,) int64: layers whose input (the residual stream before layer i, transformers'
   // hidden_states[i]) is returned too, for heads that read several depths (EAGLE-3); may be empty.
+  // argmax_only: the caller reads each logit row's argmax only; a model built `screened` may return -inf where a
+  // row's maximum cannot be (argmax_screen.h), the argmax and its logit exactly as without.
   // Returns (logits (R, V), hidden (N, H) after the final norm, aux (N, A * H)).
   // The caches hold float32 or bfloat16 (k and v alike): keys and values are rounded to it as they are written,
   // and every row reads them as written, so a row's result still depends only on the keys it sees.
   std::vector<torch::Tensor> forward(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
                                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
-                                     int64_t num_layers, bool bf16_products, torch::Tensor aux_layers) {
+                                     int64_t num_layers, bool bf16_products, torch::Tensor aux_layers,
+                                     bool argmax_only) {
     const auto kv_type = k_cache.scalar_type();
     TORCH_CHECK((kv_type == torch::kFloat32 || kv_type == torch::kBFloat16) && v_cache.scalar_type() == kv_type,
                 "k_cache and v_cache: both float32 or both bfloat16");
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "k_cache and v_cache must be contiguous");
     if (kv_type == torch::kBFloat16)
       return forward_on<uint16_t>(ids, offsets, slots, starts, positions, masks, k_cache, v_cache, logit_rows,
-                                  num_layers, bf16_products, aux_layers);
+                                  num_layers, bf16_products, aux_layers, argmax_only);
     return forward_on<float>(ids, offsets, slots, starts, positions, masks, k_cache, v_cache, logit_rows, num_layers,
-                             bf16_products, aux_layers);
+                             bf16_products, aux_layers, argmax_only);
   }
 
   template <typename KV>
   std::vector<torch::Tensor> forward_on(torch::Tensor ids, torch::Tensor offsets, torch::Tensor slots,
                                         torch::Tensor starts, torch::Tensor positions, torch::Tensor masks,
                                         torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor logit_rows,
-                                        int64_t num_layers, bool bf16_products, torch::Tensor aux_layers) {
+                                        int64_t num_layers, bool bf16_products, torch::Tensor aux_layers,
+                                        bool argmax_only) {
     const auto& c = cfg_;
     const int64_t N = ids.size(0), H = c.hidden, nh = c.heads, nkv = c.kv_heads, hd = c.head_dim;
     const int64_t I = c.intermediate, S = offsets.size(0) - 1;
@@ -247,6 +253,8 @@ class CpuLlama {
       screened_logits(picked.data_ptr<float>(), R, reinterpret_cast<const uint8_t*>(lm_screen_.data),
                       reinterpret_cast<const uint8_t*>(lm_head_.data), lm_head_.N, H, kRescoredLogits,
                       logits.data_ptr<float>());
+    else if (argmax_only && argmax_screen_.ready && !bf16_products && c.logit_softcap == 0.0f)
+      screened_argmax_logits(argmax_screen_, lm_head_, picked.data_ptr<float>(), R, logits.data_ptr<float>());
     else
       linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
     if (c.logit_softcap != 0.0f) soft_cap(logits.data_ptr<float>(), logits.numel(), c.logit_softcap);
@@ -273,6 +281,7 @@ class CpuLlama {
   int embed_type_ = F32;
   Weight lm_head_;
   Weight lm_screen_;  // a drafting copy's 4-bit LM head, which screens the outputs its 8-bit one rescores
+  ArgmaxScreen argmax_screen_;  // the target's 8-bit copy of its LM head, for passes that need argmaxes only
   torch::Tensor final_norm_, cos_, sin_;  // cos_, sin_: (positions, rope_dims_)
   torch::Tensor cos_local_, sin_local_;  // the windowed layers' own tables (Gemma 3), or undefined
   int64_t rope_dims_ = 0;  // the head dims RoPE turns: head_dim, or its first part

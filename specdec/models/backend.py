@@ -58,6 +58,9 @@ class CausalLM(ABC):
     #: The shape-static passes (pass_graphs.py: CUDA graphs where captured) that run its decode and verify passes,
     #: or None: eager passes only (always, for a backend without them).
     pass_graphs = None
+    #: True when passes asked for argmaxes only (forward's argmax_only) find them from an 8-bit copy of the LM head
+    #: and compute exactly only the outputs that may be a row's maximum (the CPU kernels' screen).
+    screened_head: bool = False
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend
@@ -77,7 +80,7 @@ class CausalLM(ABC):
     @abstractmethod
     def forward(self, cache: SequenceCache, input_ids: torch.Tensor, *, tree_mask: torch.Tensor | None = None,
                 output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
-                feature_layers: tuple[int, ...] = ()) -> ForwardOutput:
+                feature_layers: tuple[int, ...] = (), argmax_only: bool = False) -> ForwardOutput:
         """Scores `input_ids` (T,) appended to the cache, and caches their keys and values.
 
         Token t sits at position cache.length + t, or with a tree_mask (T, T) bool (row t: which new
@@ -87,6 +90,9 @@ class CausalLM(ABC):
         output_hidden: also return the final hidden state (T, H), followed by the inputs of `feature_layers` (the
         residual stream before layer i: transformers' hidden_states[i]), (T, H + A*H) for A of them, in that order,
         for heads that read several depths (EAGLE-3). Asked for per call: the model keeps no such setting.
+        argmax_only: the caller reads each row's argmax (the first of equal maxima) and nothing else of the logits;
+        a backend may then return -inf where a row's maximum cannot be, the argmax and its logit as without
+        (the CPU kernels' screened LM head). Others return the logits in full.
         """
 
     @abstractmethod
@@ -99,11 +105,12 @@ class CausalLM(ABC):
 
     def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
                       output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
-                      feature_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
+                      feature_layers: tuple[int, ...] = (), argmax_only: bool = False) -> list[ForwardOutput]:
         """Scores several sequences (last_only: logits (1, V) of each one's last token, as for a prefill);
         the default runs them one after another."""
         return [self.forward(c, ids, output_hidden=output_hidden, last_only=last_only, layers=layers,
-                             feature_layers=feature_layers) for c, ids in zip(caches, input_ids)]
+                             feature_layers=feature_layers, argmax_only=argmax_only)
+                for c, ids in zip(caches, input_ids)]
 
 
 def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
@@ -137,7 +144,7 @@ class HFBackend(CausalLM):
 
     @torch.inference_mode()
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=()):
+                feature_layers=(), argmax_only=False):
         if layers is not None:
             from ..errors import ConfigError
 

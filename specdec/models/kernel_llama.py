@@ -91,12 +91,16 @@ class KernelLlama(PooledCaches, CausalLM):
     batched = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False):
+                 bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False,
+                 screened_head: bool = True):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
         bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow).
         bf16_cache: the KV cache in bfloat16 (keys and values rounded to nearest even as they are written); bfloat16
-        weights only."""
+        weights only.
+        screened_head: keep the LM head a second time at 8 bits (vocab x hidden bytes), so that passes asked for
+        argmaxes only read it instead of the full head and compute exactly only the outputs that may be a row's
+        maximum (kernels/argmax_screen.h): the same argmax, for about half the head's bytes."""
         from ..errors import ConfigError
         from ..kernels import has_bf16_products, load
 
@@ -121,7 +125,9 @@ class KernelLlama(PooledCaches, CausalLM):
         self.max_context = -(-min(max_context or info.max_context, info.max_context) // 16) * 16
         self.bf16_products = bf16_products
         args = kernel_model_args(hf_model, self.max_context)
-        self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False)
+        self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False, screened_head)
+        # the kernels screen heads whose inner size is whole groups of 32, without a final soft cap (argmax_screen.h)
+        self.screened_head = screened_head and cfg.hidden_size % 32 == 0 and not family_of(cfg).logit_softcap
         self._hf_model = hf_model  # for four_bit_copy
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         kv_dtype = torch.bfloat16 if bf16_cache else torch.float32
@@ -134,7 +140,7 @@ class KernelLlama(PooledCaches, CausalLM):
         this backend's KV caches."""
         from ..kernels import load
 
-        return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True)
+        return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True, False)
 
     @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:
@@ -144,7 +150,7 @@ class KernelLlama(PooledCaches, CausalLM):
 
     @torch.inference_mode()
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=()):
+                feature_layers=(), argmax_only=False):
         ids = input_ids.reshape(-1).to(torch.long).cpu()
         T = ids.numel()
         if tree_mask is not None:
@@ -154,19 +160,20 @@ class KernelLlama(PooledCaches, CausalLM):
             positions = torch.arange(cache.length, cache.length + T)
             masks = torch.empty(0, dtype=torch.uint8)
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
-        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers)
+        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers,
+                                   argmax_only)
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
-                      feature_layers=()):
+                      feature_layers=(), argmax_only=False):
         fresh = [_first_pass(c) for c in caches]
         if self.bf16_prefill and not self.bf16_products and any(fresh) and not all(fresh):
             # first passes and later ones multiply differently: two passes, each as it would run alone
             parts = [[i for i, f in enumerate(fresh) if f == want] for want in (True, False)]
             outs = [self.forward_batch([caches[i] for i in part], [input_ids[i] for i in part],
                                        output_hidden=output_hidden, last_only=last_only, layers=layers,
-                                       feature_layers=feature_layers)
+                                       feature_layers=feature_layers, argmax_only=argmax_only)
                     for part in parts]
             merged = dict(zip(parts[0] + parts[1], outs[0] + outs[1]))
             return [merged[i] for i in range(len(caches))]
@@ -176,7 +183,7 @@ class KernelLlama(PooledCaches, CausalLM):
         ends = torch.tensor(lengths).cumsum(0)
         rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
         logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers,
-                                   output_hidden, feature_layers)
+                                   output_hidden, feature_layers, argmax_only)
         out = []
         for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
             scored = logits[s:s + 1] if last_only else logits[end - n:end]
@@ -184,7 +191,7 @@ class KernelLlama(PooledCaches, CausalLM):
         return out
 
     def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None,
-             output_hidden: bool = False, feature_layers: tuple[int, ...] = ()):
+             output_hidden: bool = False, feature_layers: tuple[int, ...] = (), argmax_only: bool = False):
         """One kernel pass; hidden holds the inputs of feature_layers too when output_hidden (and no early exit)."""
         offsets = torch.tensor([0] + lengths).cumsum(0)
         for c, n in zip(caches, lengths):
@@ -195,7 +202,7 @@ class KernelLlama(PooledCaches, CausalLM):
         logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                                  torch.tensor([c.length for c in caches]), positions.to(torch.long),
                                                  masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,
-                                                 aux_layers)
+                                                 aux_layers, argmax_only)
         if aux.numel():
             hidden = torch.cat([hidden, aux], dim=-1)
         for c, n in zip(caches, lengths):

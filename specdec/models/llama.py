@@ -118,7 +118,7 @@ class FastLlama(PooledCaches, CausalLM):
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=()):
+                feature_layers=(), argmax_only=False):
         static = self._static([cache], [input_ids], tree_mask, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return ForwardOutput(logits=static[0][0], hidden=static[0][1] if output_hidden else None)
@@ -128,7 +128,7 @@ class FastLlama(PooledCaches, CausalLM):
 
     @torch.inference_mode()
     def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
-                      feature_layers=()):
+                      feature_layers=(), argmax_only=False):
         static = self._static(caches, input_ids, None, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]

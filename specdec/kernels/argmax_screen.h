@@ -1,0 +1,156 @@
+// The LM head's argmax, exactly, for about half its bytes: greedy decoding and greedy verification read nothing of
+// a row's logits but its argmax (the first of equal maxima), and the LM head is a quarter of a small model's bytes
+// (Qwen3-0.6B: 311 of 1,192 MB in bfloat16). The head is kept a second time at 8 bits (quantized.h's Q8_0 groups).
+// A pass scores every output from those, bounds how far each 8-bit value a_n can be from the float32 value l_n the
+// full product gives, and computes again, exactly as the full product does, only the outputs whose upper bound
+// reaches the best lower bound. Every other output is certainly below the row's maximum, so the row's argmax is the
+// full product's; its logit is set to -inf. Part of cpu_llama.cpp's translation unit, included after weights.h.
+//
+// The bound, for output n and a row x (real arithmetic; q_n and xq are the 8-bit weights and activations as numbers):
+//   |l_n - a_n| <= ||x|| (g_K ||w_n|| + ||w_n - q_n||) + ||q_n|| (||x - xq|| + g_G1 ||xq||)
+// - l_n is K fused multiply-adds from 0 in one order (products.h): |l_n - w_n.x| <= g_K sum|w x| <= g_K ||w_n|| ||x||;
+// - |w_n.x - q_n.xq| <= ||w_n - q_n|| ||x|| + ||q_n|| ||x - xq|| (Cauchy-Schwarz);
+// - a_n is exact integer sums of G = K/32 groups, each times one rounded scale product and added by one fused
+//   multiply-add: |a_n - q_n.xq| <= g_(G+1) sum|q xq| <= g_(G+1) ||q_n|| ||xq||;
+// - g_m = m u / (1 - m u), u = 2^-24, taken twice over; an absolute 1e-30 covers underflow.
+#pragma once
+
+struct ArgmaxScreen {
+  Weight q8;  // the head at 8 bits (quantized.h)
+  torch::Tensor rows;  // (N, K) the head as the model holds it: float32, bfloat16 or float16
+  int wtype = F32;
+  std::vector<float> on_x, on_q;  // per output, rounded up: g_K ||w_n|| + ||w_n - q_n||, and ||q_n||
+  bool ready = false;  // false: no screen (K not a multiple of 32, or weights that are not finite)
+};
+
+inline float head_weight(const void* rows, int64_t at, int wtype) {
+  if (wtype == F32) return static_cast<const float*>(rows)[at];
+  const uint16_t bits = static_cast<const uint16_t*>(rows)[at];
+  if (wtype == F16) return _cvtsh_ss(bits);
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+inline double error_factor(int64_t m) {
+  const double u = std::ldexp(1.0, -24);
+  return 2.0 * m * u / (1.0 - m * u);
+}
+
+inline float rounded_up(double v) { return std::nextafter(static_cast<float>(v), INFINITY); }
+
+ArgmaxScreen make_argmax_screen(const torch::Tensor& head) {
+  ArgmaxScreen s;
+  const int64_t N = head.size(0), K = head.size(1);
+  if (K % kQGroup) return s;
+  s.rows = head.contiguous();
+  s.wtype = make_weight(s.rows.narrow(0, 0, 1).contiguous()).wtype;
+  s.q8 = make_quantized_weight(s.rows, 8);
+  s.on_x.assign(N, 0.f);
+  s.on_q.assign(N, 0.f);
+  const int64_t G = K / kQGroup;
+  const uint8_t* packed = reinterpret_cast<const uint8_t*>(s.q8.data);
+  const void* rows = s.rows.data_ptr();
+  const double gK = error_factor(K);
+  // q_n is read back from the packed bytes (quantized_output8's layout): the numbers the 8-bit products use
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* block = packed + (n / kBlockCols) * G * q_group_bytes(8);
+      const int i = static_cast<int>(n % kBlockCols), v = i / 16, lane = i % 16;
+      double ww = 0, qq = 0, ee = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* group = block + g * q_group_bytes(8);
+        uint16_t half;
+        std::memcpy(&half, group + kQGroup * kBlockCols + 2 * i, sizeof(half));
+        const double d = _cvtsh_ss(half);
+        for (int kk = 0; kk < kQGroup; ++kk) {
+          const double q = d * static_cast<int8_t>(group[(kk / 4) * 256 + 64 * v + 4 * lane + kk % 4]);
+          const double w = head_weight(rows, n * K + g * kQGroup + kk, s.wtype);
+          ww += w * w, qq += q * q, ee += (w - q) * (w - q);
+        }
+      }
+      s.on_x[n] = rounded_up((gK * std::sqrt(ww) + std::sqrt(ee)) * (1 + 1e-6));
+      s.on_q[n] = rounded_up(std::sqrt(qq) * (1 + 1e-6));
+    }
+  });
+  for (int64_t n = 0; n < N; ++n)
+    if (!std::isfinite(s.on_x[n]) || !std::isfinite(s.on_q[n])) return ArgmaxScreen{};
+  s.ready = true;
+  return s;
+}
+
+// Output n of the full product for one row x, as its tile computes it: one accumulator from 0, k in increasing
+// order, fused multiply-adds, then + 0 (the tile's absent bias).
+inline float exact_head_output(const ArgmaxScreen& s, const float* x, int64_t n) {
+  const int64_t K = s.rows.size(1);
+  const void* rows = s.rows.data_ptr();
+  float acc = 0.f;
+  for (int64_t k = 0; k < K; ++k) acc = std::fma(head_weight(rows, n * K + k, s.wtype), x[k], acc);
+  return acc + 0.f;
+}
+
+// y (R, N): for each row of x (R, K), -inf except where the row's maximum may be, those outputs exactly the full
+// product's (linear() with `full`, float32 products). A row the screen cannot narrow (candidates beyond 1/64 of
+// the outputs, or activations that are not finite) gets the full product instead. The bounds' passes over the
+// outputs are shared among threads by chunks of outputs, so that a one-row pass (a decoding step) uses them all.
+void screened_argmax_logits(const ArgmaxScreen& s, const Weight& full, const float* x, int64_t R, float* y) {
+  const int64_t N = s.q8.N, K = s.q8.K, G = K / kQGroup;
+  const Q8Rows xq = quantize_rows(x, R, K);
+  linear_quantized<8>(xq, R, reinterpret_cast<const uint8_t*>(s.q8.data), N, K, nullptr, y, N);
+  const double gG = error_factor(G + 1);
+  std::vector<double> on_x(R), on_q(R);  // a row's ||x||, and ||x - xq|| + g_G1 ||xq||
+  for (int64_t r = 0; r < R; ++r) {
+    double xx = 0, qq = 0, ee = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double xk = x[r * K + k], xh = static_cast<double>(xq.scale[r * G + k / kQGroup]) * xq.q[r * K + k];
+      xx += xk * xk, qq += xh * xh, ee += (xk - xh) * (xk - xh);
+    }
+    on_x[r] = std::sqrt(xx), on_q[r] = std::sqrt(ee) + gG * std::sqrt(qq);
+  }
+  auto bound = [&](int64_t r, int64_t n) { return (s.on_x[n] * on_x[r] + s.on_q[n] * on_q[r]) * (1 + 1e-6) + 1e-30; };
+  constexpr int64_t kChunk = 8192;
+  const int64_t chunks = (N + kChunk - 1) / kChunk, most = std::max<int64_t>(64, N / 64);
+  std::vector<double> floors(R * chunks, -INFINITY);  // the best lower bound of each (row, chunk)
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t r = 0; r < R; ++r) {
+        double best = -INFINITY;
+        for (int64_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n)
+          best = std::max(best, y[r * N + n] - bound(r, n));
+        floors[r * chunks + c] = best;
+      }
+  });
+  std::vector<double> floor(R, -INFINITY);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < chunks; ++c) floor[r] = std::max(floor[r], floors[r * chunks + c]);
+  std::vector<std::vector<int64_t>> found(R * chunks);  // outputs whose upper bound reaches the row's floor
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t r = 0; r < R; ++r) {
+        std::vector<int64_t>& kept = found[r * chunks + c];
+        for (int64_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n)
+          if (y[r * N + n] + bound(r, n) >= floor[r] && static_cast<int64_t>(kept.size()) <= most) kept.push_back(n);
+      }
+  });
+  std::vector<int64_t> picked;
+  std::vector<float> exact;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * K;
+    float* yr = y + r * N;
+    picked.clear();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const std::vector<int64_t>& kept = found[r * chunks + c];
+      picked.insert(picked.end(), kept.begin(), kept.end());
+    }
+    if (!std::isfinite(on_x[r]) || !std::isfinite(on_q[r]) || !std::isfinite(floor[r]) ||
+        static_cast<int64_t>(picked.size()) > most) {
+      linear(xr, 1, full, nullptr, yr, N);
+      continue;
+    }
+    exact.resize(picked.size());
+    for (size_t j = 0; j < picked.size(); ++j) exact[j] = exact_head_output(s, xr, picked[j]);
+    std::fill(yr, yr + N, -INFINITY);
+    for (size_t j = 0; j < picked.size(); ++j) yr[picked[j]] = exact[j];
+  }
+}

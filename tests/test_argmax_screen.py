@@ -1,0 +1,104 @@
+"""The CPU kernels' screened LM head (kernels/argmax_screen.h): a pass asked for argmaxes only returns each row's
+argmax and its logit exactly as the full head does, -inf where the maximum cannot be; greedy decoding and
+speculation give the same tokens with and without it; requests that read more than the argmax get full logits."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.drafters import create_drafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpecDecoder
+from specdec.models.kernel_llama import KernelLlama
+from specdec.models.loading import LoadedModel, model_info
+from tiny import _NoTokenizer, loaded, tiny_llama
+
+VOCAB, HIDDEN = 4096, 64
+
+
+def _pair(model, dtype):
+    """The same model on the kernels with the screen (from make_backend, the default) and without it."""
+    model = model.to(dtype)
+    screened = loaded(model, "kernels", dtype=dtype)
+    info = model_info("tiny", model, _NoTokenizer(model), torch.device("cpu"), dtype)
+    plain = LoadedModel(name="tiny", hf_model=model, tokenizer=None, backend=KernelLlama(model, info,
+                                                                                        screened_head=False))
+    return screened, plain
+
+
+def _with_repeated_head_rows(model, distinct: int):
+    """The LM head's rows made of `distinct` rows repeated: every row's maximum is tied distinct.. times over."""
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head.copy_(head[torch.arange(head.shape[0]) % distinct])
+    return model
+
+
+def _scores(backend, ids, argmax_only):
+    return backend.forward(backend.new_cache(), ids, argmax_only=argmax_only).logits
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), length=st.integers(1, 24), bf16=st.booleans(),
+       distinct=st.sampled_from([None, 2000, 400, 40]))
+def test_argmax_only_rows_keep_the_full_heads_argmax_and_its_logit(seed, length, bf16, distinct):
+    model = tiny_llama(seed=seed % 7, vocab=VOCAB, hidden=HIDDEN, init_range=0.5)
+    if distinct:
+        model = _with_repeated_head_rows(model, distinct)
+    screened, _ = _pair(model, torch.bfloat16 if bf16 else torch.float32)
+    ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
+    full = _scores(screened.backend, ids, argmax_only=False)
+    narrowed = _scores(screened.backend, ids, argmax_only=True)
+    assert torch.isfinite(full).all()
+    assert torch.equal(narrowed.argmax(-1), full.argmax(-1))  # first of equal maxima, ties included
+    kept = torch.isfinite(narrowed)
+    assert torch.equal(narrowed[kept], full[kept])  # bit for bit where it computed
+    assert (narrowed[~kept] == float("-inf")).all()
+
+
+def test_the_screen_narrows_rows_and_falls_back_to_the_full_head_where_it_cannot():
+    model = tiny_llama(seed=3, vocab=VOCAB, hidden=HIDDEN, init_range=0.5)
+    screened, plain = _pair(model, torch.bfloat16)
+    assert screened.backend.screened_head and not plain.backend.screened_head
+    ids = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(0))
+    kept = torch.isfinite(_scores(screened.backend, ids, argmax_only=True)).sum(-1)
+    assert (kept >= 1).all() and (kept <= VOCAB // 64).all(), kept.tolist()  # narrowed: the head's bytes were saved
+    tied = _pair(_with_repeated_head_rows(tiny_llama(seed=3, vocab=VOCAB, hidden=HIDDEN), 20), torch.bfloat16)[0]
+    kept = torch.isfinite(_scores(tied.backend, ids, argmax_only=True)).sum(-1)
+    assert (kept == VOCAB).all()  # 205 tied maxima a row: more than the screen keeps, so the full head ran
+
+
+@pytest.mark.parametrize("drafter", [None, "quantized"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_are_the_same_with_and_without_the_screen(drafter, dtype):
+    screened, plain = _pair(tiny_llama(seed=5, vocab=VOCAB, hidden=HIDDEN, init_range=0.5), dtype)
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    spec = SpeculationConfig(num_speculative_tokens=4, adaptive=False)
+    gen = torch.Generator().manual_seed(1)
+    for n in (3, 17):
+        prompt = torch.randint(0, VOCAB - 1, (n,), generator=gen).tolist()
+        outputs = [SpecDecoder(target, create_drafter(drafter, target) if drafter else None, spec)
+                   .generate_ids(prompt, config) for target in (screened, plain)]
+        assert outputs[0][0] == outputs[1][0]
+        if drafter:
+            assert outputs[0][1].drafted_tokens > 0
+
+
+@pytest.mark.parametrize("options", [dict(logprobs=3), dict(repetition_penalty=1.3), dict(temperature=0.8, seed=4),
+                                     dict(prompt_logprobs=2)])
+def test_requests_that_read_more_than_the_argmax_get_the_full_logits(options):
+    """Logprobs, penalties, sampling and prompt logprobs read the whole row: with the screen, the same results."""
+    screened, plain = _pair(tiny_llama(seed=6, vocab=VOCAB, hidden=HIDDEN, init_range=0.5), torch.float32)
+    config = GenerationConfig.create(max_new_tokens=12, ignore_eos=True, **options)
+    prompt = [5, 9, 100, 7, 5, 9]
+    runs = [SpecDecoder(target, NgramDrafter(1, 3)).complete(prompt, config) for target in (screened, plain)]
+    assert runs[0].generated == runs[1].generated
+    assert runs[0].logprobs == runs[1].logprobs
+    assert runs[0].prompt_logprobs == runs[1].prompt_logprobs
+    assert not runs[0].argmax_only
+
+
+def test_a_greedy_request_without_adjustments_reads_argmaxes_only():
+    screened, _ = _pair(tiny_llama(seed=6, vocab=VOCAB, hidden=HIDDEN), torch.float32)
+    state = SpecDecoder(screened, None).complete([1, 2, 3], GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    assert state.argmax_only
