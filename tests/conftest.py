@@ -41,3 +41,14 @@ def tiny_bpe_folder(tmp_path_factory) -> Path:
     from tiny import write_tiny_bpe_folder
 
     return write_tiny_bpe_folder(tmp_path_factory.mktemp("tiny") / "bpe", seed=0)
+
+
+@pytest.fixture(scope="module")
+def eagle_target():
+    """A random tiny Llama (hidden 64: 4 heads of dim 16, 2 KV heads; 2 layers) whose shapes the CPU kernels and an
+    EAGLE head's kernel products take."""
+    from tiny import tiny_llama
+
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+
+
