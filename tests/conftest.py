@@ -52,3 +52,11 @@ def eagle_target():
     return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
 
 
+@pytest.fixture(scope="module")
+def eagle3_target():
+    """eagle_target's shapes with 8 layers: an EAGLE-3 head reads the inputs of three of them (eagle3_heads.LAYERS)."""
+    from tiny import tiny_llama
+
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2, layers=8)
+
+
