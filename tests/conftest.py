@@ -60,3 +60,11 @@ def eagle3_target():
     return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2, layers=8)
 
 
+@pytest.fixture(scope="module")
+def tiny_target(tiny_folder):
+    """tiny_folder's model loaded in float32 (its default backend)."""
+    from specdec.models.loading import load_model
+
+    return load_model(str(tiny_folder), dtype="float32")
+
+
