@@ -41,3 +41,70 @@ def tiny_bpe_folder(tmp_path_factory) -> Path:
     from tiny import write_tiny_bpe_folder
 
     return write_tiny_bpe_folder(tmp_path_factory.mktemp("tiny") / "bpe", seed=0)
+
+
+@pytest.fixture(scope="module")
+def eagle_target():
+    """A random tiny Llama (hidden 64: 4 heads of dim 16, 2 KV heads; 2 layers) whose shapes the CPU kernels and an
+    EAGLE head's kernel products take."""
+    from tiny import tiny_llama
+
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def eagle3_target():
+    """eagle_target's shapes with 8 layers: an EAGLE-3 head reads the inputs of three of them (eagle3_heads.LAYERS)."""
+    from tiny import tiny_llama
+
+    return tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2, layers=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_folder):
+    """tiny_folder's model loaded in float32 (its default backend)."""
+    from specdec.models.loading import load_model
+
+    return load_model(str(tiny_folder), dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def served_folder(tmp_path_factory) -> Path:
+    """The model the OpenAI-API tests serve: hidden size 64, shapes the CPU kernels take, whose float32 forward is
+    batch-invariant (a sequence decoded in a batch equals it decoded alone)."""
+    from tiny import write_tiny_model_folder
+
+    return write_tiny_model_folder(tmp_path_factory.mktemp("serve") / "tiny64", seed=0, hidden=64)
+
+
+@pytest.fixture(scope="session")
+def openai_server(served_folder):
+    """`specdec serve` of served_folder in its own process, named "tiny", up to 16 sequences a step, its API key
+    (served.KEY) taken from the environment. One for the session: the tests read its metrics as differences."""
+    from served import KEY
+    from specdec.server.process import ServerProcess
+
+    args = ["--model", str(served_folder), "--dtype", "float32", "--threads", "1", "--served-model-name", "tiny",
+            "--max-batch", "16"]
+    with ServerProcess(args, env={"SPECDEC_API_KEY": KEY}) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def openai_client(openai_server):
+    """The official openai client of openai_server (no retries: a failed request fails the test)."""
+    import openai
+    from served import KEY
+
+    return openai.OpenAI(base_url=openai_server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def local_decoders(served_folder):
+    """(chat, raw): the engine in this process on the served model, with and without the chat template; what the
+    server answers is compared with what these give for the same request."""
+    from specdec.engine import SpecDecoder
+    from specdec.models.loading import load_model
+
+    target = load_model(str(served_folder), dtype="float32")
+    return SpecDecoder(target, None), SpecDecoder(target, None, chat=False)

@@ -239,3 +239,16 @@ def loss_after_training(head, objective, batch, settings, vocab_index, lr: float
         total.backward()
         opt.step()
     return before, loss()
+
+
+def kernel_head(head):
+    """An EAGLE head whose products run on the CPU kernels (KernelEagleHead over the same weights); the test is
+    skipped where the kernels cannot run this head."""
+    import pytest
+
+    from specdec.drafters.eagle_kernels import KernelEagleHead, kernel_head_problem
+
+    problem = kernel_head_problem(head.config)
+    if problem:
+        pytest.skip(f"the CPU kernels cannot run here: {problem}")
+    return KernelEagleHead(head)

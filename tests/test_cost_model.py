@@ -1,0 +1,70 @@
+"""The cost model the draft-length policy reads: a verify-cost curve interpolated and extrapolated from measured
+passes that never falls as passes grow, a new size starting from the curve, each kind of drafter's own drafting cost
+over the one curve, and drafting costs measured warm (after warm_up), not taken from a cold first call."""
+from cost_curves import flat_costs
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    costs = flat_costs()
+    assert costs.verify_s(8) == 0.024
+    assert abs(costs.verify_s(12) - 0.027) < 1e-12
+    assert costs.verify_s(64) > costs.verify_s(32)
+    costs.observe_verify(8, 0.034, weight=0.5)
+    assert abs(costs.verify_s(8) - 0.029) < 1e-12
+
+
+def test_the_cost_curve_never_falls_as_passes_grow():
+    """A slow spell at one size pools with the sizes above it instead of making them look cheaper."""
+    costs = flat_costs()
+    costs.observe_verify(4, 0.040, weight=1.0)  # above what 8 and 16 tokens cost
+    curve = [costs.verify_s(T) for T in range(1, 40)]
+    assert all(a <= b for a, b in zip(curve, curve[1:]))
+    assert abs(costs.verify_s(4) - (0.040 + 0.024 + 0.030) / 3) < 1e-12
+    assert costs.table[4] == 0.040  # the measurements themselves are kept
+
+
+def test_a_new_size_starts_from_the_curve_not_from_one_pass():
+    costs = flat_costs()
+    costs.observe_verify(5, 0.5)  # one pass, 20 times what the curve says, at a size not timed before
+    assert abs(costs.table[5] - (0.1 * 0.5 + 0.9 * 0.0225)) < 1e-12  # 0.0225: the curve's value at 5
+    assert costs.verify_s(5) < 0.1 * 0.5 + 0.9 * 0.0225 + 1e-12
+
+
+def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve():
+    costs = flat_costs()
+    eagle, ngram = costs.for_drafter("eagle"), costs.for_drafter("ngram")
+    assert costs.for_drafter("eagle") is eagle
+    eagle.observe_draft(4, 0.02)
+    assert eagle.draft_s(1) == 0.005 and ngram.draft_s(1) == 0.0
+    ngram.observe_verify(8, 0.026, weight=1.0)
+    assert eagle.verify_s(8) == costs.verify_s(8) == 0.026
+
+
+def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine import SpecDecoder
+    from specdec.models.loading import load_model
+
+    costs = flat_costs()
+    costs.for_drafter("ngram").observe_draft(1, 20.0)
+    decoder = SpecDecoder(load_model(str(tiny_folder), dtype="float32"), NgramDrafter(1, 3), costs=costs)
+    decoder.warm_up()
+    assert 0 < costs.for_drafter("ngram").draft_per_token_s < 0.1
+
+
+def test_a_drafter_built_by_name_after_warm_up_is_warmed_up_too(tiny_folder):
+    """A request naming another drafter than the decoder's (a server's `speculation.drafter`) gets one whose
+    drafting cost was measured warm, not taken from its cold first call; a decoder never warmed up leaves it."""
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.engine import SpecDecoder
+    from specdec.models.loading import load_model
+
+    target = load_model(str(tiny_folder), dtype="float32")
+    for warm in (True, False):
+        costs = flat_costs()
+        decoder = SpecDecoder(target, SuffixDrafter(), costs=costs)
+        if warm:
+            decoder.warm_up()
+        costs.for_drafter("ngram").observe_draft(1, 20.0)  # as a cold first call would
+        assert decoder.drafter_named("ngram", min_n=1, max_n=3).name == "ngram"
+        assert (0 < costs.for_drafter("ngram").draft_per_token_s < 0.1) == warm

@@ -1,0 +1,54 @@
+"""The EAGLE head itself: a bfloat16 head keeps float32 RoPE frequencies, its CPU-kernel products compute what the
+torch head does (prompt, a masked tree level, causal accepted pairs), and a head the kernels cannot run is named
+with the reason."""
+import torch
+
+from specdec.drafters.eagle_head import new_head
+from tiny import kernel_head, tiny_llama
+
+
+def test_a_bfloat16_head_keeps_float32_rope_frequencies(eagle_target):
+    head = new_head(eagle_target, "tiny", torch.arange(eagle_target.config.vocab_size))
+    exact = head.inv_freq.clone()
+    head = head.to(torch.bfloat16)
+    assert head.fc.weight.dtype == torch.bfloat16 and head.embed.dtype == torch.bfloat16
+    assert head.inv_freq.dtype == torch.float32 and torch.equal(head.inv_freq, exact)
+
+
+def test_the_kernel_head_computes_what_the_torch_head_does(eagle_target):
+    """Prompt pairs, a tree level under a mask, then accepted pairs after the prompt (causal), through both: the
+    same hidden states, keys and logits (float32)."""
+    torch.manual_seed(4)
+    head = new_head(eagle_target, "tiny", torch.arange(40))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    fast = kernel_head(head)
+    H = eagle_target.config.hidden_size
+    feats, tokens, positions = torch.randn(1, 9, H), torch.randint(0, 64, (1, 9)), torch.arange(9)[None]
+    level = torch.randn(1, 3, H), torch.tensor([[4, 5, 6]]), torch.full((1, 3), 9)
+    mask = torch.ones(1, 1, 3, 12, dtype=torch.bool)
+    mask[0, 0, :, 9:] = torch.eye(3, dtype=torch.bool)  # siblings see the prompt and themselves
+    with torch.no_grad():
+        want, want_kv = head(feats, tokens, positions)
+        got, got_kv = fast(feats, tokens, positions)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
+        want2, _ = head(*level, past=want_kv, mask=mask)
+        got2, _ = fast(*level, past=got_kv, mask=mask)
+        torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.draft_logits(got2), head.draft_logits(want2), atol=1e-5, rtol=1e-5)
+        more = torch.randn(1, 2, H), torch.tensor([[7, 8]]), torch.tensor([[9, 10]])  # accepted pairs: causal
+        want3, want3_kv = head(*more, past=want_kv)
+        got3, got3_kv = fast(*more, past=got_kv)
+        torch.testing.assert_close(got3, want3, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got3_kv, want3_kv, atol=1e-5, rtol=1e-5)
+
+
+def test_heads_the_kernels_cannot_run_are_named_with_the_reason():
+    """A head whose head dim the kernels' attention cannot read 16 lanes at a time drafts in torch instead."""
+    from specdec.drafters.eagle_kernels import kernel_head_problem
+
+    target = tiny_llama(seed=0, hidden=64, heads=8, kv_heads=2)  # head dim 8
+    config = new_head(target, "tiny", torch.arange(target.config.vocab_size)).config
+    assert kernel_head_problem(config) == "head dim 8 not a multiple of 16"
