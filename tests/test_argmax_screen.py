@@ -34,21 +34,26 @@ def _with_repeated_head_rows(model, distinct: int):
     return model
 
 
-def _scores(backend, ids, argmax_only):
-    return backend.forward(backend.new_cache(), ids, argmax_only=argmax_only).logits
+def _rows(backend, ids, prompt_len, argmax_only):
+    """Logits (1 + len(ids) - prompt_len, V) of one-row passes, the passes the kernels screen: the prompt's prefill
+    (its last row only), then one-token steps on the rest of ids."""
+    cache = backend.new_cache()
+    rows = [backend.forward(cache, ids[:prompt_len], last_only=True, argmax_only=argmax_only).logits]
+    rows += [backend.forward(cache, ids[t:t + 1], argmax_only=argmax_only).logits for t in range(prompt_len, len(ids))]
+    return torch.cat(rows)
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**16), length=st.integers(1, 24), bf16=st.booleans(),
+@given(seed=st.integers(0, 2**16), prompt_len=st.integers(1, 20), bf16=st.booleans(),
        distinct=st.sampled_from([None, 2000, 400, 40]))
-def test_argmax_only_rows_keep_the_full_heads_argmax_and_its_logit(seed, length, bf16, distinct):
+def test_argmax_only_rows_keep_the_full_heads_argmax_and_its_logit(seed, prompt_len, bf16, distinct):
     model = tiny_llama(seed=seed % 7, vocab=VOCAB, hidden=HIDDEN, init_range=0.5)
     if distinct:
         model = _with_repeated_head_rows(model, distinct)
     screened, _ = _pair(model, torch.bfloat16 if bf16 else torch.float32)
-    ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
-    full = _scores(screened.backend, ids, argmax_only=False)
-    narrowed = _scores(screened.backend, ids, argmax_only=True)
+    ids = torch.randint(0, VOCAB, (prompt_len + 4,), generator=torch.Generator().manual_seed(seed))
+    full = _rows(screened.backend, ids, prompt_len, argmax_only=False)
+    narrowed = _rows(screened.backend, ids, prompt_len, argmax_only=True)
     assert torch.isfinite(full).all()
     assert torch.equal(narrowed.argmax(-1), full.argmax(-1))  # first of equal maxima, ties included
     kept = torch.isfinite(narrowed)
@@ -61,10 +66,12 @@ def test_the_screen_narrows_rows_and_falls_back_to_the_full_head_where_it_cannot
     screened, plain = _pair(model, torch.bfloat16)
     assert screened.backend.screened_head and not plain.backend.screened_head
     ids = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(0))
-    kept = torch.isfinite(_scores(screened.backend, ids, argmax_only=True)).sum(-1)
+    kept = torch.isfinite(_rows(screened.backend, ids, 8, argmax_only=True)).sum(-1)
     assert (kept >= 1).all() and (kept <= VOCAB // 64).all(), kept.tolist()  # narrowed: the head's bytes were saved
+    several = screened.backend.forward(screened.backend.new_cache(), ids, argmax_only=True).logits
+    assert torch.isfinite(several).all()  # a pass over several rows runs the full head (kScreenedRows)
     tied = _pair(_with_repeated_head_rows(tiny_llama(seed=3, vocab=VOCAB, hidden=HIDDEN), 20), torch.bfloat16)[0]
-    kept = torch.isfinite(_scores(tied.backend, ids, argmax_only=True)).sum(-1)
+    kept = torch.isfinite(_rows(tied.backend, ids, 8, argmax_only=True)).sum(-1)
     assert (kept == VOCAB).all()  # 205 tied maxima a row: more than the screen keeps, so the full head ran
 
 

@@ -253,7 +253,7 @@ class CpuLlama {
       screened_logits(picked.data_ptr<float>(), R, reinterpret_cast<const uint8_t*>(lm_screen_.data),
                       reinterpret_cast<const uint8_t*>(lm_head_.data), lm_head_.N, H, kRescoredLogits,
                       logits.data_ptr<float>());
-    else if (argmax_only && argmax_screen_.ready && !bf16_products && c.logit_softcap == 0.0f)
+    else if (argmax_only && argmax_screen_.ready && R <= kScreenedRows && !bf16_products && c.logit_softcap == 0.0f)
       screened_argmax_logits(argmax_screen_, lm_head_, picked.data_ptr<float>(), R, logits.data_ptr<float>());
     else
       linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
