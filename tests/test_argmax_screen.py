@@ -11,6 +11,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.kernel_llama import KernelLlama
 from specdec.models.loading import LoadedModel, model_info
+from families import VARIANTS, family_model
 from tiny import _NoTokenizer, loaded, tiny_llama
 
 VOCAB, HIDDEN = 4096, 64
@@ -59,6 +60,21 @@ def test_argmax_only_rows_keep_the_full_heads_argmax_and_its_logit(seed, prompt_
     kept = torch.isfinite(narrowed)
     assert torch.equal(narrowed[kept], full[kept])  # bit for bit where it computed
     assert (narrowed[~kept] == float("-inf")).all()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_family_keeps_its_argmax_and_gemma_2s_capped_logits_are_not_screened(name):
+    """The head tied or not, q/k norms, windows, partial RoPE: one-row passes keep the full head's argmax and logit.
+    A soft-capped head (Gemma 2) is not screened: tanh can round distinct logits to one value."""
+    model = family_model(name)
+    target = loaded(model, "kernels")
+    assert target.backend.screened_head == (model.config.model_type != "gemma2")
+    ids = torch.randint(0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(1))
+    full = _rows(target.backend, ids, 12, argmax_only=False)
+    narrowed = _rows(target.backend, ids, 12, argmax_only=True)
+    kept = torch.isfinite(narrowed)
+    assert torch.equal(narrowed.argmax(-1), full.argmax(-1)) and torch.equal(narrowed[kept], full[kept])
+    assert kept.all() if not target.backend.screened_head else (kept.sum(-1) < model.config.vocab_size).all()
 
 
 def test_the_screen_narrows_rows_and_falls_back_to_the_full_head_where_it_cannot():
