@@ -56,31 +56,31 @@ ArgmaxScreen make_argmax_screen(const torch::Tensor& head) {
   s.q8 = make_quantized_weight(s.rows, 8);
   s.on_x.assign(N, 0.f);
   s.on_q.assign(N, 0.f);
-  const int64_t G = K / kQGroup;
-  const uint8_t* packed = reinterpret_cast<const uint8_t*>(s.q8.data);
-  const void* rows = s.rows.data_ptr();
+  const int64_t G = K / kQGroup, blocks = (N + kBlockCols - 1) / kBlockCols;
   const double gK = error_factor(K);
-  // q_n is read back from the packed bytes (quantized_output8's layout): the numbers the 8-bit products use
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* block = packed + (n / kBlockCols) * G * q_group_bytes(8);
-      const int i = static_cast<int>(n % kBlockCols), v = i / 16, lane = i % 16;
-      double ww = 0, qq = 0, ee = 0;
-      for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* group = block + g * q_group_bytes(8);
-        uint16_t half;
-        std::memcpy(&half, group + kQGroup * kBlockCols + 2 * i, sizeof(half));
-        const double d = _cvtsh_ss(half);
-        for (int kk = 0; kk < kQGroup; ++kk) {
-          const double q = d * static_cast<int8_t>(group[(kk / 4) * 256 + 64 * v + 4 * lane + kk % 4]);
-          const double w = head_weight(rows, n * K + g * kQGroup + kk, s.wtype);
-          ww += w * w, qq += q * q, ee += (w - q) * (w - q);
-        }
-      }
-      s.on_x[n] = rounded_up((gK * std::sqrt(ww) + std::sqrt(ee)) * (1 + 1e-6));
-      s.on_q[n] = rounded_up(std::sqrt(qq) * (1 + 1e-6));
+  // q_n read back from the packed bytes (quantized_output8's layout): the numbers the 8-bit products use. In float64,
+  // 64 blocks at a time: every product d * q and w itself are exact there.
+  const torch::Tensor packed = s.q8.tensor.view({blocks, G, q_group_bytes(8)});
+  constexpr int64_t kBlocksAtOnce = 64;
+  for (int64_t b0 = 0; b0 < blocks; b0 += kBlocksAtOnce) {
+    const int64_t nb = std::min(kBlocksAtOnce, blocks - b0), n0 = b0 * kBlockCols;
+    const int64_t rows = std::min(nb * kBlockCols, N - n0);
+    const torch::Tensor part = packed.narrow(0, b0, nb);
+    // (nb, G, 8 quads, 4 v, 16 i, 4 j) -> (nb, 4 v, 16 i, G, 8 quads, 4 j): row 16v + i, k = 32g + 4 quad + j
+    const torch::Tensor q = part.narrow(2, 0, kQGroup * kBlockCols).contiguous().view(torch::kInt8)
+                                .view({nb, G, 8, 4, 16, 4}).permute({0, 3, 4, 1, 2, 5})
+                                .reshape({nb * kBlockCols, G, kQGroup}).to(torch::kFloat64);
+    const torch::Tensor d = part.narrow(2, kQGroup * kBlockCols, 2 * kBlockCols).contiguous().view(torch::kFloat16)
+                                .permute({0, 2, 1}).reshape({nb * kBlockCols, G, 1}).to(torch::kFloat64);
+    const torch::Tensor qw = (q * d).reshape({nb * kBlockCols, K}).narrow(0, 0, rows);
+    const torch::Tensor w = s.rows.narrow(0, n0, rows).to(torch::kFloat64);
+    const torch::Tensor on_x = ((gK * w.norm(2, 1) + (w - qw).norm(2, 1)) * (1 + 1e-6)).contiguous();
+    const torch::Tensor on_q = (qw.norm(2, 1) * (1 + 1e-6)).contiguous();
+    for (int64_t r = 0; r < rows; ++r) {
+      s.on_x[n0 + r] = rounded_up(on_x.data_ptr<double>()[r]);
+      s.on_q[n0 + r] = rounded_up(on_q.data_ptr<double>()[r]);
     }
-  });
+  }
   for (int64_t n = 0; n < N; ++n) {
     if (!std::isfinite(s.on_x[n]) || !std::isfinite(s.on_q[n])) return ArgmaxScreen{};
     s.most_on_x = std::max<double>(s.most_on_x, s.on_x[n]), s.most_on_q = std::max<double>(s.most_on_q, s.on_q[n]);

@@ -57,7 +57,7 @@ Weight make_quantized_weight(const torch::Tensor& t, int bits) {
   w.N = t.size(0);
   w.K = t.size(1);
   w.qbits = bits;
-  w.tensor = pack_quantized(t.to(torch::kFloat32), bits);
+  w.tensor = pack_quantized(t, bits);  // widened to float32 piece by piece
   w.data = static_cast<const char*>(w.tensor.data_ptr());
   return w;
 }
