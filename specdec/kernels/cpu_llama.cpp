@@ -82,7 +82,8 @@ class CpuLlama {
     embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
     lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
     if (quantized) lm_screen_ = make_quantized_weight(lm_head, 4);
-    if (screened && !quantized) argmax_screen_ = make_argmax_screen(lm_head);
+    // a soft-capped head is not screened (tanh can round distinct logits to one value), so no copy is kept for it
+    if (screened && !quantized && cfg_.logit_softcap == 0.0f) argmax_screen_ = make_argmax_screen(lm_head);
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -253,7 +254,7 @@ class CpuLlama {
       screened_logits(picked.data_ptr<float>(), R, reinterpret_cast<const uint8_t*>(lm_screen_.data),
                       reinterpret_cast<const uint8_t*>(lm_head_.data), lm_head_.N, H, kRescoredLogits,
                       logits.data_ptr<float>());
-    else if (argmax_only && argmax_screen_.ready && R <= kScreenedRows && !bf16_products && c.logit_softcap == 0.0f)
+    else if (argmax_only && argmax_screen_.ready && R <= kScreenedRows && !bf16_products)
       screened_argmax_logits(argmax_screen_, lm_head_, picked.data_ptr<float>(), R, logits.data_ptr<float>());
     else
       linear(picked.data_ptr<float>(), R, lm_head_, nullptr, logits.data_ptr<float>(), lm_head_.N, bf16_products);
