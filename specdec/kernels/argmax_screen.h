@@ -58,21 +58,16 @@ ArgmaxScreen make_argmax_screen(const torch::Tensor& head) {
   s.on_q.assign(N, 0.f);
   const int64_t G = K / kQGroup, blocks = (N + kBlockCols - 1) / kBlockCols;
   const double gK = error_factor(K);
-  // q_n read back from the packed bytes (quantized_output8's layout): the numbers the 8-bit products use. In float64,
-  // 64 blocks at a time: every product d * q and w itself are exact there.
-  const torch::Tensor packed = s.q8.tensor.view({blocks, G, q_group_bytes(8)});
+  // q_n read back from the packed bytes: the numbers the 8-bit products use. In float64, 64 blocks at a time: every
+  // product d * q and w itself are exact there.
+  const int64_t block_bytes = G * q_group_bytes(8);
   constexpr int64_t kBlocksAtOnce = 64;
   for (int64_t b0 = 0; b0 < blocks; b0 += kBlocksAtOnce) {
     const int64_t nb = std::min(kBlocksAtOnce, blocks - b0), n0 = b0 * kBlockCols;
     const int64_t rows = std::min(nb * kBlockCols, N - n0);
-    const torch::Tensor part = packed.narrow(0, b0, nb);
-    // (nb, G, 8 quads, 4 v, 16 i, 4 j) -> (nb, 4 v, 16 i, G, 8 quads, 4 j): row 16v + i, k = 32g + 4 quad + j
-    const torch::Tensor q = part.narrow(2, 0, kQGroup * kBlockCols).contiguous().view(torch::kInt8)
-                                .view({nb, G, 8, 4, 16, 4}).permute({0, 3, 4, 1, 2, 5})
-                                .reshape({nb * kBlockCols, G, kQGroup}).to(torch::kFloat64);
-    const torch::Tensor d = part.narrow(2, kQGroup * kBlockCols, 2 * kBlockCols).contiguous().view(torch::kFloat16)
-                                .permute({0, 2, 1}).reshape({nb * kBlockCols, G, 1}).to(torch::kFloat64);
-    const torch::Tensor qw = (q * d).reshape({nb * kBlockCols, K}).narrow(0, 0, rows);
+    const auto [q, d] = unpack_q8(s.q8.tensor.narrow(0, b0 * block_bytes, nb * block_bytes), nb, G);
+    const torch::Tensor qw = (q.to(torch::kFloat64) * d.to(torch::kFloat64).unsqueeze(-1))
+                                 .reshape({nb * kBlockCols, K}).narrow(0, 0, rows);
     const torch::Tensor w = s.rows.narrow(0, n0, rows).to(torch::kFloat64);
     const torch::Tensor on_x = ((gK * w.norm(2, 1) + (w - qw).norm(2, 1)) * (1 + 1e-6)).contiguous();
     const torch::Tensor on_q = (qw.norm(2, 1) * (1 + 1e-6)).contiguous();
@@ -99,47 +94,83 @@ inline float exact_head_output(const ArgmaxScreen& s, const float* x, int64_t n)
   return acc + 0.f;
 }
 
+// The first position of the largest of y[n0, n1) (finite values): the largest by vectors, then where it first is.
+inline int64_t first_max(const float* y, int64_t n0, int64_t n1) {
+  float best = -INFINITY;
+  int64_t n = n0;
+  if (n1 - n0 >= 16) {
+    f32x16 most = vec::load(y + n0);
+    for (n = n0 + 16; n + 16 <= n1; n += 16) most = vec::max(most, vec::load(y + n));
+    float lanes[16];
+    vec::store(lanes, most);
+    for (float lane : lanes) best = std::max(best, lane);
+  }
+  for (; n < n1; ++n) best = std::max(best, y[n]);
+  for (n = n0; n < n1 - 1 && y[n] != best; ++n) {}
+  return n;
+}
+
 // y (R, N): for each row of x (R, K), -inf except where the row's maximum may be, those outputs exactly the full
 // product's (linear() with `full`, float32 products). A row the screen cannot narrow (candidates beyond 1/64 of
 // the outputs, or activations that are not finite) gets the full product instead.
 // The best 8-bit output n0 gives the floor: the row's maximum is at least l_n0 >= a_n0 - bound_n0. An output is a
 // candidate when a_n + bound_n reaches it; one float comparison with the widest bound rules out almost all first.
+// The scans over the outputs are shared among the threads in kPieces pieces, combined in order.
 void screened_argmax_logits(const ArgmaxScreen& s, const Weight& full, const float* x, int64_t R, float* y) {
+  constexpr int64_t kPieces = 64;
   const int64_t N = s.q8.N, K = s.q8.K, G = K / kQGroup;
+  const int64_t piece = (N + kPieces - 1) / kPieces;
   const Q8Rows xq = quantize_rows(x, R, K);
   linear_quantized<8>(xq, R, reinterpret_cast<const uint8_t*>(s.q8.data), N, K, nullptr, y, N);
   const double gG = error_factor(G + 1);
   const int64_t most = std::max<int64_t>(64, N / 64);
-  std::vector<uint8_t> narrowed(R, 0);
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<int64_t> picked;
-    std::vector<float> exact;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * K;
-      float* yr = y + r * N;
-      double xx = 0, qq = 0, ee = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double xk = xr[k], xh = static_cast<double>(xq.scale[r * G + k / kQGroup]) * xq.q[r * K + k];
-        xx += xk * xk, qq += xh * xh, ee += (xk - xh) * (xk - xh);
-      }
-      const double on_x = std::sqrt(xx), on_q = std::sqrt(ee) + gG * std::sqrt(qq);
-      auto bound = [&](int64_t n) { return (s.on_x[n] * on_x + s.on_q[n] * on_q) * (1 + 1e-6) + 1e-30; };
-      const int64_t n0 = std::max_element(yr, yr + N) - yr;
+  std::vector<int64_t> bests(kPieces);
+  std::vector<std::vector<int64_t>> picks(kPieces);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * K;
+    float* yr = y + r * N;
+    double xx = 0, qq = 0, ee = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double xk = xr[k], xh = static_cast<double>(xq.scale[r * G + k / kQGroup]) * xq.q[r * K + k];
+      xx += xk * xk, qq += xh * xh, ee += (xk - xh) * (xk - xh);
+    }
+    const double on_x = std::sqrt(xx), on_q = std::sqrt(ee) + gG * std::sqrt(qq);
+    auto bound = [&](int64_t n) { return (s.on_x[n] * on_x + s.on_q[n] * on_q) * (1 + 1e-6) + 1e-30; };
+    bool narrowed = std::isfinite(xx) && std::isfinite(ee);
+    if (narrowed) {
+      at::parallel_for(0, kPieces, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          bests[p] = first_max(yr, std::min(N, p * piece), std::min(N, (p + 1) * piece));
+      });
+      int64_t n0 = bests[0];
+      for (int64_t p = 1; p < kPieces; ++p)
+        if (bests[p] < N && yr[bests[p]] > yr[n0]) n0 = bests[p];
       const double floor = yr[n0] - bound(n0);
       const double widest = (s.most_on_x * on_x + s.most_on_q * on_q) * (1 + 1e-6) + 1e-30;
       const float cut = std::nextafter(static_cast<float>(floor - widest), -INFINITY);  // <= floor - any bound
-      if (!std::isfinite(floor) || !std::isfinite(cut)) continue;
-      picked.clear();
-      for (int64_t n = 0; n < N && static_cast<int64_t>(picked.size()) <= most; ++n)
-        if (yr[n] >= cut && yr[n] + bound(n) >= floor) picked.push_back(n);
-      if (static_cast<int64_t>(picked.size()) > most) continue;
-      exact.resize(picked.size());
-      for (size_t j = 0; j < picked.size(); ++j) exact[j] = exact_head_output(s, xr, picked[j]);
-      std::fill(yr, yr + N, -INFINITY);
-      for (size_t j = 0; j < picked.size(); ++j) yr[picked[j]] = exact[j];
-      narrowed[r] = 1;
+      narrowed = std::isfinite(floor) && std::isfinite(cut);
+      if (narrowed) {
+        at::parallel_for(0, kPieces, 1, [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) {
+            picks[p].clear();
+            const int64_t end = std::min(N, (p + 1) * piece);
+            for (int64_t n = std::min(N, p * piece); n < end && static_cast<int64_t>(picks[p].size()) <= most; ++n)
+              if (yr[n] >= cut && yr[n] + bound(n) >= floor) picks[p].push_back(n);
+          }
+        });
+        int64_t picked = 0;
+        for (const auto& part : picks) picked += part.size();
+        narrowed = picked <= most;
+      }
     }
-  });
-  for (int64_t r = 0; r < R; ++r)
-    if (!narrowed[r]) linear(x + r * K, 1, full, nullptr, y + r * N, N);
+    if (!narrowed) {
+      linear(xr, 1, full, nullptr, yr, N);
+      continue;
+    }
+    std::vector<std::pair<int64_t, float>> exact;
+    for (const auto& part : picks)
+      for (int64_t n : part) exact.emplace_back(n, exact_head_output(s, xr, n));
+    std::fill(yr, yr + N, -INFINITY);
+    for (const auto& [n, value] : exact) yr[n] = value;
+  }
 }

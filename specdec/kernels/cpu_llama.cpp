@@ -47,6 +47,7 @@ using vec::f32x16;
 
 #include "products.h"
 #include "amx.h"
+#include "quantized_layout.h"
 #include "quantized.h"
 #include "weights.h"
 #include "argmax_screen.h"

@@ -5,57 +5,8 @@
 // multiplied in integers (pairs of u8 x s8 products summed into int32). A one-token pass reads about a third of
 // bfloat16's bytes: a cheap, approximate copy of the target. The target's own passes never use these products
 // (theirs are the exact float32 ones of products.h). Part of cpu_llama.cpp's translation unit, included after
-// products.h.
+// quantized_layout.h, where the bytes' order is.
 #pragma once
-
-constexpr int kQGroup = 32;  // weights sharing one d (and m)
-
-// Bytes of one group of a block of 64 output rows: the weights, then d (and m) of the 64 rows.
-constexpr int64_t q_group_bytes(int bits) {
-  return kBlockCols * kQGroup * bits / 8 + (bits == 4 ? 2 : 1) * kBlockCols * 2;
-}
-
-// (N, K) float -> blocks of 64 output rows, each a run of K/32 groups of 8 quads of k (k = 4q + j), then d (and m)
-// of the 64 rows. 4 bits: a quad is 128 bytes, byte 64h + 4i + j holding u of row 32h + i in its low nibble and of
-// row 32h + 16 + i in its high one. 8 bits: a quad is 256 bytes, byte 64v + 4i + j holding q of row 16v + i. Rows
-// past N are zero. Large weights are packed 4,096 rows at a time (whole blocks), so that the float32 temporaries
-// stay small: the same bytes, several times faster for an LM head.
-torch::Tensor pack_quantized(const torch::Tensor& weight, int bits) {
-  constexpr int64_t kRowsAtOnce = 64 * kBlockCols;
-  if (weight.size(0) > kRowsAtOnce) {
-    std::vector<torch::Tensor> parts;
-    for (int64_t n0 = 0; n0 < weight.size(0); n0 += kRowsAtOnce)
-      parts.push_back(pack_quantized(weight.narrow(0, n0, std::min(kRowsAtOnce, weight.size(0) - n0)), bits));
-    return torch::cat(parts);
-  }
-  const int64_t N = weight.size(0), K = weight.size(1), G = K / kQGroup;
-  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
-  torch::Tensor w = torch::zeros({blocks * kBlockCols, K}, torch::kFloat32);
-  w.narrow(0, 0, N).copy_(weight);
-  torch::Tensor g = w.view({blocks, kBlockCols, G, kQGroup});
-  auto scales = [&](const torch::Tensor& s) {  // (blocks, 64, G, 1) -> float16 (blocks, G, 128) bytes
-    return s.squeeze(-1).to(torch::kFloat16).permute({0, 2, 1}).contiguous().view(torch::kUInt8)
-        .view({blocks, G, 2 * kBlockCols});
-  };
-  if (bits == 8) {
-    torch::Tensor d = (g.abs().amax(-1, true) / 127.0).to(torch::kFloat16).to(torch::kFloat32);
-    torch::Tensor q = torch::where(d > 0, (g / d.clamp_min(1e-30)).round().clamp(-127, 127), torch::zeros_like(g));
-    // (blocks, 4 v, 16 i, G, 8 quad, 4 j) -> (blocks, G, quad, v, i, j)
-    torch::Tensor packed = q.to(torch::kInt8).view({blocks, 4, 16, G, 8, 4}).permute({0, 3, 4, 1, 2, 5})
-                               .contiguous().view(torch::kUInt8).view({blocks, G, kQGroup * kBlockCols});
-    return torch::cat({packed, scales(d)}, -1).contiguous().view({-1});
-  }
-  TORCH_CHECK(bits == 4, "quantized weights have 4 or 8 bits");
-  torch::Tensor lo = std::get<0>(g.min(-1, true)), hi = std::get<0>(g.max(-1, true));
-  torch::Tensor m = lo.to(torch::kFloat16).to(torch::kFloat32);
-  torch::Tensor d = ((hi - lo) / 15.0).to(torch::kFloat16).to(torch::kFloat32);
-  torch::Tensor u = torch::where(d > 0, ((g - m) / d.clamp_min(1e-30)).round().clamp(0, 15), torch::zeros_like(g));
-  // (blocks, 64 n, G, 8 quad, 4 j) -> (blocks, G, quad, 2 h, 2 half, 16 i, 4 j)
-  torch::Tensor q = u.to(torch::kUInt8).view({blocks, 2, 2, 16, G, 8, 4}).permute({0, 4, 5, 1, 2, 3, 6});
-  torch::Tensor packed = q.select(4, 0).bitwise_or(q.select(4, 1).bitwise_left_shift(4)).contiguous()
-                             .view({blocks, G, kQGroup * kBlockCols / 2});
-  return torch::cat({packed, scales(d), scales(m)}, -1).contiguous().view({-1});
-}
 
 // x (M, K) float32 rounded to int8 per group of 32, with each group's scale (max|x| / 127) and exact sum (for m)
 struct Q8Rows {
@@ -138,27 +89,28 @@ template <int MR, int BITS>
 __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
                                               const uint8_t* __restrict block, int valid,
                                               const float* __restrict bias, float* __restrict y, int64_t ldy) {
-  constexpr int64_t kQuadBytes = kBlockCols * 4 * BITS / 8;
+  using L = QLayout<BITS>;
   const int64_t G = K / kQGroup;
   f32x16 acc[MR][kVecs];
   for (int j = 0; j < MR; ++j)
     for (int v = 0; v < kVecs; ++v) acc[j][v] = vec::zero();
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* group = block + g * q_group_bytes(BITS);
+    const uint8_t* units[L::kUnits];
+    for (int u = 0; u < L::kUnits; ++u) units[u] = block + L::unit(g, 0, u, G);
     qv::i32x16 isum[MR][kVecs];
     for (int j = 0; j < MR; ++j)
       for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero();
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
-      const uint8_t* at = group + quad * kQuadBytes;
+      constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
       qv::i32x16 w[kVecs];
       if constexpr (BITS == 4) {
-        const qv::i32x16 first = qv::load(at), second = qv::load(at + 64);
+        const qv::i32x16 first = qv::load(units[0] + quad * kQuadStep), second = qv::load(units[1] + quad * kQuadStep);
         w[0] = qv::low_nibbles(first), w[1] = qv::high_nibbles(first);
         w[2] = qv::low_nibbles(second), w[3] = qv::high_nibbles(second);
       } else {
 #pragma GCC unroll 4
-        for (int v = 0; v < kVecs; ++v) w[v] = qv::load(at + 64 * v);
+        for (int v = 0; v < kVecs; ++v) w[v] = qv::load(units[v] + quad * kQuadStep);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
@@ -173,13 +125,12 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         }
       }
     }
-    const uint8_t* scales = group + kQGroup * kBlockCols * BITS / 8;
     for (int v = 0; v < kVecs; ++v) {
-      const f32x16 d = qv::load_f16(scales + 32 * v);
+      const f32x16 d = qv::load_f16(block + L::d(g, v, G));
       for (int j = 0; j < MR; ++j) {
         const int64_t r = (row0 + j) * G + g;
         acc[j][v] = vec::fmadd(qv::to_float(isum[j][v]), vec::mul(d, vec::set1(x.scale[r])), acc[j][v]);
-        if constexpr (BITS == 4) acc[j][v] = vec::fmadd(qv::load_f16(scales + 2 * kBlockCols + 32 * v),
+        if constexpr (BITS == 4) acc[j][v] = vec::fmadd(qv::load_f16(block + L::m(g, v, G)),
                                                         vec::set1(x.sum[r]), acc[j][v]);
       }
     }
@@ -220,19 +171,19 @@ void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_
 // Output n of the 8-bit product for row `row` of x (quantized): the same integer sums and the same float32 steps,
 // in the same order, as tile_quantized<., 8> computes it, so the value is the same to the bit.
 float quantized_output8(const Q8Rows& x, int64_t row, const uint8_t* packed, int64_t n, int64_t K) {
+  using L = QLayout<8>;
   const int64_t G = K / kQGroup;
   const uint8_t* block = packed + (n / kBlockCols) * G * q_group_bytes(8);
   const int i = static_cast<int>(n % kBlockCols), v = i / 16, lane = i % 16;
   float acc = 0.f;
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* group = block + g * q_group_bytes(8);
     const int8_t* xg = x.q.data() + row * K + g * kQGroup;
     int32_t sum = 0;
     for (int quad = 0; quad < kQGroup / 4; ++quad)
       for (int j = 0; j < 4; ++j)
-        sum += static_cast<int8_t>(group[quad * 256 + 64 * v + 4 * lane + j]) * xg[quad * 4 + j];
+        sum += static_cast<int8_t>(block[L::unit(g, quad, v, G) + 4 * lane + j]) * xg[quad * 4 + j];
     uint16_t half;
-    std::memcpy(&half, group + kQGroup * kBlockCols + 2 * i, sizeof(half));
+    std::memcpy(&half, block + L::d(g, v, G) + 2 * lane, sizeof(half));
     acc = std::fma(static_cast<float>(sum), _cvtsh_ss(half) * x.scale[row * G + g], acc);
   }
   return acc;
