@@ -91,6 +91,18 @@ def test_the_screen_narrows_rows_and_falls_back_to_the_full_head_where_it_cannot
     assert (kept == VOCAB).all()  # 205 tied maxima a row: more than the screen keeps, so the full head ran
 
 
+def test_a_head_with_weights_that_are_not_finite_is_not_screened():
+    """The bounds need finite weights: the kernels build no screen, and the backend says so."""
+    model = tiny_llama(seed=4, vocab=VOCAB, hidden=HIDDEN, init_range=0.5)
+    with torch.no_grad():
+        model.lm_head.weight[7, 3] = float("inf")
+    target = loaded(model, "kernels")
+    assert not target.backend.screened_head
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_rows(target.backend, ids, 8, argmax_only=True),
+                               _rows(target.backend, ids, 8, argmax_only=False), rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("drafter", [None, "quantized"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_greedy_tokens_are_the_same_with_and_without_the_screen(drafter, dtype):

@@ -179,10 +179,9 @@ def passes_run(backend) -> dict:
     """How the backend's decode passes ran: {"graphs": "cuda" (captured), "eager" (shape-static, uncaptured) or
     "off", "compiled": bool, "screened_head": whether greedy passes read the LM head's 8-bit copy}."""
     graphs = backend.pass_graphs
-    if graphs is None:
-        return {"graphs": "off", "compiled": False, "screened_head": backend.screened_head}
-    return {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled,
-            "screened_head": backend.screened_head}
+    run = ({"graphs": "off", "compiled": False} if graphs is None else
+           {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled})
+    return {**run, "screened_head": backend.screened_head}
 
 
 def commit() -> str | None:

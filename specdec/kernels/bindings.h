@@ -11,6 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<int64_t>, std::vector<double>, bool, bool, bool>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
+      .def_property_readonly("screened", &CpuLlama::screened)
       .def_static("matmul", &CpuLlama::matmul);
   m.def("quantized_matmul", [](torch::Tensor x, torch::Tensor w, int64_t bits) {
     return product(x, make_quantized_weight(w, static_cast<int>(bits)));

@@ -273,6 +273,9 @@ class CpuLlama {
                     slot, start, keep);
   }
 
+  // whether passes asked for argmaxes only read the 8-bit copy of the LM head (argmax_screen.h)
+  bool screened() const { return argmax_screen_.ready; }
+
   // y = x @ w^T with the same kernel (for drafter heads and tests): x (M, K) float32, w (N, K).
   static torch::Tensor matmul(torch::Tensor x, torch::Tensor w) { return product(x, make_weight(w.contiguous())); }
 

@@ -126,8 +126,9 @@ class KernelLlama(PooledCaches, CausalLM):
         self.bf16_products = bf16_products
         args = kernel_model_args(hf_model, self.max_context)
         self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False, screened_head)
-        # the kernels screen heads whose inner size is whole groups of 32, without a final soft cap (argmax_screen.h)
-        self.screened_head = screened_head and cfg.hidden_size % 32 == 0 and not family_of(cfg).logit_softcap
+        # a head whose inner size is whole groups of 32, finite and without a final soft cap (argmax_screen.h),
+        # outside passes with bfloat16 products
+        self.screened_head = self.model.screened and not bf16_products
         self._hf_model = hf_model  # for four_bit_copy
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         kv_dtype = torch.bfloat16 if bf16_cache else torch.float32
