@@ -12,8 +12,11 @@ Variants (text edits of a temporary copy of specdec/kernels, AVX2 builds only):
   prefetch  the one-row tile's software prefetch of its four weight streams --distance bytes ahead instead of
             products.h's 1024 (0: none, the kernels before it)
   widen     for prompts (3+ groups of rows), each block widened to float32 once per thread, then float32 tiles
+  one-stream  quantized blocks (quantized_layout.h) as one stream each, as AVX-512 builds lay them out, instead of
+            a stream per 64-byte unit; with --argmax-only, the steps read the LM head's 8-bit copy
 
     OMP_NUM_THREADS=1 python experiments/qwen3_kernel_ab.py --variant widen --rounds 5 --tokens 2
+    python experiments/qwen3_kernel_ab.py --variant one-stream --argmax-only --rounds 12 --tokens 48
     OMP_NUM_THREADS=1 python experiments/qwen3_kernel_ab.py --variant prefetch --distance 0 --rounds 6 --tokens 48
     python experiments/qwen3_kernel_ab.py --variant prefetch --distance 0 --rounds 6 --tokens 64  # a quiet machine
 """
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PREFETCH_SETTING = "constexpr int64_t kPrefetchBytes = 1024;"  # the AVX2 build's, in products.h
+STREAMS_SETTING = "  static constexpr int kStreams = kUnits;"  # the AVX2 build's, in quantized_layout.h
 UNIT_TILE = ("      tile_rows<WT>(std::min<int64_t>(kMaxRows, M - m), xc + m * K * XS, K, packed + b * block_bytes, "
              "valid,\n                    bias ? bias + n : nullptr, y + m * ldy + n, ldy);")
 WIDEN = """      const int64_t rows = std::min<int64_t>(kMaxRows, M - m);
@@ -64,12 +68,14 @@ def variant_sources(name: str, distance: int, into: Path) -> Path:
     for path in src.iterdir():
         if path.suffix in (".h", ".cpp"):
             shutil.copy(path, into / path.name)
-    products = (into / "products.h").read_text()
+    edited = into / ("quantized_layout.h" if name == "one-stream" else "products.h")
+    text = edited.read_text()
     old, new = {"prefetch": (PREFETCH_SETTING, PREFETCH_SETTING.replace("1024", str(distance))),
-                "widen": (UNIT_TILE, WIDEN)}[name]
-    if old not in products:
-        sys.exit(f"products.h no longer holds the code the {name} variant edits")
-    (into / "products.h").write_text(products.replace(old, new))
+                "widen": (UNIT_TILE, WIDEN),
+                "one-stream": (STREAMS_SETTING, STREAMS_SETTING.replace("kUnits;", "1;"))}[name]
+    if old not in text:
+        sys.exit(f"{edited.name} no longer holds the code the {name} variant edits")
+    edited.write_text(text.replace(old, new))
     return into
 
 
@@ -93,10 +99,12 @@ def build(directory: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", choices=("prefetch", "widen"), required=True)
+    parser.add_argument("--variant", choices=("prefetch", "widen", "one-stream"), required=True)
     parser.add_argument("--distance", type=int, default=0, help="prefetch: bytes ahead in each stream (0: none)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=32, help="one-token steps after the prompt, per round")
+    parser.add_argument("--argmax-only", action="store_true",
+                        help="passes as greedy decoding asks for them (the screened LM head where the kernels have it)")
     parser.add_argument("--out-json", default=None)
     args = parser.parse_args()
 
@@ -120,12 +128,12 @@ def main() -> None:
     def run(backend) -> tuple[float, list[float], torch.Tensor]:
         cache = backend.new_cache()
         start = time.thread_time()
-        out = backend.forward(cache, prompt.view(1, -1), last_only=True)
+        out = backend.forward(cache, prompt.view(1, -1), last_only=True, argmax_only=args.argmax_only)
         prompt_cpu = time.thread_time() - start
         logits, steps = [out.logits[-1]], []
         for _ in range(args.tokens):
             start = time.perf_counter()
-            out = backend.forward(cache, logits[-1].argmax().view(1, 1), last_only=True)
+            out = backend.forward(cache, logits[-1].argmax().view(1, 1), last_only=True, argmax_only=args.argmax_only)
             steps.append(time.perf_counter() - start)
             logits.append(out.logits[-1])
         backend.release(cache)
@@ -142,7 +150,8 @@ def main() -> None:
             prompt_s[i].append(cpu)
             step_s[i].extend(steps)
     result = {"variant": args.variant, "distance": args.distance if args.variant == "prefetch" else None,
-              "rounds": args.rounds, "tokens": args.tokens, "threads": torch.get_num_threads(),
+              "rounds": args.rounds, "tokens": args.tokens, "argmax_only": args.argmax_only,
+              "threads": torch.get_num_threads(),
               "logits_bit_identical": True}
     for i, name in enumerate(("A", "B")):
         result[name] = {"prompt_cpu_s_median": statistics.median(prompt_s[i]), "prompt_cpu_s": prompt_s[i],

@@ -164,28 +164,30 @@ class AcceptanceMemory:
         return ([t * scale for t in self.tried[:k_max]] + pad, [a * scale for a in self.accepted[:k_max]] + pad)
 
 
-def time_by_size(run, reset, sizes, repeats: int = 3) -> dict[int, float]:
-    """{size: median seconds of `repeats` timed calls run(size)}, reset(size) after each call, untimed. Every size
-    runs once untimed first, and each size's first timed call is dropped too: a process's first pass at a size runs
-    slower (measured: up to 1.6x at 8-16 tokens), and a curve that kept it made drafting look dear in every batch."""
+def time_by_size(run, reset, sizes, repeats: int = 3, clock=time.perf_counter) -> dict[int, float]:
+    """{size: the least seconds of `repeats` timed calls run(size)}, reset(size) after each call, untimed.
+
+    Every size runs once untimed first, and the first timed round is dropped too: a process's first passes at a
+    size run slower (measured: up to 1.6x at 8-16 tokens), and a curve that kept them made drafting look dear in
+    every batch. The sizes take turns, one call each a round, so that a slow spell of a shared machine falls on all of
+    them; and since other work only ever adds time, the least time of each is its pass's own cost. (A median of
+    calls in a row gave a curve that moved from run to run on a shared Zen 3, and with it how much `auto` drafted.)"""
     for size in sizes:
         run(size)
         reset(size)
-    table = {}
-    for size in sizes:
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
+    times = {size: [] for size in sizes}
+    for _ in range(repeats + 1):
+        for size in sizes:
+            start = clock()
             run(size)
-            times.append(time.perf_counter() - start)
+            times[size].append(clock() - start)
             reset(size)
-        table[size] = sorted(times[1:])[len(times[1:]) // 2]
-    return table
+    return {size: min(measured[1:]) for size, measured in times.items()}
 
 
 @torch.inference_mode()
 def measure_verify_costs(backend, sizes=(1, 2, 4, 8, 16, 32), context: int = 128, repeats: int = 3) -> dict[int, float]:
-    """Times one target forward over T new tokens after `context` cached ones: {T: median seconds}."""
+    """Times one target forward over T new tokens after `context` cached ones: {T: seconds} (time_by_size)."""
     cache = backend.new_cache()
     try:
         vocab = backend.info.vocab_size

@@ -1,7 +1,10 @@
 """The cost model the draft-length policy reads: a verify-cost curve interpolated and extrapolated from measured
 passes that never falls as passes grow, a new size starting from the curve, each kind of drafter's own drafting cost
 over the one curve, and drafting costs measured warm (after warm_up), not taken from a cold first call."""
+from hypothesis import given, strategies as st
+
 from cost_curves import flat_costs
+from specdec.costs import time_by_size
 
 
 def test_cost_model_interpolates_and_extrapolates():
@@ -68,3 +71,24 @@ def test_a_drafter_built_by_name_after_warm_up_is_warmed_up_too(tiny_folder):
         costs.for_drafter("ngram").observe_draft(1, 20.0)  # as a cold first call would
         assert decoder.drafter_named("ngram", min_n=1, max_n=3).name == "ngram"
         assert (0 < costs.for_drafter("ngram").draft_per_token_s < 0.1) == warm
+
+
+@given(own=st.lists(st.integers(1, 50), min_size=1, max_size=4), spell_start=st.integers(0, 30),
+       spell_length=st.integers(0, 4), slowdown=st.integers(2, 9))
+def test_pass_timing_gives_each_size_its_own_cost_through_a_slow_spell(own, spell_start, spell_length, slowdown):
+    """A fake clock: each call costs its size's own time, a process's first call at a size twice that, and the calls
+    during a slow spell `slowdown` times that. The sizes take turns, so a spell shorter than a round leaves every size
+    a call at its own cost (4 timed rounds after an untimed one, the first timed one dropped)."""
+    sizes = list(range(1, len(own) + 1))
+    now, calls, seen = [0.0], [0], set()
+
+    def run(size):
+        cost = own[size - 1] * (2 if size not in seen else 1)
+        seen.add(size)
+        if spell_start <= calls[0] < spell_start + min(spell_length, len(sizes) - 1):
+            cost *= slowdown
+        calls[0] += 1
+        now[0] += cost
+
+    measured = time_by_size(run, lambda size: None, sizes, repeats=3, clock=lambda: now[0])
+    assert measured == {size: own[size - 1] for size in sizes}

@@ -155,7 +155,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
 
     @torch.inference_mode()
     def _measure_passes(self, sizes=(1, 2, 4, 8, 16), context: int = 128, repeats: int = 3) -> dict[int, float]:
-        """{rows: median seconds} of the copy's pass over that many rows after `context` cached tokens."""
+        """{rows: seconds} of the copy's pass over that many rows after `context` cached tokens (time_by_size)."""
         context = max(1, min(context, self.target.max_context - max(sizes)))
         cache = self.target.new_cache()
         try:
