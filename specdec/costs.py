@@ -170,8 +170,7 @@ def time_by_size(run, reset, sizes, repeats: int = 3, clock=time.perf_counter) -
     Every size runs once untimed first, and the first timed round is dropped too: a process's first passes at a
     size run slower (measured: up to 1.6x at 8-16 tokens), and a curve that kept them made drafting look dear in
     every batch. The sizes take turns, one call each a round, so that a slow spell of a shared machine falls on all of
-    them; and since other work only ever adds time, the least time of each is its pass's own cost. (A median of
-    calls in a row gave a curve that moved from run to run on a shared Zen 3, and with it how much `auto` drafted.)"""
+    them; and since other work only ever adds time, the least time of each is its pass's own cost."""
     for size in sizes:
         run(size)
         reset(size)
