@@ -7,8 +7,8 @@
 // units, 4 or 2. The units are split among kStreams streams, each stream a contiguous run of its units' bytes group
 // after group (quads, then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row
 // product then reads 4 (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and
-// Zen 3 reads them much faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 10.5 ms on
-// one core from one stream, 6.4 ms from four. AVX-512 builds keep one stream a block.
+// Zen 3 reads them much faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on
+// one core from one stream, 6.25 ms from four (experiments/head_products.py). AVX-512 builds keep one stream a block.
 #pragma once
 
 constexpr int kQGroup = 32;  // weights sharing one d (and m)
@@ -16,7 +16,6 @@ constexpr int kQGroup = 32;  // weights sharing one d (and m)
 template <int BITS>
 struct QLayout {
   static constexpr int kUnits = BITS == 8 ? 4 : 2;  // 64-byte pieces of a quad
-  static constexpr int kRowsPerUnit = kBlockCols / kUnits;
 #ifdef SPECDEC_AVX512
   static constexpr int kStreams = 1;
 #else
@@ -65,7 +64,7 @@ torch::Tensor pack_quantized(const torch::Tensor& weight, int bits) {
   w.narrow(0, 0, N).copy_(weight);
   const torch::Tensor g = w.view({blocks, kBlockCols, G, kQGroup});
   const int S = bits == 8 ? QLayout<8>::kStreams : QLayout<4>::kStreams;
-  const int64_t units_per_stream = (bits == 8 ? 4 : 2) / S;
+  const int64_t units_per_stream = bits == 8 ? QLayout<8>::kUnitsPerStream : QLayout<4>::kUnitsPerStream;
   auto scales = [&](const torch::Tensor& s) {  // (blocks, 64, G, 1) -> float16 bytes (blocks, S, G, 2 * 64 / S)
     return s.squeeze(-1).to(torch::kFloat16).view({blocks, S, kBlockCols / S, G}).permute({0, 1, 3, 2})
         .contiguous().view(torch::kUInt8);
