@@ -16,6 +16,7 @@ AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx2", "f16c", "fma"}
 @pytest.mark.parametrize("flags,isa", [(AVX512, "avx512"), (AVX512 - {"avx512bw"}, "avx2"),
                                        ({"avx2", "fma", "f16c", "sse4_2"}, "avx2"), ({"avx", "sse4_2"}, None)])
 def test_the_build_follows_the_cpu_flags(monkeypatch, flags, isa):
+    monkeypatch.delenv(kernels.ISA_VARIABLE, raising=False)  # CI reruns the kernels' tests with it set
     monkeypatch.setattr(kernels, "cpu_flags", lambda: set(flags))
     assert kernels.instruction_set() == isa
     reason = kernels.unavailable_reason()
@@ -41,7 +42,7 @@ def test_an_unknown_or_unsupported_build_is_refused(monkeypatch):
         pytest.skip(kernels.unavailable_reason())
     with pytest.raises(ValueError, match="isa must be one of avx512, avx2"):
         kernels.load("sse2")
-    if kernels.instruction_set() != "avx512":
+    if kernels.cpu_instruction_set() != "avx512":  # the CPU's own, whichever build SPECDEC_KERNEL_ISA chose
         with pytest.raises(kernels.KernelUnavailable, match="lacks AVX-512"):
             kernels.load("avx512")
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec.kernels import has_bf16_products
+from specdec.kernels import bf16_prefill_wanted, has_bf16_products
 from tiny import loaded, tiny_llama
 
 
@@ -169,14 +169,17 @@ def test_bf16_products_stay_close_to_float32_products():
 @needs_bf16_products
 def test_kernels_prefill_prompts_with_bf16_products():
     """With bfloat16 weights, `kernels` multiplies in bfloat16 in a sequence's first pass (as kernels-bf16 does) and in
-    float32 afterwards (as kernels-fp32 does); a pass that mixes first and later passes scores each as it would alone."""
+    float32 afterwards (as kernels-fp32 does); a pass that mixes first and later passes scores each as it would alone.
+    SPECDEC_BF16_PREFILL=off makes the first pass kernels-fp32's too."""
     model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).to(torch.bfloat16)
     default, fp32, bf16 = (loaded(model, kind, dtype=torch.bfloat16).backend
                            for kind in ("kernels", "kernels-fp32", "kernels-bf16"))
+    assert default.bf16_prefill == bf16_prefill_wanted()
     prompt, steps = torch.arange(3, 60), torch.tensor([7, 1, 9, 4])
     first = [b.forward(b.new_cache(), prompt).logits for b in (default, fp32, bf16)]
-    assert torch.equal(first[0], first[2]) and not torch.equal(first[0], first[1])
-    # later passes: float32 products over the bfloat16-prefilled cache (so unlike kernels-bf16's)
+    like, unlike = (2, 1) if default.bf16_prefill else (1, 2)  # kernels-bf16's prefill, or kernels-fp32's
+    assert torch.equal(first[0], first[like]) and not torch.equal(first[0], first[unlike])
+    # later passes: float32 products over the prefilled cache (so unlike kernels-bf16's)
     caches = [b.new_cache() for b in (default, bf16)]
     later = []
     for b, c in zip((default, bf16), caches):

@@ -13,7 +13,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import SpecdecError, first_line
+from ..errors import ConfigError, SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
 HEADERS = tuple(Path(__file__).with_name(name) for name in
@@ -22,6 +22,7 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in
                  "bindings.h"))
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
 AVX2_FLAGS = ("avx2", "f16c", "fma")
+ISA_VARIABLE, PREFILL_VARIABLE = "SPECDEC_KERNEL_ISA", "SPECDEC_BF16_PREFILL"
 BUILD_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c"],
                "avx2": ["-mavx2", "-mfma", "-mf16c"]}
 
@@ -51,12 +52,22 @@ def build_flags(isa: str) -> list[str]:
 
 
 def has_bf16_products() -> bool:
-    """True where the CPU has AVX-512 BF16 (vdpbf16ps), for bfloat16 products."""
+    """True where the CPU has AVX-512 BF16 (vdpbf16ps) and the build is AVX-512's, for bfloat16 products."""
     return "avx512_bf16" in cpu_flags() and instruction_set() == "avx512"
 
 
-def instruction_set() -> str | None:
-    """The vector instructions the kernels are built for here: "avx512", "avx2", or None (neither)."""
+def bf16_prefill_wanted() -> bool:
+    """Whether prompts' passes take bfloat16 products where the weights and CPU allow them (KernelLlama's default):
+    yes, unless SPECDEC_BF16_PREFILL is "off"; "on" (or unset) asks for them, which a CPU without them cannot give.
+    Any other value is a ConfigError."""
+    value = os.environ.get(PREFILL_VARIABLE, "").strip().lower()
+    if value not in ("", "on", "off"):
+        raise ConfigError(f"{PREFILL_VARIABLE} must be on or off, not {value!r}")
+    return value != "off"
+
+
+def cpu_instruction_set() -> str | None:
+    """The best build this CPU runs, whatever SPECDEC_KERNEL_ISA says: "avx512", "avx2", or None (neither)."""
     flags = cpu_flags()
     for name, needed in (("avx512", AVX512_FLAGS), ("avx2", AVX2_FLAGS)):
         if all(f in flags for f in needed):
@@ -64,13 +75,33 @@ def instruction_set() -> str | None:
     return None
 
 
+def forced_instruction_set() -> str | None:
+    """The build SPECDEC_KERNEL_ISA asks for ("avx2" or "avx512"), None where it is unset or empty; any other value is
+    a ConfigError (a typo must not quietly test the native build)."""
+    value = os.environ.get(ISA_VARIABLE, "").strip().lower()
+    if value and value not in BUILD_FLAGS:
+        raise ConfigError(f"{ISA_VARIABLE} must be one of {', '.join(BUILD_FLAGS)}, not {value!r}")
+    return value or None
+
+
+def instruction_set() -> str | None:
+    """The vector instructions the kernels are built for here: the CPU's best, or SPECDEC_KERNEL_ISA's build where
+    that is set; None where the CPU runs neither (or not the one asked for)."""
+    forced, best = forced_instruction_set(), cpu_instruction_set()
+    if forced is None or best is None:
+        return best
+    return None if forced == "avx512" and best != "avx512" else forced  # an AVX-512 CPU runs the AVX2 build too
+
+
 def unavailable_reason() -> str | None:
     """Why the kernels cannot run on this machine, or None."""
     if sys.platform != "linux":
         return "the CPU kernels are built for Linux only"
     if instruction_set() is None:
-        missing = [f for f in AVX2_FLAGS if f not in cpu_flags()]
-        return f"the CPU lacks {', '.join(missing)}"
+        flags = cpu_flags()
+        if forced_instruction_set() == "avx512" and cpu_instruction_set() == "avx2":
+            return f"{ISA_VARIABLE}=avx512, but the CPU lacks {', '.join(f for f in AVX512_FLAGS if f not in flags)}"
+        return f"the CPU lacks {', '.join(f for f in AVX2_FLAGS if f not in flags)}"
     for path in (SOURCE, *HEADERS):
         if not path.is_file():
             return f"the kernel source {path.name} is not installed"
@@ -92,13 +123,14 @@ def _openmp_link_flags() -> list[str]:
 
 def load(isa: str | None = None):
     """The compiled extension module (built on first call, then loaded from the cache). isa: build for "avx2"
-    or "avx512" instead of the best this CPU runs (for comparisons; the CPU must run the one asked for)."""
+    or "avx512" instead of instruction_set()'s (for comparisons; the CPU must run the one asked for). Without
+    isa, SPECDEC_KERNEL_ISA chooses where set (KernelUnavailable where the CPU cannot run that build)."""
     reason = unavailable_reason()
     if reason:
         raise KernelUnavailable(reason)
     if isa is not None and isa not in BUILD_FLAGS:
         raise ValueError(f"isa must be one of {', '.join(BUILD_FLAGS)}, not {isa!r}")
-    if isa == "avx512" and instruction_set() != "avx512":
+    if isa == "avx512" and cpu_instruction_set() != "avx512":
         raise KernelUnavailable("the CPU lacks AVX-512")
     return _build(isa or instruction_set())
 

@@ -95,14 +95,15 @@ class KernelLlama(PooledCaches, CausalLM):
                  screened_head: bool = True):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
-        bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow).
+        bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow,
+        unless SPECDEC_BF16_PREFILL=off: kernels.bf16_prefill_wanted).
         bf16_cache: the KV cache in bfloat16 (keys and values rounded to nearest even as they are written); bfloat16
         weights only.
         screened_head: keep the LM head a second time at 8 bits (vocab x hidden bytes), so that passes asked for
         argmaxes only read it instead of the full head and compute exactly only the outputs that may be a row's
         maximum (kernels/argmax_screen.h): the same argmax, for about half the head's bytes."""
         from ..errors import ConfigError
-        from ..kernels import has_bf16_products, load
+        from ..kernels import bf16_prefill_wanted, has_bf16_products, load
 
         bf16_ready = info.dtype == torch.bfloat16 and has_bf16_products()
         if bf16_cache and info.dtype != torch.bfloat16:
@@ -110,7 +111,7 @@ class KernelLlama(PooledCaches, CausalLM):
         if bf16_products and not bf16_ready:
             raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
                               "AVX-512 BF16")
-        self.bf16_prefill = bf16_ready if bf16_prefill is None else bf16_prefill and bf16_ready
+        self.bf16_prefill = (bf16_prefill_wanted() if bf16_prefill is None else bf16_prefill) and bf16_ready
         module = load()
         cfg = hf_model.config
         if info.device.type != "cpu":
