@@ -9,6 +9,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
                           torch::Tensor, torch::Tensor, torch::Tensor, std::vector<int64_t>, std::vector<torch::Tensor>,
                           std::vector<int64_t>, std::vector<double>, bool, bool, bool>())
+      .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
+                          torch::Tensor, torch::Tensor, torch::Tensor, std::vector<int64_t>, std::vector<torch::Tensor>,
+                          std::vector<int64_t>, std::vector<double>, bool, bool, bool,
+                          std::vector<std::vector<int64_t>>>())
       .def("forward", &CpuLlama::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("compact", &CpuLlama::compact)
       .def_property_readonly("screened", &CpuLlama::screened)
@@ -16,6 +20,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_matmul", [](torch::Tensor x, torch::Tensor w, int64_t bits) {
     return product(x, make_quantized_weight(w, static_cast<int>(bits)));
   }, "x (M, K) @ w (N, K)^T, w in groups of 32 of `bits` 4 or 8, x rounded to int8 (a drafting copy's products)");
+  m.def("pack_codes", [](int64_t fmt, torch::Tensor codes, torch::Tensor first, torch::Tensor second,
+                         torch::Tensor super_d, torch::Tensor super_m) {
+    auto given = [](const torch::Tensor& t) { return t.numel() ? t.contiguous() : torch::Tensor(); };
+    return pack_codes({static_cast<int>(fmt), codes.contiguous(), given(first), given(second), given(super_d),
+                       given(super_m)});
+  }, "a quantized weight's numbers (quantized_layout.h's QCodes; empty tensors where the format has none) packed "
+     "for the kernels: uint8 bytes");
+  m.def("packed_matmul", [](torch::Tensor x, torch::Tensor packed, int64_t fmt, int64_t N, int64_t K) {
+    return product(x, packed_weight(packed, static_cast<int>(fmt), N, K));
+  }, "x (M, K) @ W^T for W (N, K) packed in `fmt`, x rounded to int8 per group of 32");
+  m.def("packed_rows", [](torch::Tensor packed, int64_t fmt, int64_t N, int64_t K) {
+    const Weight w = packed_weight(packed, static_cast<int>(fmt), N, K);
+    torch::Tensor out = torch::empty({N, K}, torch::kFloat32);
+    for (int64_t n = 0; n < N; ++n)
+      dequantized_row(w.qfmt, reinterpret_cast<const uint8_t*>(w.data), n, K, out.data_ptr<float>() + n * K);
+    return out;
+  }, "the numbers of a packed weight (N, K) as float32, as embedding lookups widen them");
   m.def("amx_available", [] { return amx_permitted(); }, "bfloat16 products run on AMX tiles where allowed");
   m.def("set_amx", [](bool on) { const bool was = amx_enabled; amx_enabled = on; return was; },
         "turns the AMX products on or off (for comparisons); returns the previous setting");

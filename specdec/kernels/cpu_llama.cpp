@@ -64,7 +64,8 @@ class CpuLlama {
   CpuLlama(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> layer_tensors, torch::Tensor embed,
            torch::Tensor final_norm, torch::Tensor lm_head, torch::Tensor cos, torch::Tensor sin,
            std::vector<int64_t> windows, std::vector<torch::Tensor> local_rope, std::vector<int64_t> local_layers,
-           std::vector<double> family, bool pairs, bool quantized, bool screened) {
+           std::vector<double> family, bool pairs, bool quantized, bool screened,
+           std::vector<std::vector<int64_t>> packed = {}) {
     TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, vocab");
     cfg_ = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], static_cast<float>(eps)};
     read_family(cfg_, family);
@@ -74,17 +75,33 @@ class CpuLlama {
     TORCH_CHECK(static_cast<int64_t>(windows.size()) == cfg_.layers && local_layers.size() == windows.size(),
                 "a window and a RoPE table choice per layer");
     TORCH_CHECK(local_rope.empty() || local_rope.size() == 2, "local RoPE tables: none, or cos and sin");
+    TORCH_CHECK(packed.empty() || static_cast<int64_t>(packed.size()) == kLayerTensors * cfg_.layers + 2,
+                "packed: one description per layer tensor, then the embeddings' and the LM head's");
+    auto packing = [&](int64_t i) { return packed.empty() ? std::vector<int64_t>{} : packed[i]; };
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       TORCH_CHECK(!local_layers[l] || !local_rope.empty(), "a layer on local RoPE tables that are not given");
+      std::vector<std::vector<int64_t>> layer_packing;
+      for (int64_t i = 0; i < kLayerTensors; ++i) layer_packing.push_back(packing(kLayerTensors * l + i));
       layers_.push_back(make_layer(&layer_tensors[kLayerTensors * l], cfg_, windows[l], local_layers[l] != 0, pairs,
-                                   quantized));
+                                   quantized, layer_packing));
     }
-    embed_rows_ = embed.contiguous();
-    embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
-    lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
-    if (quantized) lm_screen_ = make_quantized_weight(lm_head, 4);
-    // a soft-capped head is not screened (tanh can round distinct logits to one value), so no copy is kept for it
-    if (screened && !quantized && cfg_.logit_softcap == 0.0f) argmax_screen_ = make_argmax_screen(lm_head);
+    const std::vector<int64_t> embed_packing = packing(kLayerTensors * cfg_.layers);
+    if (!embed_packing.empty()) {  // a quantized table: rows are widened as they are looked up
+      embed_packed_ = weight_as_packed(embed, embed_packing);
+      TORCH_CHECK(embed_packed_.parts.empty(), "quantized embeddings: one format");
+    } else {
+      embed_rows_ = embed.contiguous();
+      embed_type_ = make_weight(embed.narrow(0, 0, 1).contiguous()).wtype;
+    }
+    const std::vector<int64_t> head_packing = packing(kLayerTensors * cfg_.layers + 1);
+    if (!head_packing.empty()) {  // a quantized head is its own cheap copy: it is neither screened nor copied again
+      lm_head_ = weight_as_packed(lm_head, head_packing);
+    } else {
+      lm_head_ = quantized ? make_quantized_weight(lm_head, 8) : make_weight(lm_head, pairs);
+      if (quantized) lm_screen_ = make_quantized_weight(lm_head, 4);
+      // a soft-capped head is not screened (tanh can round distinct logits to one value): no copy is kept for it
+      if (screened && !quantized && cfg_.logit_softcap == 0.0f) argmax_screen_ = make_argmax_screen(lm_head);
+    }
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
@@ -172,10 +189,15 @@ class CpuLlama {
       for (int64_t i = off[s]; i < off[s + 1]; ++i) seq_of[i] = s;
 
     // embeddings, widened to float32
+    const int64_t vocab_rows = embed_packed_.qbits ? embed_packed_.N : embed_rows_.size(0);
     for (int64_t i = 0; i < N; ++i) {
-      TORCH_CHECK(id[i] >= 0 && id[i] < embed_rows_.size(0), "token id out of range");
-      const char* row = static_cast<const char*>(embed_rows_.data_ptr()) + id[i] * H * elem_size(embed_type_);
-      for (int64_t k = 0; k < H; k += 16) vec::store(x + i * H + k, load16_any(row, k, embed_type_));
+      TORCH_CHECK(id[i] >= 0 && id[i] < vocab_rows, "token id out of range");
+      if (embed_packed_.qbits) {
+        dequantized_row(embed_packed_.qfmt, reinterpret_cast<const uint8_t*>(embed_packed_.data), id[i], H, x + i * H);
+      } else {
+        const char* row = static_cast<const char*>(embed_rows_.data_ptr()) + id[i] * H * elem_size(embed_type_);
+        for (int64_t k = 0; k < H; k += 16) vec::store(x + i * H + k, load16_any(row, k, embed_type_));
+      }
       if (c.embed_scale != 0.0f)
         for (int64_t k = 0; k < H; ++k) x[i * H + k] *= c.embed_scale;
     }
@@ -284,6 +306,7 @@ class CpuLlama {
   std::vector<Layer> layers_;
   torch::Tensor embed_rows_;  // (V, H) as given, for lookups
   int embed_type_ = F32;
+  Weight embed_packed_;  // or the table in a quantized format (GGUF files), rows widened as they are looked up
   Weight lm_head_;
   Weight lm_screen_;  // a drafting copy's 4-bit LM head, which screens the outputs its 8-bit one rescores
   ArgmaxScreen argmax_screen_;  // the target's 8-bit copy of its LM head, for passes that need argmaxes only

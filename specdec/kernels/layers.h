@@ -42,17 +42,52 @@ inline torch::Tensor optional_f32(const torch::Tensor& t) {
   return t.defined() && t.numel() ? t.contiguous().to(torch::kFloat32) : torch::Tensor();
 }
 
+// A weight from bytes already packed (a GGUF file's blocks, pack_codes), described by `packing`: (format, rows, inner
+// size, bytes) for each of its row ranges in order; several ranges make a weight of parts (Weight::parts).
+Weight weight_as_packed(const torch::Tensor& bytes, const std::vector<int64_t>& packing) {
+  TORCH_CHECK(packing.size() % 4 == 0 && !packing.empty(), "packing: (format, rows, inner size, bytes) per part");
+  std::vector<Weight> parts;
+  std::vector<int64_t> offsets{0};
+  int64_t at = 0;
+  for (size_t i = 0; i < packing.size(); i += 4) {
+    const int64_t fmt = packing[i], N = packing[i + 1], K = packing[i + 2], size = packing[i + 3];
+    TORCH_CHECK(at + size <= bytes.numel(), "packing: parts beyond the bytes given");
+    parts.push_back(packed_weight(bytes.narrow(0, at, size), static_cast<int>(fmt), N, K));
+    offsets.push_back(offsets.back() + N);
+    at += size;
+  }
+  TORCH_CHECK(at == bytes.numel(), "packing: bytes left over");
+  for (const Weight& p : parts) TORCH_CHECK(p.K == parts[0].K, "packing: parts of one inner size");
+  if (parts.size() == 1) return parts[0];
+  Weight w;
+  w.N = offsets.back();
+  w.K = parts[0].K;
+  w.qbits = 0;
+  w.parts = std::move(parts);
+  w.offsets = std::move(offsets);
+  return w;
+}
+
 Layer make_layer(const torch::Tensor* t, const Config& c, int64_t window, bool local_rope, bool pairs,
-                 bool quantized) {
-  auto weight = [&](const torch::Tensor& w) { return quantized ? make_quantized_weight(w, 4) : make_weight(w, pairs); };
+                 bool quantized, const std::vector<std::vector<int64_t>>& packing) {
+  int slot = 0;  // the position of the tensor in the layer's list, for its packing
+  auto weight = [&](const torch::Tensor& w) {
+    const std::vector<int64_t>& p = packing[slot];
+    if (!p.empty()) return weight_as_packed(w, p);
+    return quantized ? make_quantized_weight(w, 4) : make_weight(w, pairs);
+  };
   Layer layer;
   layer.input_norm = t[0].contiguous().to(torch::kFloat32);
+  slot = 1;
   layer.qkv = weight(t[1]);
   layer.qkv_bias = optional_f32(t[2]);
+  slot = 3;
   layer.o = weight(t[3]);
   layer.o_bias = optional_f32(t[4]);
   layer.post_norm = t[5].contiguous().to(torch::kFloat32);
+  slot = 6;
   layer.gate_up = weight(t[6]);
+  slot = 7;
   layer.down = weight(t[7]);
   layer.q_norm = optional_f32(t[8]);
   layer.k_norm = optional_f32(t[9]);

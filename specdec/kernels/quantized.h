@@ -57,6 +57,15 @@ inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
 #endif
 }
 inline f32x16 to_float(i32x16 v) { return _mm512_cvtepi32_ps(v); }
+inline i32x16 mul32(i32x16 a, i32x16 b) { return _mm512_mullo_epi32(a, b); }
+inline i32x16 add32(i32x16 a, i32x16 b) { return _mm512_add_epi32(a, b); }
+// 16 bytes as 16 int32 lanes: unsigned (K4's sc and mn) or signed (K6's sc)
+inline i32x16 widen_u8(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline i32x16 widen_s8(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 #else
 struct i32x16 { __m256i lo, hi; };
 inline i32x16 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
@@ -79,32 +88,55 @@ inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
   return {dot4_half(acc.lo, u.lo, x.lo), dot4_half(acc.hi, u.hi, x.hi)};
 }
 inline f32x16 to_float(i32x16 v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+inline i32x16 mul32(i32x16 a, i32x16 b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
+inline i32x16 add32(i32x16 a, i32x16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline __m128i bytes16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline i32x16 widen_u8(const uint8_t* p) {
+  const __m128i b = bytes16(p);
+  return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};
+}
+inline i32x16 widen_s8(const uint8_t* p) {
+  const __m128i b = bytes16(p);
+  return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+}
 #endif
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv
 
 // The 64 outputs of one packed block for MR rows of x (quantized): per group, integer sums of the stored integers
-// times x's, then acc += (d * scale_x) * sum (+ m * sum_x for 4 bits).
-template <int MR, int BITS>
+// times x's, then acc += (d * scale_x) * sum (+ m * sum_x where the format has a minimum), in the format's
+// float32 steps (QFormat). 8-bit codes are signed: |w| (unsigned) times x with w's sign, so that q = -128 (Q8_0
+// allows it) is exact too. K6's two halves of a group have their own sc: their sums are scaled in int32 (exact:
+// |sum| < 2^16, |sc| <= 128) and added before the one conversion to float (exact below 2^24).
+template <int MR, int FMT>
 __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
                                               const uint8_t* __restrict block, int valid,
                                               const float* __restrict bias, float* __restrict y, int64_t ldy) {
-  using L = QLayout<BITS>;
+  using L = QLayout<FMT>;
   const int64_t G = K / kQGroup;
   f32x16 acc[MR][kVecs];
   for (int j = 0; j < MR; ++j)
     for (int v = 0; v < kVecs; ++v) acc[j][v] = vec::zero();
+  f32x16 super_d[kVecs], super_m[kVecs];
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* units[L::kUnits];
     for (int u = 0; u < L::kUnits; ++u) units[u] = block + L::unit(g, 0, u, G);
-    qv::i32x16 isum[MR][kVecs];
+    qv::i32x16 isum[MR][kVecs], half_sum[MR][kVecs];
     for (int j = 0; j < MR; ++j)
       for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero();
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
       constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
+      if constexpr (FMT == K6) {
+        if (quad == kQGroup / 8) {  // the first half's sums, times its sc
+          for (int v = 0; v < kVecs; ++v) {
+            const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
+            for (int j = 0; j < MR; ++j) half_sum[j][v] = qv::mul32(isum[j][v], sc), isum[j][v] = qv::zero();
+          }
+        }
+      }
       qv::i32x16 w[kVecs];
-      if constexpr (BITS == 4) {
+      if constexpr (L::kBits == 4) {
         const qv::i32x16 first = qv::load(units[0] + quad * kQuadStep), second = qv::load(units[1] + quad * kQuadStep);
         w[0] = qv::low_nibbles(first), w[1] = qv::high_nibbles(first);
         w[2] = qv::low_nibbles(second), w[3] = qv::high_nibbles(second);
@@ -115,23 +147,39 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
-        if constexpr (BITS == 4) {
+        if constexpr (L::kBits == 4) {
 #pragma GCC unroll 4
           for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], w[v], xb);
-        } else {  // s8 x s8 as |x| (unsigned) times w with x's sign
-          const qv::i32x16 xa = qv::abs8(xb);
+        } else {  // s8 x s8 as |w| (unsigned) times x with w's sign
 #pragma GCC unroll 4
-          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], xa, qv::sign8(w[v], xb));
+          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], qv::abs8(w[v]), qv::sign8(xb, w[v]));
         }
       }
     }
+    if constexpr (k_quant(FMT)) {
+      if (g % kQSuper == 0)
+        for (int v = 0; v < kVecs; ++v) {
+          super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
+          if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
+        }
+    }
     for (int v = 0; v < kVecs; ++v) {
-      const f32x16 d = qv::load_f16(block + L::d(g, v, G));
+      f32x16 d, m;
+      if constexpr (FMT == K4) {
+        d = vec::mul(super_d[v], qv::to_float(qv::widen_u8(block + L::d(g, v, G))));  // exact: 11 + 6 bits
+        m = vec::mul(super_m[v], qv::to_float(qv::widen_u8(block + L::m(g, v, G))));
+      } else if constexpr (FMT == K6) {
+        d = super_d[v];
+        const qv::i32x16 sc = qv::widen_s8(block + L::m(g, v, G));
+        for (int j = 0; j < MR; ++j) isum[j][v] = qv::add32(half_sum[j][v], qv::mul32(isum[j][v], sc));
+      } else {
+        d = qv::load_f16(block + L::d(g, v, G));
+        if constexpr (FMT == Q4) m = qv::load_f16(block + L::m(g, v, G));
+      }
       for (int j = 0; j < MR; ++j) {
         const int64_t r = (row0 + j) * G + g;
         acc[j][v] = vec::fmadd(qv::to_float(isum[j][v]), vec::mul(d, vec::set1(x.scale[r])), acc[j][v]);
-        if constexpr (BITS == 4) acc[j][v] = vec::fmadd(qv::load_f16(block + L::m(g, v, G)),
-                                                        vec::set1(x.sum[r]), acc[j][v]);
+        if constexpr (FMT == Q4 || FMT == K4) acc[j][v] = vec::fmadd(m, vec::set1(x.sum[r]), acc[j][v]);
       }
     }
   }
@@ -140,21 +188,21 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 
 constexpr int kQMaxRows = 4;
 
-template <int BITS, int MR = kQMaxRows>
+template <int FMT, int MR = kQMaxRows>
 void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K, const uint8_t* block, int valid,
                          const float* bias, float* y, int64_t ldy) {
   if constexpr (MR > 0) {
-    if (rows == MR) return tile_quantized<MR, BITS>(x, row0, K, block, valid, bias, y, ldy);
-    tile_quantized_rows<BITS, MR - 1>(rows, x, row0, K, block, valid, bias, y, ldy);
+    if (rows == MR) return tile_quantized<MR, FMT>(x, row0, K, block, valid, bias, y, ldy);
+    tile_quantized_rows<FMT, MR - 1>(rows, x, row0, K, block, valid, bias, y, ldy);
   }
 }
 
-// y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed by pack_quantized
-// with `bits`
-template <int BITS>
+// y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed in format FMT
+// (pack_codes, pack_quantized)
+template <int FMT>
 void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
                       float* y, int64_t ldy) {
-  const int64_t block_bytes = (K / kQGroup) * q_group_bytes(BITS);
+  const int64_t block_bytes = QLayout<FMT>::block_bytes(K / kQGroup);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   const int64_t groups = (M + kQMaxRows - 1) / kQMaxRows;
   // (block, group of rows) units, as linear_blocks shares them among threads
@@ -162,7 +210,7 @@ void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t b = u / groups, m = u % groups * kQMaxRows, n = b * kBlockCols;
       const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
-      tile_quantized_rows<BITS>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
+      tile_quantized_rows<FMT>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
                                 bias ? bias + n : nullptr, y + m * ldy + n, ldy);
     }
   });

@@ -26,7 +26,12 @@ struct Weight {
   int64_t N = 0, K = 0;
   int wtype = F32;  // the stored type: F32, BF16 or F16
   bool pairs = false;  // bfloat16 packed in pairs of k: products in float32 (BF16PAIRS) or bfloat16 (BF16DOT)
-  int qbits = 0;  // 4 or 8: quantized groups (quantized.h), approximate products for a drafting copy of a model
+  int qbits = 0;  // 4 or 8: quantized groups (quantized.h), products of activations rounded to int8
+  int qfmt = 0;  // the quantized format (QFormat) where qbits
+  // a weight made of row ranges in different formats (a GGUF file's q, k and v, fused): parts[i] gives outputs
+  // [offsets[i], offsets[i + 1]); the parts' own fields above are unused
+  std::vector<Weight> parts;
+  std::vector<int64_t> offsets;
 };
 
 // pairs: pack bfloat16 weights for both kinds of product (a no-op for other dtypes)
@@ -57,20 +62,52 @@ Weight make_quantized_weight(const torch::Tensor& t, int bits) {
   w.N = t.size(0);
   w.K = t.size(1);
   w.qbits = bits;
+  w.qfmt = bits;  // Q4 or Q8
   w.tensor = pack_quantized(t, bits);  // widened to float32 piece by piece
   w.data = static_cast<const char*>(w.tensor.data_ptr());
   return w;
+}
+
+// A weight already packed in `fmt` (pack_codes), of shape (N, K): the bytes are kept, not copied
+Weight packed_weight(const torch::Tensor& packed, int fmt, int64_t N, int64_t K) {
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 1,
+              "packed weights: contiguous uint8 bytes");
+  TORCH_CHECK(K % kQGroup == 0 && (!k_quant(fmt) || K % (kQGroup * kQSuper) == 0), "packed weights: bad inner size");
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  TORCH_CHECK(packed.numel() == blocks * q_block_bytes(fmt, K / kQGroup), "packed weights: wrong size for the shape");
+  Weight w;
+  w.N = N;
+  w.K = K;
+  w.qbits = q_bits(fmt);
+  w.qfmt = fmt;
+  w.tensor = packed;
+  w.data = static_cast<const char*>(packed.data_ptr());
+  return w;
+}
+
+void linear_quantized_any(const Q8Rows& xq, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
+  const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
+  switch (w.qfmt) {
+    case Q4: return linear_quantized<Q4>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    case Q8: return linear_quantized<Q8>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    case K4: return linear_quantized<K4>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    default: return linear_quantized<K6>(xq, M, packed, w.N, w.K, bias, y, ldy);
+  }
 }
 
 // y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32; bf16_products: round x to bfloat16 and
 // multiply in pairs (only for weights packed in pairs)
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
             bool bf16_products = false) {
+  if (!w.parts.empty()) {
+    for (size_t i = 0; i < w.parts.size(); ++i) {
+      const int64_t n0 = w.offsets[i];
+      linear(x, M, w.parts[i], bias ? bias + n0 : nullptr, y + n0, ldy, bf16_products && w.parts[i].pairs);
+    }
+    return;
+  }
   if (w.qbits) {
-    const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
-    const Q8Rows xq = quantize_rows(x, M, w.K);
-    if (w.qbits == 4) linear_quantized<4>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    else linear_quantized<8>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    linear_quantized_any(quantize_rows(x, M, w.K), M, w, bias, y, ldy);
     return;
   }
   TORCH_CHECK(!bf16_products || w.pairs, "bfloat16 products need bfloat16 weights packed in pairs");

@@ -18,6 +18,7 @@ import torch
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
 from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
 from .kvpool import KVPool, PooledCaches, rope_tables
+from .quantized_args import has_quantized, packed_arguments
 
 
 def kernel_shape_problem(config) -> str | None:
@@ -32,20 +33,27 @@ def kernel_shape_problem(config) -> str | None:
     return None
 
 
-def kernel_model_args(hf_model, max_context: int) -> list:
+def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> list:
     """CpuLlama's arguments for a model of a family the fast paths run (family.py): dims, eps, 12 tensors per layer,
     embeddings, final norm, LM head, RoPE tables for max_context positions, each layer's attention window, local
-    RoPE tables and which layers use them (Gemma 3), and the family's scalars (the packing flags follow)."""
+    RoPE tables and which layers use them (Gemma 3), and the family's scalars (the packing flags follow).
+    state: the weights by transformers' names, instead of hf_model's; a matrix there may be a GGUF file's quantized
+    rows (gguf_blocks.QuantizedRows), which stay so here as a list of parts (quantized_args packs them)."""
     cfg = hf_model.config
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     hd = _head_dim(cfg)
-    sd = hf_model.state_dict()
+    sd = hf_model.state_dict() if state is None else state
     family = family_of(cfg)
     none = torch.empty(0)
 
-    def cat(names: list[str], suffix: str) -> torch.Tensor:
+    def matrix(value):
+        return value.contiguous() if isinstance(value, torch.Tensor) else [value]
+
+    def cat(names: list[str], suffix: str):
         parts = [sd.get(f"{n}.{suffix}") for n in names]
-        return none if parts[0] is None else torch.cat(parts).contiguous()
+        if parts[0] is None:
+            return none
+        return torch.cat(parts).contiguous() if isinstance(parts[0], torch.Tensor) else parts
 
     def norm(name: str | None) -> torch.Tensor:
         return none if name is None else norm_weight(sd[name + ".weight"], family).float()
@@ -55,22 +63,23 @@ def kernel_model_args(hf_model, max_context: int) -> list:
         p = f"model.layers.{i}."
         qkv, norms, qk = qkv_names(p, family), norm_names(p, family), family.qk_norm
         tensors += [norm(norms["input"]), cat(qkv, "weight"), cat(qkv, "bias").float(),
-                    sd[p + "self_attn.o_proj.weight"].contiguous(),
+                    matrix(sd[p + "self_attn.o_proj.weight"]),
                     sd.get(p + "self_attn.o_proj.bias", none).float(), norm(norms["mlp_in"]),
-                    cat(gate_up_names(p, family), "weight"), sd[p + "mlp.down_proj.weight"].contiguous(),
+                    cat(gate_up_names(p, family), "weight"), matrix(sd[p + "mlp.down_proj.weight"]),
                     norm(p + "self_attn.q_norm" if qk else None), norm(p + "self_attn.k_norm" if qk else None),
                     norm(norms.get("attn_out")), norm(norms.get("mlp_out"))]
-    embed = sd["model.embed_tokens.weight"].contiguous()
-    lm_head = sd.get("lm_head.weight", embed).contiguous()
+    embed = matrix(sd["model.embed_tokens.weight"])
+    lm_head = matrix(sd["lm_head.weight"]) if "lm_head.weight" in sd else embed
     local = "sliding_attention"
     cos, sin = rope_tables(hf_model, max_context, "full_attention" if family.rope_kinds else None)
     local_tables = [t.cpu() for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
     local_layers = [int(family.rope_kind(i) == local) for i in range(cfg.num_hidden_layers)]
     # the embeddings' scale rounded to the weights' dtype, as Gemma's embedding module rounds it
     embed_scale = float(torch.tensor(family.embed_scale).to(embed.dtype)) if family.embed_scale else 0.0
+    vocab = lm_head.shape[0] if isinstance(lm_head, torch.Tensor) else lm_head[0].shape[0]
     scalars = [embed_scale, family.attn_scale or 0.0, family.attn_softcap or 0.0, family.logit_softcap or 0.0,
                float(family.gelu)]
-    dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, lm_head.shape[0]]
+    dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, vocab]
     return [dims, float(cfg.rms_norm_eps), tensors, embed, norm("model.norm"), lm_head, cos.cpu(), sin.cpu(),
             list(family.windows), local_tables, local_layers, scalars]
 
@@ -92,7 +101,7 @@ class KernelLlama(PooledCaches, CausalLM):
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
                  bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False,
-                 screened_head: bool = True):
+                 screened_head: bool = True, state: dict | None = None):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
         bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow,
@@ -101,7 +110,10 @@ class KernelLlama(PooledCaches, CausalLM):
         weights only.
         screened_head: keep the LM head a second time at 8 bits (vocab x hidden bytes), so that passes asked for
         argmaxes only read it instead of the full head and compute exactly only the outputs that may be a row's
-        maximum (kernels/argmax_screen.h): the same argmax, for about half the head's bytes."""
+        maximum (kernels/argmax_screen.h): the same argmax, for about half the head's bytes.
+        state: the weights by transformers' names instead of hf_model's (then a skeleton on the meta device, for its
+        config and RoPE tables): a GGUF file's, whose quantized matrices the kernels keep in their formats
+        (gguf_model.py); such a model is its own quantized copy, and its LM head is never screened."""
         from ..errors import ConfigError
         from ..kernels import bf16_prefill_wanted, has_bf16_products, load
 
@@ -125,8 +137,12 @@ class KernelLlama(PooledCaches, CausalLM):
         self.head_dim, self.kv_heads = hd, nkv
         self.max_context = -(-min(max_context or info.max_context, info.max_context) // 16) * 16
         self.bf16_products = bf16_products
-        args = kernel_model_args(hf_model, self.max_context)
-        self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False, screened_head)
+        args = kernel_model_args(hf_model, self.max_context, state)
+        self.quantized_weights = has_quantized(args)
+        packing = []
+        if self.quantized_weights:
+            args, packing = packed_arguments(module, args)
+        self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False, screened_head, packing)
         # a head whose inner size is whole groups of 32, finite and without a final soft cap (argmax_screen.h),
         # outside passes with bfloat16 products
         self.screened_head = self.model.screened and not bf16_products
@@ -140,8 +156,12 @@ class KernelLlama(PooledCaches, CausalLM):
         """The same model with 4-bit layers and a screened LM head (kernels/quantized.h), on this one's RoPE tables: a
         CpuLlama whose passes read about a third of bfloat16's bytes and approximate this model's, for drafting on
         this backend's KV caches."""
+        from ..errors import ConfigError
         from ..kernels import load
 
+        if self.quantized_weights:
+            raise ConfigError("the quantized drafter copies float weights: this model's are already quantized "
+                              "(pass --dequantize to run a GGUF file's weights as floats)")
         return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True, False)
 
     @torch.inference_mode()

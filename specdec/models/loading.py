@@ -79,16 +79,22 @@ def locate(spec: str) -> tuple[str, str | None]:
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
                backend: str = "auto", slots: int = 1, max_context: int | None = None,
-               graphs: str = "auto", compile: str = "auto") -> LoadedModel:
+               graphs: str = "auto", compile: str = "auto", dequantize: bool = False) -> LoadedModel:
     """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model. max_context:
     sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
     holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs, compile:
-    see make_backend."""
+    see make_backend. A GGUF file with quantized matrices runs them in their own formats on the CPU kernels
+    (gguf_model.py; activations float32, the dtype aside) unless `dequantize`, or unless the kernels cannot run it
+    (then it is dequantized to `dtype`, as with `dequantize`)."""
     check_device_dtype(device, dtype)
     check_backend(backend)
     check_graphs(graphs, compile)
     folder, gguf = locate(spec)
     dev = resolve_device(device)
+    if gguf and not dequantize and dev.type == "cpu" and backend in ("auto", "kernels"):
+        quantized = _load_quantized_gguf(spec, Path(folder) / gguf, trust_remote_code, slots, max_context)
+        if quantized is not None:
+            return quantized
     torch_dtype = resolve_dtype(dtype, dev)
     hf_model, tokenizer = _load_transformers(folder, gguf, torch_dtype, trust_remote_code)
     hf_model.to(dev).eval()
@@ -97,6 +103,39 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
         info = replace(info, max_context=min(max_context, info.max_context))
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
                        backend=make_backend(hf_model, info, backend, slots, max_context, graphs, compile))
+
+
+def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: int,
+                         max_context: int | None) -> LoadedModel | None:
+    """A GGUF file's model on the CPU kernels with its quantized matrices as they are, or None where the kernels or
+    the file's architecture do not allow it (then it loads dequantized)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..kernels import unavailable_reason
+    from .family import fast_path_problem
+    from .gguf_model import quantized_gguf_problem, read_state, skeleton
+    from .kernel_llama import KernelLlama, four_bit_problem
+
+    _quiet_transformers()
+    kwargs = {"trust_remote_code": trust_remote_code, "gguf_file": path.name}
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        raise _load_error(str(path.parent), path.name, exc) from None
+    problem = (unavailable_reason() or fast_path_problem(config) or four_bit_problem(config)
+               or quantized_gguf_problem(path, config))
+    if problem:
+        if "no quantized matrices" not in problem:
+            print(f"specdec: {path.name} is dequantized to float: {problem}", file=sys.stderr)
+        return None
+    hf_model = skeleton(config)
+    state = read_state(path, hf_model)
+    info = model_info(spec, hf_model, tokenizer, torch.device("cpu"), torch.float32)
+    if max_context:
+        info = replace(info, max_context=min(max_context, info.max_context))
+    backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state)
+    return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
 
 
 def check_backend(backend: str) -> None:

@@ -1,0 +1,125 @@
+"""A GGUF file run as it is: its quantized matrices kept in their formats on the CPU kernels, not dequantized.
+
+transformers reads the file's config and tokenizer, and its names for the tensors (the same map and tensor
+processors it uses to dequantize a file); the gguf package's reader maps the tensors' bytes. Matrices of the types
+in gguf_blocks.READERS become the kernels' quantized weights (exactly the file's values, products with activations
+rounded to int8 per group of 32: kernels/quantized.h); float tensors (F32, F16, BF16) stay floats; a matrix of
+any other type is dequantized to float32, with one line naming its type. The model object that transformers'
+callers read (config, generation settings) is a skeleton on the meta device: it holds no weights.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError
+from .gguf_blocks import READERS, read_rows
+
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# GGUF architectures whose tensors this reader maps onto the kernels' Llama-family model
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def quantized_matrix_types(path: Path) -> set[str]:
+    """The types of the file's 2-D tensors that are neither float32, float16 nor bfloat16."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    return {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2 and t.tensor_type.name not in FLOAT_TYPES}
+
+
+def quantized_gguf_problem(path: Path, config) -> str | None:
+    """Why the file cannot run in its own formats on the kernels (then it is dequantized, as before), or None."""
+    if config.model_type not in ARCHITECTURES:
+        return f"its architecture {config.model_type!r} is not one of {', '.join(ARCHITECTURES)}"
+    if not quantized_matrix_types(path):
+        return "it holds no quantized matrices"
+    return None
+
+
+def skeleton(config):
+    """transformers' model for `config` on the meta device (no weights), with its rotary embedding on the CPU (the
+    kernels' RoPE tables come from it)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with torch.device("cpu"):
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
+    model.generation_config = GenerationConfig.from_model_config(model.config)
+    return model.eval()
+
+
+def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
+    """The permutation transformers' tensor processor applies to the rows of tensor `name` (Llama's q and k), found
+    by running it on the row numbers; None where it keeps them in place."""
+    index = np.arange(rows, dtype=np.float64).reshape(rows, 1)
+    moved = np.asarray(processor.process(index, name).weights).reshape(-1)
+    if np.array_equal(moved, index.reshape(-1)):
+        return None
+    if not np.array_equal(np.sort(moved), index.reshape(-1)):
+        raise ModelLoadError(f"{name}: transformers changes this tensor's values, not only its rows' order")
+    return moved.astype(np.int64)
+
+
+def gguf_names(model, arch: str) -> dict[str, str]:
+    """llama.cpp's tensor names -> transformers' for the model's state dict (the map transformers' GGUF loader uses,
+    built once instead of once per module)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch_id = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
+    name_map = get_tensor_name_map(arch_id, model.config.num_hidden_layers)
+    names = {}
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = name_map.get_name(base)
+        if gguf_name is not None:
+            names[f"{gguf_name}.{suffix}"] = hf_name
+    return names
+
+
+def read_state(path: Path, model) -> dict:
+    """The file's tensors by transformers' names: floats as torch tensors (as transformers would load them, in
+    float32 for norms and vectors), matrices of READERS' types as gguf_blocks.QuantizedRows."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    config = model.config
+    arch = {"mistral": "llama"}.get(config.model_type, config.model_type)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    names = gguf_names(model, arch)
+    reader = GGUFReader(str(path))
+    state: dict = {}
+    dequantized: set[str] = set()
+    for tensor in reader.tensors:
+        hf_name = names.get(tensor.name)
+        if hf_name is None:
+            continue
+        kind = tensor.tensor_type.name
+        raw = np.asarray(tensor.data)
+        if kind in READERS and raw.ndim == 2:
+            try:
+                rows = read_rows(kind, raw)
+            except ValueError as exc:
+                raise ModelLoadError(f"{path.name}: {tensor.name}: {exc}") from None
+            order = _row_order(processor, tensor.name, rows.shape[0])
+            state[hf_name] = rows if order is None else rows.take(order)
+            continue
+        if kind in FLOAT_TYPES:
+            values = np.array(raw)
+        else:
+            dequantized.add(kind)
+            values = dequantize(raw, tensor.tensor_type)
+        values = processor.process(values, tensor.name).weights
+        shape = tuple(reversed([int(n) for n in tensor.shape]))
+        state[hf_name] = torch.from_numpy(np.ascontiguousarray(values)).reshape(shape)
+    for kind in sorted(dequantized):
+        print(f"specdec: {path.name}: {kind} matrices are dequantized to float32 (the kernels do not read {kind})",
+              file=sys.stderr)
+    missing = [n for n in model.state_dict() if n not in state and not n.endswith("lm_head.weight")]
+    if missing:
+        raise ModelLoadError(f"{path.name} lacks tensors the model needs, e.g. {missing[0]}")
+    return state

@@ -1,0 +1,57 @@
+"""CpuLlama's arguments with a GGUF file's quantized matrices packed for the kernels.
+
+kernel_model_args leaves a quantized matrix as a list of parts (gguf_blocks.QuantizedRows; several where the
+kernels fuse matrices that the file stores apiece, as q, k and v, possibly in different formats). Here each becomes
+one uint8 tensor of packed bytes and its description for the kernels (format, rows, inner size, bytes per part),
+the argument CpuLlama takes last. A matrix that is a tensor stays as it is, described by an empty list.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .gguf_blocks import K6, QuantizedRows
+
+EMPTY = np.zeros(0, dtype=np.uint8)
+
+
+def pack_rows(module, rows: QuantizedRows) -> torch.Tensor:
+    """One quantized matrix packed by the kernels (pack_codes): uint8 bytes."""
+    first, second = rows.first, rows.second
+    if rows.fmt == K6:  # one sc per 16 weights: the first and second halves of each group of 32
+        first, second = rows.first[:, 0::2], rows.first[:, 1::2]
+
+    def tensor(a):
+        return torch.from_numpy(np.ascontiguousarray(EMPTY if a is None else a))
+
+    return module.pack_codes(rows.fmt, tensor(rows.codes), tensor(first), tensor(second), tensor(rows.super_d),
+                             tensor(rows.super_m))
+
+
+def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
+    """(args with every quantized matrix as packed bytes, the packing descriptions: 12 a layer, then the embeddings'
+    and the LM head's) for kernel_model_args' list; a tied head reuses the embeddings' bytes."""
+    tensors, embed, lm_head = args[2], args[3], args[5]
+    done: dict[int, tuple[torch.Tensor, list[int]]] = {}
+
+    def pack(value):
+        if isinstance(value, torch.Tensor):
+            return value, []
+        if id(value) not in done:
+            parts = [pack_rows(module, rows) for rows in value]
+            packing = []
+            for rows, packed in zip(value, parts):
+                packing += [rows.fmt, rows.shape[0], rows.shape[1], packed.numel()]
+            done[id(value)] = (torch.cat(parts) if len(parts) > 1 else parts[0], packing)
+        return done[id(value)]
+
+    packed = [pack(t) for t in (*tensors, embed, lm_head)]
+    new_args = list(args)
+    new_args[2] = [p[0] for p in packed[:-2]]
+    new_args[3], new_args[5] = packed[-2][0], packed[-1][0]
+    return new_args, [p[1] for p in packed]
+
+
+def has_quantized(args: list) -> bool:
+    """Whether kernel_model_args' list holds a quantized matrix."""
+    return any(isinstance(t, list) for t in (*args[2], args[3], args[5]))
