@@ -11,7 +11,7 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
                  sampling_verifier: str = "auto", chat: bool = True, trust_remote_code: bool = False,
                  backend: str = "auto", calibrate: bool = True, max_batch_for_drafting: int | None = None,
                  acceptance: str = "exact", slots: int = 1, max_context: int | None = None, time_target: bool = False,
-                 graphs: str = "auto", compile: str = "auto", **drafter_options):
+                 graphs: str = "auto", compile: str = "auto", dequantize: bool = False, **drafter_options):
     """SpecDecoder.load (cls: SpecDecoder): loads a target (default: the built-in smollm2-135m) and a drafter by
     name. max_batch_for_drafting: see SpeculationConfig (batched decoding drafts nothing in steps with more
     sequences than this). acceptance: "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or
@@ -20,7 +20,7 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
     the model's); time_target: measure the target's verify costs even without a drafter (calls may pick one by
     name later: a server's requests), where calibrate is on; graphs: the target's decode and verify passes as CUDA
     graphs (auto, on, off: models/loading.py make_backend); compile: those passes compiled by torch.compile (auto,
-    on, off: the same)."""
+    on, off: the same); dequantize: a GGUF file's weights as floats instead of in its quantized formats."""
     from .drafters import create_drafter
     from .errors import ConfigError
     from .models.loading import load_model
@@ -31,7 +31,7 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
                                     acceptance=acceptance)
     target = load_model(model or DEFAULT_MODEL, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                         backend=backend, slots=slots, max_context=max_context, graphs=graphs,
-                        compile=compile)
+                        compile=compile, dequantize=dequantize)
     if max_context and max_context > target.info.max_context:
         raise ConfigError(f"--max-context {max_context} is beyond the model's context of {target.info.max_context} "
                           "tokens")

@@ -1,15 +1,25 @@
-"""Writes a transformers model and its byte-level BPE tokenizer as a float32 GGUF file (llama.cpp's names, through
-the gguf package), for tests that load GGUF files without downloading one."""
+"""Writes a transformers model and its byte-level BPE tokenizer as a GGUF file (llama.cpp's names, through the gguf
+package), for tests that load GGUF files without downloading one: float32, or with its matrices quantized to the
+types the gguf package quantizes (Q8_0, Q4_0, Q4_1, Q5_0...); Llama's q and k rows permuted as llama.cpp's converter
+permutes them."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-ARCHES = {"qwen3": "QWEN3", "phi3": "PHI3", "gemma2": "GEMMA2"}
+ARCHES = {"qwen3": "QWEN3", "phi3": "PHI3", "gemma2": "GEMMA2", "llama": "LLAMA", "qwen2": "QWEN2"}
 
 
-def write_gguf(model, tokenizer, path: Path) -> Path:
+def _permute(w, heads: int):
+    """llama.cpp's convert_hf_to_gguf permute of q and k rows (transformers' GGUF reader undoes it)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, tokenizer, path: Path, quant: dict | None = None) -> Path:
+    """quant: GGUF type name by llama.cpp tensor-name substring ("ffn_down": "Q4_0", "": "Q8_0" for every matrix);
+    the first key found in a matrix's name decides; norms and vectors stay float32."""
     import gguf
+    import numpy as np
 
     cfg = model.config
     arch = cfg.model_type
@@ -45,7 +55,17 @@ def write_gguf(model, tokenizer, path: Path) -> Path:
         base, suffix = name.rsplit(".", 1)
         if arch.startswith("gemma") and base.endswith("norm"):
             tensor = tensor + 1  # llama.cpp stores Gemma's norms as 1 + w (transformers' reader subtracts the 1)
-        writer.add_tensor(f"{names.get_name(base)}.{suffix}", tensor.float().numpy())
+        values = tensor.float().numpy()
+        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+            heads = cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads
+            values = _permute(values, heads)
+        gguf_name = f"{names.get_name(base)}.{suffix}"
+        kind = next((k for key, k in (quant or {}).items() if key in gguf_name), None) if values.ndim == 2 else None
+        if kind and kind != "F32":
+            qtype = gguf.GGMLQuantizationType[kind]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(values), qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -180,12 +180,15 @@ class LlamaCppMethod:
 
 
 def setup(folder: str | Path, model: str) -> Path:
-    """Checks that the tools are built and returns the GGUF file they run: the one `model` (a built-in alias) was
-    converted from, fetched once."""
+    """Checks that the tools are built and returns the GGUF file they run: `model` itself where it is a .gguf file
+    (the one specdec runs too), else the one `model` (a built-in alias) was converted from, fetched once."""
     for binary in TOOLS.values():
         find_tool(folder, binary)
+    if model.lower().endswith(".gguf") and Path(model).expanduser().is_file():
+        return Path(model).expanduser()
     if model not in KNOWN_MODELS:
-        raise ConfigError(f"--llama-cpp needs a built-in model, whose GGUF file it runs ({', '.join(KNOWN_MODELS)})")
+        raise ConfigError(f"--llama-cpp needs a .gguf file or a built-in model, whose GGUF file it runs "
+                          f"({', '.join(KNOWN_MODELS)})")
     return ensure_gguf(model)
 
 

@@ -18,6 +18,8 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--dequantize", action="store_true",
+                   help="run a GGUF file's quantized weights as floats in --dtype (default: in the file's formats)")
     p.add_argument("--device", default="auto")
     p.add_argument("--drafters", default=None, help="comma-separated specdec drafters (default: ngram, suffix, plus eagle and "
                                                     "medusa when heads are known for the model, plus draft-model when "
@@ -55,6 +57,13 @@ def register(sub) -> None:
     p.add_argument("--report", default=None, help="write summary.md and speedup.png into this folder")
     p.add_argument("--trust-remote-code", action="store_true")
     p.set_defaults(run=run)
+
+
+def weights_format(target) -> str:
+    """How the target's weights run: "gguf: TYPE, TYPE..." for a GGUF file kept in its own formats, else "float"."""
+    if not getattr(target.backend, "quantized_weights", False):
+        return "float"
+    return "gguf: " + ", ".join(target.backend.weight_types)
 
 
 def run(args) -> int:
@@ -96,20 +105,27 @@ def run(args) -> int:
     drafters = [d for d in (args.drafters.split(",") if args.drafters else default) if d and d != "none"]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] or ["auto"]
     target = load_model(model_name, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                        backend=backends[0], graphs=args.graphs, compile=args.compile)
+                        backend=backends[0], graphs=args.graphs, compile=args.compile, dequantize=args.dequantize)
     draft = None
     if args.draft_model:
         draft = load_model(args.draft_model, device=args.device, dtype=str(target.info.dtype).replace("torch.", ""),
                            trust_remote_code=args.trust_remote_code)
     decoder_probe = SpecDecoder(target, None)
     encoded = [(p, decoder_probe.encode(p.text)) for p in prompts]
+    quantized = getattr(target.backend, "quantized_weights", False)
+    if quantized and len(backends) > 1:
+        raise ConfigError("--backends compares float backends: a GGUF file in its own formats runs on the kernels "
+                          "only (add --dequantize to compare backends on its dequantized weights)")
+    # transformers runs a quantized file's weights dequantized (its only way): a second, float copy of the model
+    hf_target = load_model(model_name, device="cpu", dtype=args.dtype, backend="hf", dequantize=True) \
+        if quantized else target
 
-    methods = [HFMethod("hf_generate", target.hf_model, **hf_kwargs)]
+    methods = [HFMethod("hf_generate", hf_target.hf_model, **hf_kwargs)]
     if not args.no_hf:
-        methods.append(HFMethod("hf_prompt_lookup", target.hf_model, prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens,
-                                **hf_kwargs))
+        methods.append(HFMethod("hf_prompt_lookup", hf_target.hf_model,
+                                prompt_lookup_num_tokens=args.hf_prompt_lookup_tokens, **hf_kwargs))
         if draft is not None:
-            methods.append(HFMethod("hf_assisted", target.hf_model, assistant_model=draft.hf_model, **hf_kwargs))
+            methods.append(HFMethod("hf_assisted", hf_target.hf_model, assistant_model=draft.hf_model, **hf_kwargs))
     for i, backend_name in enumerate(backends):
         backend = target.backend if i == 0 else make_backend(
             target.hf_model, target.info, backend_name)
@@ -141,6 +157,7 @@ def run(args) -> int:
         reference = reference_tokens(ref_model.hf_model, encoded, args.max_new_tokens, **hf_kwargs)
         del ref_model
     meta = {"model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
+            "weights": weights_format(target),
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
@@ -150,7 +167,7 @@ def run(args) -> int:
     if args.llama_cpp:
         meta["llama_cpp"] = llamacpp.describe(args.llama_cpp, llama_gguf, threads=torch.get_num_threads(),
                                               draft_max=args.num_speculative_tokens)
-    summary = summarize(results, encoded, target.hf_model, meta, reference,
+    summary = summarize(results, encoded, hf_target.hf_model, meta, reference,
                         plain_of=llamacpp.PLAIN_OF if args.llama_cpp else None)
     print(table(summary))
     if args.out_json:

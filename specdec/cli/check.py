@@ -104,7 +104,7 @@ def run(args) -> int:
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=False,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
                                trust_remote_code=args.trust_remote_code, backend=args.backend, graphs=args.graphs,
-                               compile=args.compile, **drafter_options(args))
+                               compile=args.compile, dequantize=args.dequantize, **drafter_options(args))
     if decoder.drafter is None:
         raise ConfigError(f"drafter {args.drafter!r} gives no drafter for this model: there is no speculation to check")
     decoder.enable_prefix_cache(4)  # the sampling runs repeat one prompt: its prefill is reused

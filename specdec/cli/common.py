@@ -26,6 +26,9 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
                         "(faster, less exact, still batch-invariant); torch: "
                         "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
                         "(default: auto, the first of these that supports the model and device)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="run a GGUF file's quantized weights as floats in --dtype, as transformers loads them (by "
+                        "default the CPU kernels keep Q4_0, Q4_1, Q8_0, Q4_K and Q6_K in the file's formats)")
     add_graphs_option(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
 

@@ -79,7 +79,8 @@ def run(args) -> int:
                                num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                                sampling_verifier=args.sampling_verifier, chat=not args.no_chat,
                                trust_remote_code=args.trust_remote_code, backend=args.backend, graphs=args.graphs,
-                               compile=args.compile, acceptance=args.acceptance, **drafter_options(args))
+                               compile=args.compile, acceptance=args.acceptance, dequantize=args.dequantize,
+                               **drafter_options(args))
     if args.trace:
         decoder.trace_to(args.trace)
     stream = decoder.stream(prompt, config)

@@ -94,7 +94,7 @@ def run(args) -> int:
                            num_speculative_tokens=args.num_speculative_tokens, adaptive=not args.no_adaptive,
                            sampling_verifier=args.sampling_verifier, trust_remote_code=args.trust_remote_code,
                            max_batch_for_drafting=args.speculation_max_batch, acceptance=args.acceptance,
-                           max_context=args.max_context, **options)
+                           max_context=args.max_context, dequantize=args.dequantize, **options)
     cached = decoder.enable_prefix_cache(args.prefix_cache)
     if args.trace:
         decoder.trace_to(args.trace)

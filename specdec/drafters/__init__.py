@@ -46,6 +46,9 @@ def drafter_options() -> list[str]:
     return sorted({n for entry in _FACTORIES.values() for n in _takes(entry)})
 
 
+FLOAT_HEADS = ("eagle", "eagle3", "medusa")  # heads built on the target's float embeddings and LM head
+
+
 def create_drafter(name: str, target, **options) -> Drafter | None:
     """Builds the drafter `name` for the LoadedModel `target`; None for "none".
 
@@ -59,6 +62,9 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
         name, options = auto_drafter(target, options)
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
+    if name in FLOAT_HEADS and getattr(target.backend, "quantized_weights", False):
+        raise ConfigError(f"the {name} drafter reads the target's float embeddings and LM head, and "
+                          f"{target.name!r} runs its file's quantized weights (pass --dequantize)")
     entry = _FACTORIES[name]
     if entry.options is None:
         return entry.factory(target)

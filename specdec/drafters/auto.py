@@ -53,6 +53,9 @@ def quantized_copy_problem(target) -> str | None:
     if not isinstance(target.backend, KernelLlama):
         return ("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
                 "AVX2 or AVX-512)")
+    if target.backend.quantized_weights:
+        return (f"the quantized drafter copies float weights, and {target.name!r} runs its file's quantized ones "
+                "(pass --dequantize to run them as floats)")
     problem = four_bit_problem(target.hf_model.config)
     return f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}" if problem else None
 

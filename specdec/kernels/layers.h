@@ -43,7 +43,8 @@ inline torch::Tensor optional_f32(const torch::Tensor& t) {
 }
 
 // A weight from bytes already packed (a GGUF file's blocks, pack_codes), described by `packing`: (format, rows, inner
-// size, bytes) for each of its row ranges in order; several ranges make a weight of parts (Weight::parts).
+// size, bytes) for each of its row ranges in order; several ranges make a weight of parts (Weight::parts). Format 0:
+// float32 values (a matrix of a type the kernels do not read, dequantized), packed here as make_weight packs them.
 Weight weight_as_packed(const torch::Tensor& bytes, const std::vector<int64_t>& packing) {
   TORCH_CHECK(packing.size() % 4 == 0 && !packing.empty(), "packing: (format, rows, inner size, bytes) per part");
   std::vector<Weight> parts;
@@ -52,7 +53,13 @@ Weight weight_as_packed(const torch::Tensor& bytes, const std::vector<int64_t>& 
   for (size_t i = 0; i < packing.size(); i += 4) {
     const int64_t fmt = packing[i], N = packing[i + 1], K = packing[i + 2], size = packing[i + 3];
     TORCH_CHECK(at + size <= bytes.numel(), "packing: parts beyond the bytes given");
-    parts.push_back(packed_weight(bytes.narrow(0, at, size), static_cast<int>(fmt), N, K));
+    const torch::Tensor part = bytes.narrow(0, at, size);
+    if (fmt == 0) {
+      TORCH_CHECK(size == N * K * 4, "packing: a float32 part's bytes");
+      parts.push_back(make_weight(part.view(torch::kFloat32).view({N, K})));
+    } else {
+      parts.push_back(packed_weight(part, static_cast<int>(fmt), N, K));
+    }
     offsets.push_back(offsets.back() + N);
     at += size;
   }

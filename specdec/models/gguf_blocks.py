@@ -37,6 +37,7 @@ class QuantizedRows:
     second: np.ndarray | None = None
     super_d: np.ndarray | None = None
     super_m: np.ndarray | None = None
+    kind: str = ""  # the GGUF type it was read from
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -46,7 +47,7 @@ class QuantizedRows:
         """The same weight with its rows in `order` (a permutation of its rows)."""
         pick = (lambda a: None if a is None else np.ascontiguousarray(a[order]))
         return QuantizedRows(self.fmt, pick(self.codes), pick(self.first), pick(self.second), pick(self.super_d),
-                             pick(self.super_m))
+                             pick(self.super_m), self.kind)
 
 
 def _blocks(raw: np.ndarray, block_bytes: int) -> tuple[np.ndarray, int]:
@@ -121,6 +122,7 @@ def read_rows(type_name: str, raw: np.ndarray) -> QuantizedRows:
     """A tensor's raw blocks (rows, bytes a row) of GGUF type `type_name` (a READERS key) as kernel numbers;
     ValueError where a scale is not finite (the kernels' bounds and products assume finite weights)."""
     rows = READERS[type_name](raw)
+    rows.kind = type_name
     for name in ("first", "second", "super_d", "super_m"):
         value = getattr(rows, name)
         if value is not None and value.dtype == np.float16 and not np.isfinite(value).all():

@@ -18,7 +18,7 @@ import torch
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
 from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
 from .kvpool import KVPool, PooledCaches, rope_tables
-from .quantized_args import has_quantized, packed_arguments
+from .quantized_args import packed_arguments, quantized_kinds
 
 
 def kernel_shape_problem(config) -> str | None:
@@ -53,7 +53,7 @@ def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> 
         parts = [sd.get(f"{n}.{suffix}") for n in names]
         if parts[0] is None:
             return none
-        return torch.cat(parts).contiguous() if isinstance(parts[0], torch.Tensor) else parts
+        return torch.cat(parts).contiguous() if all(isinstance(p, torch.Tensor) for p in parts) else parts
 
     def norm(name: str | None) -> torch.Tensor:
         return none if name is None else norm_weight(sd[name + ".weight"], family).float()
@@ -138,7 +138,8 @@ class KernelLlama(PooledCaches, CausalLM):
         self.max_context = -(-min(max_context or info.max_context, info.max_context) // 16) * 16
         self.bf16_products = bf16_products
         args = kernel_model_args(hf_model, self.max_context, state)
-        self.quantized_weights = has_quantized(args)
+        self.weight_types = quantized_kinds(args)  # a GGUF file's quantized types kept as they are
+        self.quantized_weights = bool(self.weight_types)
         packing = []
         if self.quantized_weights:
             args, packing = packed_arguments(module, args)

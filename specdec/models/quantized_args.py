@@ -3,7 +3,8 @@
 kernel_model_args leaves a quantized matrix as a list of parts (gguf_blocks.QuantizedRows; several where the
 kernels fuse matrices that the file stores apiece, as q, k and v, possibly in different formats). Here each becomes
 one uint8 tensor of packed bytes and its description for the kernels (format, rows, inner size, bytes per part),
-the argument CpuLlama takes last. A matrix that is a tensor stays as it is, described by an empty list.
+the argument CpuLlama takes last; a float part among quantized ones (a type the kernels do not read, dequantized)
+goes as float32 bytes, format 0. A matrix that is a tensor stays as it is, described by an empty list.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def pack_rows(module, rows: QuantizedRows) -> torch.Tensor:
                              tensor(rows.super_m))
 
 
+def float_bytes(weight: torch.Tensor) -> torch.Tensor:
+    """A float matrix's float32 values as bytes, a part of format 0."""
+    return weight.float().contiguous().view(torch.uint8).reshape(-1)
+
+
 def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
     """(args with every quantized matrix as packed bytes, the packing descriptions: 12 a layer, then the embeddings'
     and the LM head's) for kernel_model_args' list; a tied head reuses the embeddings' bytes."""
@@ -38,10 +44,11 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
         if isinstance(value, torch.Tensor):
             return value, []
         if id(value) not in done:
-            parts = [pack_rows(module, rows) for rows in value]
+            parts = [float_bytes(rows) if isinstance(rows, torch.Tensor) else pack_rows(module, rows) for rows in value]
             packing = []
             for rows, packed in zip(value, parts):
-                packing += [rows.fmt, rows.shape[0], rows.shape[1], packed.numel()]
+                fmt = 0 if isinstance(rows, torch.Tensor) else rows.fmt
+                packing += [fmt, rows.shape[0], rows.shape[1], packed.numel()]
             done[id(value)] = (torch.cat(parts) if len(parts) > 1 else parts[0], packing)
         return done[id(value)]
 
@@ -52,6 +59,7 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
     return new_args, [p[1] for p in packed]
 
 
-def has_quantized(args: list) -> bool:
-    """Whether kernel_model_args' list holds a quantized matrix."""
-    return any(isinstance(t, list) for t in (*args[2], args[3], args[5]))
+def quantized_kinds(args: list) -> list[str]:
+    """The GGUF types of the quantized matrices in kernel_model_args' list (none: a float model)."""
+    return sorted({rows.kind for t in (*args[2], args[3], args[5]) if isinstance(t, list) for rows in t
+                   if isinstance(rows, QuantizedRows)})
