@@ -1,0 +1,263 @@
+"""A transformers Llama-family model (a random-weight shape or a tiny test model) written as a real GGUF file in
+llama.cpp's quantized formats, so that specdec's quantized-GGUF loader and native llama.cpp (llama-bench) run the
+very same bytes.
+
+The file is what llama.cpp's convert_hf_to_gguf.py followed by llama-quantize would make: llama.cpp's tensor names
+and hyper-parameters, Llama's q/k rows permuted, and llama-quantize's choice of type per tensor (`tensor_type`).
+Q4_0, Q4_1, Q5_0 and Q8_0 come from the gguf package's quantizers (bit-exact to ggml's reference ones); the gguf
+package has none for Q4_K and Q6_K, so `quantize_q4_k` and `quantize_q6_k` are simple ones here: the layouts are
+llama.cpp's, byte for byte, but the scales come from each block's min/max, without llama.cpp's search for the
+scales of least error, so their error is somewhat larger than llama-quantize's (speed is the same).
+
+What the file does not carry: Llama 3's rope scaling (llama.cpp's rope_freqs tensor; transformers' GGUF reader
+ignores it, so both engines run plain RoPE with the model's theta) and any sliding window.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+QK_K = 256  # weights in a K-quant super-block
+CHUNK = 1 << 22  # weights quantized at a time: bounds the float32 temporaries to tens of megabytes
+ARCHES = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
+QUANTS = {  # quant name -> (general.file_type, the type of most 2-D weights)
+    "F32": ("ALL_F32", "F32"), "Q8_0": ("MOSTLY_Q8_0", "Q8_0"), "Q4_0": ("MOSTLY_Q4_0", "Q4_0"),
+    "Q4_1": ("MOSTLY_Q4_1", "Q4_1"), "Q4_K_M": ("MOSTLY_Q4_K_M", "Q4_K"),
+}
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    """(n,) float -> (n, 2) uint8: the little-endian float16 bytes a block header holds."""
+    return x.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _inverse(x: np.ndarray) -> np.ndarray:
+    """1 / x, and 0 where x is 0 (a block of zeros quantizes to zeros, not NaN)."""
+    return np.divide(1.0, x, out=np.zeros_like(x), where=x != 0)
+
+
+def _q4_k_blocks(x: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 144) uint8 Q4_K blocks: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128
+    bytes of nibbles. A weight is d * sc[j] * u - dmin * m[j], u in 0..15, j its sub-block of 32."""
+    n = x.shape[0]
+    x = x.reshape(n, 8, 32)
+    lo = np.minimum(x.min(-1), 0)  # the offset dmin * m is subtracted, so a sub-block's floor is never above 0
+    hi = x.max(-1)
+    # the super-block scales: the largest sub-block scale (hi - lo) / 15 and the largest min -lo map to 63
+    d = _f16_bytes((hi - lo).max(-1) / (15 * 63)).view(np.float16)
+    dmin = _f16_bytes(-lo.min(-1) / 63).view(np.float16)
+    df, dminf = d.astype(np.float32), dmin.astype(np.float32)  # (n, 1): the values the file will hold
+    m = np.rint(-lo * _inverse(dminf)).clip(0, 63)
+    off = dminf * m
+    # the scale is fitted to the rounded offset, so that the sub-block's max still maps to 15
+    sc = np.rint((hi + off) * _inverse(15 * df)).clip(0, 63)
+    u = np.rint((x + off[..., None]) * _inverse(df * sc)[..., None]).clip(0, 15).astype(np.uint8)
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    # llama.cpp's get_scale_min_k4: bytes 0-3 hold sc[0..3] and the top 2 bits of sc[4..7], bytes 4-7 the same
+    # for the mins, bytes 8-11 the low 4 bits of sc[4..7] (low nibble) and of m[4..7] (high nibble)
+    scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, m[:, :4] | (m[:, 4:] >> 4) << 6,
+                             (sc[:, 4:] & 15) | (m[:, 4:] & 15) << 4], axis=1)
+    qs = (u[:, 0::2] | u[:, 1::2] << 4).reshape(n, 128)  # chunk c of 32 bytes: sub-block 2c low, 2c+1 high
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
+
+
+def _q6_k_blocks(x: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 210) uint8 Q6_K blocks: ql[128] (low 4 bits), qh[64] (high 2 bits), int8
+    scales[16], fp16 d. A weight is d * sc[j] * (q - 32), q in 0..63, j its sub-block of 16."""
+    n = x.shape[0]
+    x = x.reshape(n, 16, 16)
+    amax = np.take_along_axis(x, np.abs(x).argmax(-1)[..., None], -1)[..., 0]
+    # as ggml does, the largest weight maps to -32, the end of -32..31 that has room, whatever its sign
+    scale = amax / -32
+    d = _f16_bytes(np.abs(scale).max(-1) / 127).view(np.float16)
+    sc = np.rint(scale * _inverse(d.astype(np.float32))).clip(-128, 127)
+    step = d.astype(np.float32) * sc
+    q = (np.rint(x * _inverse(step)[..., None]).clip(-32, 31) + 32).astype(np.uint8).reshape(n, 2, 4, 32)
+    # each half of 128 weights: ql byte l holds weights l (low nibble) and l + 64 (high); byte l + 32 holds
+    # weights l + 32 and l + 96; qh byte l holds the top 2 bits of weights l, l + 32, l + 64, l + 96
+    ql = ((q[:, :, :2] & 15) | (q[:, :, 2:] & 15) << 4).reshape(n, 128)
+    top = q >> 4
+    qh = (top[:, :, 0] | top[:, :, 1] << 2 | top[:, :, 2] << 4 | top[:, :, 3] << 6).reshape(n, 64)
+    return np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), d.view(np.uint8)], axis=1)
+
+
+def _by_chunks(w: np.ndarray, blocks, block_bytes: int) -> np.ndarray:
+    """Rows of `w` (rows, K) quantized by `blocks` a few thousand super-blocks at a time."""
+    rows, k = w.shape
+    if k % QK_K:
+        raise ValueError(f"K-quants need rows of a multiple of {QK_K} weights, not {k}")
+    out = np.empty((rows, k // QK_K * block_bytes), np.uint8)
+    step = max(1, CHUNK // k)
+    for r in range(0, rows, step):
+        part = np.asarray(w[r:r + step], dtype=np.float32).reshape(-1, QK_K)
+        out[r:r + step] = blocks(part).reshape(-1, out.shape[1])
+    return out
+
+
+def quantize_q4_k(w: np.ndarray) -> np.ndarray:
+    """float (rows, K), K a multiple of 256 -> uint8 (rows, K / 256 * 144): llama.cpp's Q4_K blocks."""
+    return _by_chunks(w, _q4_k_blocks, 144)
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """float (rows, K), K a multiple of 256 -> uint8 (rows, K / 256 * 210): llama.cpp's Q6_K blocks."""
+    return _by_chunks(w, _q6_k_blocks, 210)
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's layers (of n) whose attn_v and ffn_down Q4_K_M stores in Q6_K: the first and last eighth, and
+    every third layer between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(name: str, shape: tuple[int, ...], quant: str, n_layers: int, tied: bool,
+                k_fallback: str = "Q5_0") -> str:
+    """The GGML type llama-quantize (src/llama-quant.cpp, llama_tensor_get_type) gives tensor `name` of a dense
+    Llama-family model, shape (rows, K) as transformers holds it, in file type `quant` (a QUANTS key); `tied`:
+    the file has no output.weight, so token_embd is also the output layer. A type whose blocks do not divide K
+    falls back as llama.cpp's do: Q6_K to Q8_0, Q4_K to `k_fallback` (Q5_0 in llama.cpp; a reader without Q5_0
+    may ask for Q8_0 or Q4_0), a 32-block type to F16."""
+    import gguf
+
+    base = QUANTS[quant][1]
+    if base == "F32" or len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return "F32"  # llama-quantize quantizes only 2-D weights, never the norms
+    k = shape[-1]
+    block = QK_K if base == "Q4_K" else 32  # the file type's own blocks, which llama.cpp tests the output layer by
+    kind = name.split(".")[-2]
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    new = base
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        # the output layer (or the embedding that is it): Q6_K, unless the file is Q8_0 already or K does
+        # not fit the file's blocks
+        new = "Q8_0" if k % block or base == "Q8_0" else "Q6_K"
+    elif base == "Q4_K" and kind in ("attn_v", "ffn_down") and use_more_bits(layer, n_layers):
+        new = "Q6_K"
+    if new in ("Q4_K", "Q6_K") and k % QK_K:
+        new = k_fallback if new == "Q4_K" else "Q8_0"
+    if k % gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, new)][0]:
+        new = "F16"  # llama.cpp's last resort: "must use F16 due to unusual shape"
+    return new
+
+
+def quantize_tensor(w: np.ndarray, type_name: str) -> np.ndarray:
+    """float32 (rows, K) -> the tensor's data in GGML type `type_name`: raw blocks (uint8) or floats."""
+    import gguf
+
+    if type_name == "Q4_K":
+        return quantize_q4_k(w)
+    if type_name == "Q6_K":
+        return quantize_q6_k(w)
+    if type_name == "F16":
+        return w.astype(np.float16)
+    return gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, type_name))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's spelling of the 256 bytes as printable characters (byte-level BPE vocabularies are written so)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
+
+
+def _write_vocab(writer, tokenizer, vocab_size: int) -> None:
+    """The tokenizer's byte-level BPE vocabulary (tests/gguf_writer.py's way), or with none a minimal one that
+    transformers and llama.cpp both accept: the 256 byte tokens, "ĠĠ" (the one merge: the gguf package cannot
+    write an empty merges list, and transformers' BPE wants every merge's result in the vocabulary), NORMAL
+    filler tokens "<t{i}>" (USER_DEFINED ones would make transformers add 128k added tokens) up to the model's
+    vocabulary, and CONTROL BOS and EOS last; EOS is GPT-2's "<|endoftext|>", which transformers' GPT2Tokenizer
+    would otherwise add as a token beyond the vocabulary."""
+    import json
+
+    import gguf
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        specials = set(tokenizer.all_special_tokens)
+        types = [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
+        merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+        merges = [" ".join(m) if isinstance(m, list) else m for m in merges]
+        bos, eos = vocab[tokenizer.bos_token or tokenizer.eos_token], vocab[tokenizer.eos_token]
+    else:
+        if vocab_size < 259:
+            raise ValueError(f"a made-up vocabulary needs at least 259 tokens, not {vocab_size}")
+        space = _bytes_to_unicode()[ord(" ")]
+        tokens = [*_bytes_to_unicode().values(), space * 2, *(f"<t{i}>" for i in range(257, vocab_size - 2)),
+                  "<|begin_of_text|>", "<|endoftext|>"]
+        types = [gguf.TokenType.NORMAL] * (vocab_size - 2) + [gguf.TokenType.CONTROL] * 2
+        merges, bos, eos = [f"{space} {space}"], vocab_size - 2, vocab_size - 1
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    writer.add_pad_token_id(eos)
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute of q (n_head heads) or k (n_kv_head) rows: HF's rotate-half
+    pairs (i, i + d/2) of each head become llama.cpp's adjacent pairs (2i, 2i + 1); transformers' GGUF reader
+    undoes it."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf_model(model, path, quant: str, tokenizer=None, k_fallback: str = "Q5_0") -> dict[str, str]:
+    """Writes `model` (a transformers LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM) to `path` as a
+    GGUF file of file type `quant` (F32, Q8_0, Q4_0, Q4_1 or Q4_K_M; tensor_type says each tensor's type) with
+    `tokenizer`'s vocabulary (a byte-level BPE PreTrainedTokenizerFast) or, with None, a made-up one of the
+    model's vocab_size. Returns each written tensor's GGML type by llama.cpp name."""
+    import gguf
+
+    cfg = model.config
+    arch = cfg.model_type
+    if arch not in ARCHES:
+        raise ValueError(f"model_type {arch!r} is not one of {', '.join(ARCHES)}")
+    if quant not in QUANTS:
+        raise ValueError(f"quant {quant!r} is not one of {', '.join(QUANTS)}")
+    n_layers, n_head, n_kv = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_file_type(getattr(gguf.LlamaFileType, QUANTS[quant][0]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _write_vocab(writer, tokenizer, cfg.vocab_size)
+
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, ARCHES[arch]), n_layers)
+    state = model.state_dict()
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    if tied:
+        state.pop("lm_head.weight", None)  # llama.cpp writes no output.weight for a tied model
+    types = {}
+    for hf_name, tensor in state.items():
+        base, suffix = hf_name.rsplit(".", 1)
+        gguf_base = names.get_name(base)
+        if gguf_base is None:
+            raise ValueError(f"no llama.cpp name for tensor {hf_name}")
+        name = f"{gguf_base}.{suffix}"
+        w = tensor.detach().float().cpu().numpy()
+        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+            w = permute(w, n_head if base.endswith("q_proj") else n_kv)
+        types[name] = tensor_type(name, w.shape, quant, n_layers, tied, k_fallback)
+        data = quantize_tensor(w, types[name]) if types[name] != "F32" else w
+        writer.add_tensor(name, data, raw_dtype=getattr(gguf.GGMLQuantizationType, types[name]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return types
