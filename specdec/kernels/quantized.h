@@ -57,6 +57,9 @@ inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
 #endif
 }
 inline f32x16 to_float(i32x16 v) { return _mm512_cvtepi32_ps(v); }
+// 16-bit pair sums of u (unsigned) * x (signed) added in 16 bits, and those lanes summed in pairs into 32 bits
+inline i32x16 dot2_16(i32x16 acc, i32x16 u, i32x16 x) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, x)); }
+inline i32x16 widen16(i32x16 v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
 inline i32x16 mul32(i32x16 a, i32x16 b) { return _mm512_mullo_epi32(a, b); }
 inline i32x16 add32(i32x16 a, i32x16 b) { return _mm512_add_epi32(a, b); }
 // 16 bytes as 16 int32 lanes: unsigned (K4's sc and mn) or signed (K6's sc)
@@ -88,6 +91,14 @@ inline i32x16 dot4(i32x16 acc, i32x16 u, i32x16 x) {
   return {dot4_half(acc.lo, u.lo, x.lo), dot4_half(acc.hi, u.hi, x.hi)};
 }
 inline f32x16 to_float(i32x16 v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+inline i32x16 dot2_16(i32x16 acc, i32x16 u, i32x16 x) {
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(u.lo, x.lo)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(u.hi, x.hi))};
+}
+inline i32x16 widen16(i32x16 v) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(v.lo, ones), _mm256_madd_epi16(v.hi, ones)};
+}
 inline i32x16 mul32(i32x16 a, i32x16 b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
 inline i32x16 add32(i32x16 a, i32x16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 inline __m128i bytes16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
@@ -103,6 +114,109 @@ inline i32x16 widen_s8(const uint8_t* p) {
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv
 
+// 4-bit codes (u <= 15) times int8 activations (|x| <= 127) in pairs stay below 2 * 15 * 127 = 3,810, so a group's
+// 8 quads of them add up in 16 bits (|sum| <= 30,480 < 2^15) exactly; one widening a group then replaces one per
+// quad. So do K6's codes (|q| <= 32: pairs below 8,128) over the 4 quads of a half that shares one sc. VNNI's
+// dpbusd sums into 32 bits in one instruction already.
+#ifdef __AVX512VNNI__
+constexpr bool kSum16 = false;
+#else
+constexpr bool kSum16 = true;
+#endif
+template <int FMT>
+constexpr bool sums16() { return kSum16 && (q_bits(FMT) == 4 || FMT == K6); }
+
+// A group's float32 step for one vector of 16 columns (v) and MR rows: acc += (d * scale_x) * sum (+ m * sum_x),
+// where d and m are the format's (QFormat), K6's halves combined first. Both tiles below end each group with it, so
+// every output sees the same float operations in the same order whichever tile computed it.
+template <int MR, int FMT>
+inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t row0, int64_t g, int64_t G,
+                                                      const uint8_t* __restrict block, int v, const f32x16& super_d,
+                                                      const f32x16& super_m, qv::i32x16 (&isum)[MR],
+                                                      const qv::i32x16 (&half_sum)[MR], f32x16 (&acc)[MR]) {
+  using L = QLayout<FMT>;
+  f32x16 d, m;
+  if constexpr (FMT == K4) {
+    d = vec::mul(super_d, qv::to_float(qv::widen_u8(block + L::d(g, v, G))));  // exact: 11 + 6 bits
+    m = vec::mul(super_m, qv::to_float(qv::widen_u8(block + L::m(g, v, G))));
+  } else if constexpr (FMT == K6) {
+    d = super_d;
+    const qv::i32x16 sc = qv::widen_s8(block + L::m(g, v, G));
+    for (int j = 0; j < MR; ++j) isum[j] = qv::add32(half_sum[j], qv::mul32(isum[j], sc));
+  } else {
+    d = qv::load_f16(block + L::d(g, v, G));
+    if constexpr (FMT == Q4) m = qv::load_f16(block + L::m(g, v, G));
+  }
+  for (int j = 0; j < MR; ++j) {
+    const int64_t r = (row0 + j) * G + g;
+    acc[j] = vec::fmadd(qv::to_float(isum[j]), vec::mul(d, vec::set1(x.scale[r])), acc[j]);
+    if constexpr (FMT == Q4 || FMT == K4) acc[j] = vec::fmadd(m, vec::set1(x.sum[r]), acc[j]);
+  }
+}
+
+// The tile for several rows on AVX2 (16 registers): one vector of 16 columns at a time, so that the rows' integer
+// sums, the weights and the broadcast activations stay in registers (all four vectors at once spill them). The
+// integer sums are exact in any order, and each group ends with group_step as in tile_quantized: the same outputs.
+template <int MR, int FMT>
+__attribute__((noinline)) void tile_quantized_by_vector(const Q8Rows& x, int64_t row0, int64_t K,
+                                                        const uint8_t* __restrict block, int valid,
+                                                        const float* __restrict bias, float* __restrict y,
+                                                        int64_t ldy) {
+  using L = QLayout<FMT>;
+  constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;
+  const int64_t G = K / kQGroup;
+  f32x16 acc[kVecs][MR];
+  for (int v = 0; v < kVecs; ++v)
+    for (int j = 0; j < MR; ++j) acc[v][j] = vec::zero();
+  f32x16 super_d[kVecs], super_m[kVecs];
+  for (int64_t g = 0; g < G; ++g) {
+    if constexpr (k_quant(FMT)) {
+      if (g % kQSuper == 0)
+        for (int v = 0; v < kVecs; ++v) {
+          super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
+          if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
+        }
+    }
+    for (int v = 0; v < kVecs && live_lanes(valid, v); ++v) {
+      const uint8_t* unit = block + L::unit(g, 0, L::kBits == 4 ? v / 2 : v, G);
+      const int8_t* xg = x.q.data() + row0 * K + g * kQGroup;
+      qv::i32x16 isum[MR], half_sum[MR];
+      for (int j = 0; j < MR; ++j) isum[j] = qv::zero(), half_sum[j] = qv::zero();
+#pragma GCC unroll 8
+      for (int quad = 0; quad < kQGroup / 4; ++quad) {
+        if constexpr (FMT == K6) {
+          if (quad == kQGroup / 8) {  // the first half's sums, times its sc
+            const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
+            for (int j = 0; j < MR; ++j) {
+              const qv::i32x16 first = sums16<FMT>() ? qv::widen16(isum[j]) : isum[j];
+              half_sum[j] = qv::mul32(first, sc), isum[j] = qv::zero();
+            }
+          }
+        }
+        qv::i32x16 w = qv::load(unit + quad * kQuadStep);
+        if constexpr (L::kBits == 4) w = v % 2 ? qv::high_nibbles(w) : qv::low_nibbles(w);
+#pragma GCC unroll 4
+        for (int j = 0; j < MR; ++j) {
+          const qv::i32x16 xb = qv::broadcast4(xg + j * K + quad * 4);
+          if constexpr (L::kBits == 4 && kSum16) isum[j] = qv::dot2_16(isum[j], w, xb);
+          else if constexpr (L::kBits == 4) isum[j] = qv::dot4(isum[j], w, xb);
+          else if constexpr (sums16<FMT>()) isum[j] = qv::dot2_16(isum[j], qv::abs8(w), qv::sign8(xb, w));
+          else isum[j] = qv::dot4(isum[j], qv::abs8(w), qv::sign8(xb, w));
+        }
+      }
+      if constexpr (sums16<FMT>())
+        for (int j = 0; j < MR; ++j) isum[j] = qv::widen16(isum[j]);
+      group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc[v]);
+    }
+  }
+  for (int v = 0; v < kVecs; ++v) {
+    const int live = live_lanes(valid, v);
+    if (!live) break;
+    const f32x16 b = bias_lanes(bias, v, live);
+    for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + v * 16, vec::add(acc[v][j], b));
+  }
+}
+
 // The 64 outputs of one packed block for MR rows of x (quantized): per group, integer sums of the stored integers
 // times x's, then acc += (d * scale_x) * sum (+ m * sum_x where the format has a minimum), in the format's
 // float32 steps (QFormat). 8-bit codes are signed: |w| (unsigned) times x with w's sign, so that q = -128 (Q8_0
@@ -112,6 +226,9 @@ template <int MR, int FMT>
 __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
                                               const uint8_t* __restrict block, int valid,
                                               const float* __restrict bias, float* __restrict y, int64_t ldy) {
+#ifndef SPECDEC_AVX512
+  if constexpr (MR > 1) return tile_quantized_by_vector<MR, FMT>(x, row0, K, block, valid, bias, y, ldy);
+#endif
   using L = QLayout<FMT>;
   const int64_t G = K / kQGroup;
   f32x16 acc[MR][kVecs];
@@ -123,7 +240,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
     for (int u = 0; u < L::kUnits; ++u) units[u] = block + L::unit(g, 0, u, G);
     qv::i32x16 isum[MR][kVecs], half_sum[MR][kVecs];
     for (int j = 0; j < MR; ++j)
-      for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero();
+      for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero(), half_sum[j][v] = qv::zero();
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
       constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
@@ -131,7 +248,10 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         if (quad == kQGroup / 8) {  // the first half's sums, times its sc
           for (int v = 0; v < kVecs; ++v) {
             const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
-            for (int j = 0; j < MR; ++j) half_sum[j][v] = qv::mul32(isum[j][v], sc), isum[j][v] = qv::zero();
+            for (int j = 0; j < MR; ++j) {
+              const qv::i32x16 first = sums16<FMT>() ? qv::widen16(isum[j][v]) : isum[j][v];
+              half_sum[j][v] = qv::mul32(first, sc), isum[j][v] = qv::zero();
+            }
           }
         }
       }
@@ -147,15 +267,24 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
-        if constexpr (L::kBits == 4) {
+        if constexpr (L::kBits == 4 && kSum16) {
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot2_16(isum[j][v], w[v], xb);
+        } else if constexpr (L::kBits == 4) {
 #pragma GCC unroll 4
           for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], w[v], xb);
-        } else {  // s8 x s8 as |w| (unsigned) times x with w's sign
+        } else if constexpr (sums16<FMT>()) {  // s8 x s8 as |w| (unsigned) times x with w's sign
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot2_16(isum[j][v], qv::abs8(w[v]), qv::sign8(xb, w[v]));
+        } else {
 #pragma GCC unroll 4
           for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], qv::abs8(w[v]), qv::sign8(xb, w[v]));
         }
       }
     }
+    if constexpr (sums16<FMT>())
+      for (int j = 0; j < MR; ++j)
+        for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::widen16(isum[j][v]);
     if constexpr (k_quant(FMT)) {
       if (g % kQSuper == 0)
         for (int v = 0; v < kVecs; ++v) {
@@ -164,23 +293,11 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         }
     }
     for (int v = 0; v < kVecs; ++v) {
-      f32x16 d, m;
-      if constexpr (FMT == K4) {
-        d = vec::mul(super_d[v], qv::to_float(qv::widen_u8(block + L::d(g, v, G))));  // exact: 11 + 6 bits
-        m = vec::mul(super_m[v], qv::to_float(qv::widen_u8(block + L::m(g, v, G))));
-      } else if constexpr (FMT == K6) {
-        d = super_d[v];
-        const qv::i32x16 sc = qv::widen_s8(block + L::m(g, v, G));
-        for (int j = 0; j < MR; ++j) isum[j][v] = qv::add32(half_sum[j][v], qv::mul32(isum[j][v], sc));
-      } else {
-        d = qv::load_f16(block + L::d(g, v, G));
-        if constexpr (FMT == Q4) m = qv::load_f16(block + L::m(g, v, G));
-      }
-      for (int j = 0; j < MR; ++j) {
-        const int64_t r = (row0 + j) * G + g;
-        acc[j][v] = vec::fmadd(qv::to_float(isum[j][v]), vec::mul(d, vec::set1(x.scale[r])), acc[j][v]);
-        if constexpr (FMT == Q4 || FMT == K4) acc[j][v] = vec::fmadd(m, vec::set1(x.sum[r]), acc[j][v]);
-      }
+      qv::i32x16 sums[MR], halves[MR];
+      f32x16 out[MR];
+      for (int j = 0; j < MR; ++j) sums[j] = isum[j][v], halves[j] = half_sum[j][v], out[j] = acc[j][v];
+      group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], sums, halves, out);
+      for (int j = 0; j < MR; ++j) acc[j][v] = out[j];
     }
   }
   store_tile<MR, kVecs>(acc, 0, valid, bias, y, ldy);
