@@ -63,8 +63,9 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
     if name in FLOAT_HEADS and getattr(target.backend, "quantized_weights", False):
-        raise ConfigError(f"the {name} drafter reads the target's float embeddings and LM head, and "
-                          f"{target.name!r} runs its file's quantized weights (pass --dequantize)")
+        from ..models.gguf_model import attach_float_tables
+
+        attach_float_tables(target)
     entry = _FACTORIES[name]
     if entry.options is None:
         return entry.factory(target)

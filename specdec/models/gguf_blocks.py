@@ -115,6 +115,34 @@ def read_q6_k(raw: np.ndarray) -> QuantizedRows:
     return QuantizedRows(K6, q.reshape(rows, -1), scales.reshape(rows, -1), None, _half(blocks, 208))
 
 
+@dataclass
+class GGUFMatrix:
+    """A file's quantized matrix not yet read: its type, its raw blocks (rows, bytes a row; a view of the mapped
+    file), and the order its rows take (None: as stored). Read one at a time when packed, so that a load never
+    holds more than one matrix's numbers beside the packed bytes."""
+
+    kind: str
+    raw: np.ndarray
+    order: np.ndarray | None = None
+    name: str = ""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        per_block, block_bytes = BLOCK_SIZES[self.kind]
+        return self.raw.shape[0], self.raw.shape[1] // block_bytes * per_block
+
+    def rows(self) -> QuantizedRows:
+        """The kernels' numbers; ValueError (naming the tensor) where a scale is not finite."""
+        try:
+            rows = read_rows(self.kind, self.raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+        return rows if self.order is None else rows.take(self.order)
+
+
+# weights and bytes of a block
+BLOCK_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+
 READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q6_K": read_q6_k}
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .gguf_blocks import READERS, read_rows
+from .gguf_blocks import READERS, GGUFMatrix
 
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # GGUF architectures whose tensors this reader maps onto the kernels' Llama-family model
@@ -53,6 +53,21 @@ def skeleton(config):
     return model.eval()
 
 
+def attach_float_tables(target) -> None:
+    """Gives a quantized file's model skeleton (target.hf_model) its embeddings and LM head as float32 parameters,
+    the file's values widened from the kernels' bytes, for drafters built on them (EAGLE, Medusa): vocab x hidden x
+    4 bytes each (once, where the head is tied), on first use only."""
+    model = target.hf_model
+    embeddings = model.get_input_embeddings()
+    if embeddings.weight.device.type != "meta":
+        return
+    embeddings.weight = torch.nn.Parameter(target.backend.float_matrix("embed"), requires_grad=False)
+    head = model.get_output_embeddings()
+    tied = target.backend._tables["head"][0] is target.backend._tables["embed"][0]
+    head.weight = embeddings.weight if tied else torch.nn.Parameter(target.backend.float_matrix("head"),
+                                                                     requires_grad=False)
+
+
 def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
     """The permutation transformers' tensor processor applies to the rows of tensor `name` (Llama's q and k), found
     by running it on the row numbers; None where it keeps them in place."""
@@ -83,7 +98,8 @@ def gguf_names(model, arch: str) -> dict[str, str]:
 
 def read_state(path: Path, model) -> dict:
     """The file's tensors by transformers' names: floats as torch tensors (as transformers would load them, in
-    float32 for norms and vectors), matrices of READERS' types as gguf_blocks.QuantizedRows."""
+    float32 for norms and vectors), matrices of READERS' types as gguf_blocks.GGUFMatrix (views of the mapped
+    file, read when the kernels pack them)."""
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -101,12 +117,7 @@ def read_state(path: Path, model) -> dict:
         kind = tensor.tensor_type.name
         raw = np.asarray(tensor.data)
         if kind in READERS and raw.ndim == 2:
-            try:
-                rows = read_rows(kind, raw)
-            except ValueError as exc:
-                raise ModelLoadError(f"{path.name}: {tensor.name}: {exc}") from None
-            order = _row_order(processor, tensor.name, rows.shape[0])
-            state[hf_name] = rows if order is None else rows.take(order)
+            state[hf_name] = GGUFMatrix(kind, raw, _row_order(processor, tensor.name, raw.shape[0]), tensor.name)
             continue
         if kind in FLOAT_TYPES:
             values = np.array(raw)

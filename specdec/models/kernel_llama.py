@@ -143,6 +143,8 @@ class KernelLlama(PooledCaches, CausalLM):
         packing = []
         if self.quantized_weights:
             args, packing = packed_arguments(module, args)
+            # the embeddings' and the head's bytes, for drafters that read them as floats (float_matrix)
+            self._tables = {"embed": (args[3], packing[-2]), "head": (args[5], packing[-1])}
         self.model = module.CpuLlama(*args, bf16_products or self.bf16_prefill, False, screened_head, packing)
         # a head whose inner size is whole groups of 32, finite and without a final soft cap (argmax_screen.h),
         # outside passes with bfloat16 products
@@ -164,6 +166,17 @@ class KernelLlama(PooledCaches, CausalLM):
             raise ConfigError("the quantized drafter copies float weights: this model's are already quantized "
                               "(pass --dequantize to run a GGUF file's weights as floats)")
         return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True, False)
+
+    def float_matrix(self, which: str) -> torch.Tensor:
+        """A quantized model's embeddings (`which` "embed") or LM head ("head") as float32 (vocab, hidden): the
+        values the file defines, widened from the kernels' bytes (for drafters built on them, EAGLE's heads)."""
+        from ..kernels import load
+
+        table, packing = self._tables[which]
+        if not packing:
+            return table.float()
+        fmt, rows, inner, _ = packing
+        return load().packed_rows(table, fmt, rows, inner)
 
     @torch.inference_mode()
     def compact(self, cache: SequenceCache, start: int, keep: list[int]) -> None:

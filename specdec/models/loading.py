@@ -134,7 +134,10 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     info = model_info(spec, hf_model, tokenizer, torch.device("cpu"), torch.float32)
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
-    backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state)
+    try:
+        backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state)
+    except ValueError as exc:  # a scale that is not finite, found as the matrix is packed
+        raise ModelLoadError(f"{path.name}: {first_line(exc)}") from None
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
 
 

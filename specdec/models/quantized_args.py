@@ -11,13 +11,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .gguf_blocks import K6, QuantizedRows
+from .gguf_blocks import K4, K6, Q4, Q8, GGUFMatrix, QuantizedRows
 
 EMPTY = np.zeros(0, dtype=np.uint8)
+FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q6_K": K6}  # the kernels' format of each GGUF type
 
 
-def pack_rows(module, rows: QuantizedRows) -> torch.Tensor:
+def pack_rows(module, rows: QuantizedRows | GGUFMatrix) -> torch.Tensor:
     """One quantized matrix packed by the kernels (pack_codes): uint8 bytes."""
+    if isinstance(rows, GGUFMatrix):
+        rows = rows.rows()
     first, second = rows.first, rows.second
     if rows.fmt == K6:  # one sc per 16 weights: the first and second halves of each group of 32
         first, second = rows.first[:, 0::2], rows.first[:, 1::2]
@@ -47,7 +50,8 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
             parts = [float_bytes(rows) if isinstance(rows, torch.Tensor) else pack_rows(module, rows) for rows in value]
             packing = []
             for rows, packed in zip(value, parts):
-                fmt = 0 if isinstance(rows, torch.Tensor) else rows.fmt
+                fmt = 0 if isinstance(rows, torch.Tensor) else FORMATS[rows.kind] if isinstance(rows, GGUFMatrix) \
+                    else rows.fmt
                 packing += [fmt, rows.shape[0], rows.shape[1], packed.numel()]
             done[id(value)] = (torch.cat(parts) if len(parts) > 1 else parts[0], packing)
         return done[id(value)]
@@ -62,4 +66,4 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
 def quantized_kinds(args: list) -> list[str]:
     """The GGUF types of the quantized matrices in kernel_model_args' list (none: a float model)."""
     return sorted({rows.kind for t in (*args[2], args[3], args[5]) if isinstance(t, list) for rows in t
-                   if isinstance(rows, QuantizedRows)})
+                   if not isinstance(rows, torch.Tensor)})
