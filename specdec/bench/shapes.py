@@ -4,7 +4,8 @@ Per shape, on the same weights in one process: specdec's plain decoding (the eng
 transformers' greedy `generate`, the time of one target pass over T new tokens after the prompt, and the weights'
 bytes; with the device's measured memory read bandwidth, the bandwidth bound on decoding (bandwidth over the bytes
 a step reads) and the share of it plain decoding reaches. Random weights make acceptance meaningless: it measures
-speed only and reports no acceptance.
+speed only and reports no acceptance. With `quant`, the same on the shape written as a GGUF file in that format, run
+in it on the CPU kernels, and with `llama_cpp` llama-bench on that file too (shape_gguf.py).
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ class ShapeBenchSettings:
     pass_sizes: tuple[int, ...] = (1, 4, 16, 64)
     repeats: int = 3
     seed: int = 0
+    quant: str | None = None  # a GGUF format of shape_gguf.QUANTS: run the shape's file in it
+    llama_cpp: str | None = None  # a folder with llama-bench: run it on that file too
 
     def check(self) -> None:
         for option, value in (("--prompt-tokens", self.prompt_tokens), ("--new-tokens", self.new_tokens),
@@ -50,6 +53,13 @@ class ShapeBenchSettings:
                 raise ConfigError(f"{option} must be >= 1, got {value}")
         if not self.pass_sizes or min(self.pass_sizes) < 1:
             raise ConfigError(f"pass sizes must be whole numbers >= 1, got {list(self.pass_sizes)}")
+        from .shape_gguf import QUANTS
+
+        if self.quant is not None and self.quant not in QUANTS:
+            raise ConfigError(f"--quant takes {', '.join(QUANTS)}, not {self.quant!r}")
+        if self.llama_cpp and not self.quant:
+            raise ConfigError("--llama-cpp runs llama-bench on the shape's GGUF file: it needs --quant "
+                              f"({', '.join(QUANTS)})")
 
     @property
     def context(self) -> int:
@@ -98,9 +108,10 @@ def _median(values: list[float]) -> float:
 
 
 @torch.inference_mode()
-def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSettings) -> dict:
-    """tokens/s of specdec's plain decoding and of transformers' greedy generate on `prompt`: the median of
-    `repeats` runs each (after one short untimed run each), the two alternating run by run."""
+def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSettings, hf: bool = True) -> dict:
+    """tokens/s of specdec's plain decoding and (with `hf`) of transformers' greedy generate on `prompt`: the median
+    of `repeats` runs each (after one short untimed run each), the two alternating run by run. specdec decodes
+    with ignore_eos: a GGUF file's made-up vocabulary has an EOS that random weights may emit."""
     loaded, device = model.loaded, model.loaded.info.device
     decoder = SpecDecoder(loaded, None)
     n = settings.new_tokens
@@ -117,7 +128,7 @@ def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSett
                                        do_sample=False, pad_token_id=0)  # the shape has no EOS: all n come
         outputs["hf_generate"] = out[0, len(prompt):].tolist()
 
-    methods = {"specdec_plain": specdec_plain, "hf_generate": hf_generate}
+    methods = {"specdec_plain": specdec_plain, "hf_generate": hf_generate} if hf else {"specdec_plain": specdec_plain}
     for run in methods.values():
         run(min(8, n))
     seconds = {name: [] for name in methods}
@@ -134,14 +145,32 @@ def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSett
     # the steps after the prompt's prefill (which makes the first token): what the bandwidth bound is about
     after_prefill = [total - prefill for total, prefill in zip(seconds["specdec_plain"], prefill_s[1:])]
     result["specdec_plain"]["decode_tokens_per_s"] = (n - 1) / _median(after_prefill) if n > 1 else None
+    if not hf:
+        return {**result, "specdec_over_hf_generate": None, "same_tokens_as_hf_generate": None}
     result["specdec_over_hf_generate"] = result["specdec_plain"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"]
     # a sanity figure, not a check: in bfloat16 a near-tie may break either way in the two implementations
     result["same_tokens_as_hf_generate"] = made["specdec_plain"] == made["hf_generate"]
     return result
 
 
-def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) -> dict:
+def bound_figures(plain: dict, per_token: int, bandwidth: float | None) -> dict:
+    """The bandwidth bound on decoding (tokens/s) for a step reading `per_token` bytes, and the share of it that
+    specdec's plain decoding (`plain`: decode_speeds' entry) reaches with and without the prompt's pass."""
+    if not bandwidth:
+        return {}
+    bound = bandwidth / per_token
+    decode = plain["decode_tokens_per_s"]
+    return {"bandwidth_bound_tokens_per_s": bound,
+            "specdec_plain_share_of_bound": plain["tokens_per_s"] / bound,  # prefill included
+            "specdec_decode_share_of_bound": decode / bound if decode else None}
+
+
+def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None, progress=None) -> dict:
     """One shape's figures (see the module's docstring); its model is freed before returning."""
+    if settings.quant:
+        from .shape_gguf import bench_quantized
+
+        return bench_quantized(name, settings, bandwidth, progress)
     model = load_shape(name, settings.device, settings.dtype, settings.backend, seed=settings.seed,
                        max_context=settings.context, graphs=settings.graphs, compile=settings.compile)
     info, hf_model = model.loaded.info, model.loaded.hf_model
@@ -161,13 +190,8 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None) 
         "weight_bytes": weight_bytes(hf_model), "bytes_read_per_token": per_token,
         **speeds,
         "pass_seconds": {str(size): seconds for size, seconds in passes.items()},
+        **bound_figures(speeds["specdec_plain"], per_token, bandwidth),
     }
-    if bandwidth:
-        bound = bandwidth / per_token
-        entry["bandwidth_bound_tokens_per_s"] = bound
-        entry["specdec_plain_share_of_bound"] = speeds["specdec_plain"]["tokens_per_s"] / bound  # prefill included
-        decode = speeds["specdec_plain"]["decode_tokens_per_s"]
-        entry["specdec_decode_share_of_bound"] = decode / bound if decode else None
     del model, hf_model
     gc.collect()
     if info.device.type == "cuda":
@@ -219,6 +243,10 @@ def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) ->
         if problem and settings.backend not in ("auto", "hf"):
             raise ConfigError(f"the {settings.backend} backend does not support the {name} shape: {problem}")
     device = resolve_device(settings.device)
+    if settings.quant:
+        from .shape_gguf import check_quant
+
+        check_quant(names, settings, device)
     bandwidth = memory_read_bandwidth(device)
     out = {"kind": "bench-shape", "speed_only": True, "note": SPEED_ONLY_NOTE, **environment(device),
            "device": str(device), "settings": {"dtype": settings.dtype, "backend": settings.backend,
@@ -226,13 +254,15 @@ def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) ->
                                                "prompt_tokens": settings.prompt_tokens,
                                                "new_tokens": settings.new_tokens,
                                                "pass_sizes": list(settings.pass_sizes), "repeats": settings.repeats,
-                                               "seed": settings.seed},
+                                               "seed": settings.seed, "quant": settings.quant,
+                                               "llama_cpp": settings.llama_cpp,
+                                               "threads": torch.get_num_threads()},
            "memory_read_bandwidth_bytes_per_s": bandwidth, "bandwidth_buffer_bytes": BANDWIDTH_BUFFER_BYTES,
            "shapes": []}
     for name in names:
         if progress:
             progress(f"bench-shape: {name}")
-        out["shapes"].append(bench_one(name, settings, bandwidth))
+        out["shapes"].append(bench_one(name, settings, bandwidth, progress))
     return out
 
 
@@ -241,20 +271,27 @@ def table(result: dict) -> str:
     sizes = result["settings"]["pass_sizes"]
     head = (f"{'shape':<14} {'backend':<8} {'params':>7} {'specdec':>8} {'hf gen':>8} {'ratio':>6} {'bound':>8} "
             f"{'share':>6} {'decode':>6}  " + " ".join(f"{'pass ' + str(s):>9}" for s in sizes))
-    lines = [f"bench-shape | {result['device']} {result.get('gpu') or ''} | {result['settings']['dtype']} | prompt "
+    weights = result["settings"].get("quant") or result["settings"]["dtype"]
+    lines = [f"bench-shape | {result['device']} {result.get('gpu') or ''} | {weights} | prompt "
              f"{result['settings']['prompt_tokens']}, {result['settings']['new_tokens']} new tokens | tok/s; pass "
              f"times in ms; share: of the bandwidth bound, prefill included; decode: the steps after it | "
              f"{SPEED_ONLY_NOTE}", head, "-" * len(head)]
     for s in result["shapes"]:
         bound, share = s.get("bandwidth_bound_tokens_per_s"), s.get("specdec_plain_share_of_bound")
         decode = s.get("specdec_decode_share_of_bound")
+        hf, ratio = s["hf_generate"], s["specdec_over_hf_generate"]  # None: not run (--quant)
+        hf = "-" if hf is None else f"{hf['tokens_per_s']:.1f}"
         lines.append(f"{s['shape']:<14} {s['backend']:<8} {s['parameters'] / 1e6:>6.0f}M "
-                     f"{s['specdec_plain']['tokens_per_s']:>8.1f} {s['hf_generate']['tokens_per_s']:>8.1f} "
-                     f"{s['specdec_over_hf_generate']:>5.2f}x {'-' if bound is None else f'{bound:.1f}':>8} "
+                     f"{s['specdec_plain']['tokens_per_s']:>8.1f} {hf:>8} "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x':>6} {'-' if bound is None else f'{bound:.1f}':>8} "
                      f"{'-' if share is None else f'{share:.0%}':>6} {'-' if decode is None else f'{decode:.0%}':>6}  "
                      + " ".join(f"{s['pass_seconds'][str(size)] * 1e3:>9.2f}" for size in sizes))
         if s["fast_path_problem"]:
             lines.append(f"  {s['shape']}: transformers' forward (hf): {s['fast_path_problem']}")
         if s["kernels_problem"]:
             lines.append(f"  {s['shape']}: the torch forward, not the kernels: {s['kernels_problem']}")
+        if s.get("quant"):
+            from .shape_gguf import table_lines
+
+            lines.extend(table_lines(s))
     return "\n".join(lines)
