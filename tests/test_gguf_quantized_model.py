@@ -127,3 +127,15 @@ def test_a_damaged_file_is_one_clear_line(tmp_path, quantized_file, damage):
                           "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_heads_built_on_the_target_get_the_files_embeddings_and_head(target, quantized_file):
+    """EAGLE and Medusa heads read the target's embeddings and LM head as floats: for a quantized file, exactly
+    the values transformers dequantizes the file to, widened from the kernels' bytes on first use."""
+    from specdec.models.gguf_model import attach_float_tables
+
+    reference = load_model(str(quantized_file), device="cpu", dtype="float32", backend="hf", dequantize=True)
+    assert target.hf_model.get_input_embeddings().weight.device.type == "meta"
+    attach_float_tables(target)
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        assert torch.equal(getattr(target.hf_model, get)().weight, getattr(reference.hf_model, get)().weight)
