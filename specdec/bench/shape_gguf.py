@@ -122,7 +122,7 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     from ..costs import measure_verify_costs
     from ..models.loading import load_model
     from ..models.shapes import ShapeModel, get_shape
-    from .shapes import bound_figures, decode_speeds, passes_run
+    from .shape_speed import bound_figures, decode_speeds, passes_run
 
     path, written = ensure_shape_gguf(name, settings.quant, settings.seed, progress)
     weights = file_weights(path)

@@ -13,18 +13,16 @@ import datetime
 import gc
 import os
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..config import GenerationConfig
 from ..costs import measure_verify_costs
-from ..engine import SpecDecoder
 from ..errors import ConfigError
-from ..models.shapes import ShapeModel, bytes_read_per_token, load_shape, weight_bytes
+from ..models.shapes import bytes_read_per_token, load_shape, weight_bytes
 from .runner import machine_info
+from .shape_speed import bound_figures, decode_speeds, passes_run, timed
 
 SPEED_ONLY_NOTE = ("random weights: speed only. The outputs mean nothing, so no acceptance, MAT or drafter figure "
                    "is reported.")
@@ -78,91 +76,14 @@ def parse_sizes(text: str, option: str = "--pass-sizes") -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device) -> float:
-    _synchronize(device)
-    start = time.perf_counter()
-    fn()
-    _synchronize(device)
-    return time.perf_counter() - start
-
-
-@torch.inference_mode()
 def memory_read_bandwidth(device: torch.device, buffer_bytes: int = BANDWIDTH_BUFFER_BYTES, reads: int = 5) -> float:
     """Bytes per second of the fastest of `reads` full reads of a buffer much larger than the caches, each read
     once as float32 sums and once as a byte maximum (whichever this machine runs nearer its memory's speed)."""
     buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)  # written once: pages are mapped
     as_bytes = buffer.view(torch.uint8)
-    best = min(_timed(op, device) for _ in range(reads) for op in (buffer.sum, as_bytes.amax))
+    best = min(timed(op, device) for _ in range(reads) for op in (buffer.sum, as_bytes.amax))
     del buffer, as_bytes
     return buffer_bytes / best
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
-@torch.inference_mode()
-def decode_speeds(model: ShapeModel, prompt: list[int], settings: ShapeBenchSettings, hf: bool = True) -> dict:
-    """tokens/s of specdec's plain decoding and (with `hf`) of transformers' greedy generate on `prompt`: the median
-    of `repeats` runs each (after one short untimed run each), the two alternating run by run. specdec decodes
-    with ignore_eos: a GGUF file's made-up vocabulary has an EOS that random weights may emit."""
-    loaded, device = model.loaded, model.loaded.info.device
-    decoder = SpecDecoder(loaded, None)
-    n = settings.new_tokens
-    ids = torch.tensor([prompt], device=device)
-    outputs, prefill_s = {}, []
-
-    def specdec_plain(tokens: int = n) -> None:
-        config = GenerationConfig.create(max_new_tokens=tokens, ignore_eos=True)
-        outputs["specdec_plain"], metrics = decoder.generate_ids(prompt, config)
-        prefill_s.append(metrics.prefill_time_s)
-
-    def hf_generate(tokens: int = n) -> None:
-        out = loaded.hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                       do_sample=False, pad_token_id=0)  # the shape has no EOS: all n come
-        outputs["hf_generate"] = out[0, len(prompt):].tolist()
-
-    methods = {"specdec_plain": specdec_plain, "hf_generate": hf_generate} if hf else {"specdec_plain": specdec_plain}
-    for run in methods.values():
-        run(min(8, n))
-    seconds = {name: [] for name in methods}
-    made = {}
-    for i in range(settings.repeats):
-        for name, run in (list(methods.items()) if i % 2 == 0 else list(methods.items())[::-1]):
-            seconds[name].append(_timed(run, device))
-            made[name] = outputs[name]
-    result = {}
-    for name in methods:
-        if len(made[name]) != n:
-            raise RuntimeError(f"{name} made {len(made[name])} tokens, not the {n} asked for")
-        result[name] = {"tokens_per_s": n / _median(seconds[name]), "seconds": seconds[name], "tokens": n}
-    # the steps after the prompt's prefill (which makes the first token): what the bandwidth bound is about
-    after_prefill = [total - prefill for total, prefill in zip(seconds["specdec_plain"], prefill_s[1:])]
-    result["specdec_plain"]["decode_tokens_per_s"] = (n - 1) / _median(after_prefill) if n > 1 else None
-    if not hf:
-        return {**result, "specdec_over_hf_generate": None, "same_tokens_as_hf_generate": None}
-    result["specdec_over_hf_generate"] = result["specdec_plain"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"]
-    # a sanity figure, not a check: in bfloat16 a near-tie may break either way in the two implementations
-    result["same_tokens_as_hf_generate"] = made["specdec_plain"] == made["hf_generate"]
-    return result
-
-
-def bound_figures(plain: dict, per_token: int, bandwidth: float | None) -> dict:
-    """The bandwidth bound on decoding (tokens/s) for a step reading `per_token` bytes, and the share of it that
-    specdec's plain decoding (`plain`: decode_speeds' entry) reaches with and without the prompt's pass."""
-    if not bandwidth:
-        return {}
-    bound = bandwidth / per_token
-    decode = plain["decode_tokens_per_s"]
-    return {"bandwidth_bound_tokens_per_s": bound,
-            "specdec_plain_share_of_bound": plain["tokens_per_s"] / bound,  # prefill included
-            "specdec_decode_share_of_bound": decode / bound if decode else None}
 
 
 def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None, progress=None) -> dict:
@@ -197,15 +118,6 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None, 
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
-
-
-def passes_run(backend) -> dict:
-    """How the backend's decode passes ran: {"graphs": "cuda" (captured), "eager" (shape-static, uncaptured) or
-    "off", "compiled": bool, "screened_head": whether greedy passes read the LM head's 8-bit copy}."""
-    graphs = backend.pass_graphs
-    run = ({"graphs": "off", "compiled": False} if graphs is None else
-           {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled})
-    return {**run, "screened_head": backend.screened_head}
 
 
 def commit() -> str | None:
