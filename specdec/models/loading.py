@@ -113,7 +113,7 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
 
     from ..kernels import unavailable_reason
     from .family import fast_path_problem
-    from .gguf_model import quantized_gguf_problem, read_state, skeleton
+    from .gguf_model import quantized_gguf_problem, read_state, release_freed_memory, skeleton
     from .kernel_llama import KernelLlama, four_bit_problem
 
     _quiet_transformers()
@@ -138,6 +138,8 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
         backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state)
     except ValueError as exc:  # a scale that is not finite, found as the matrix is packed
         raise ModelLoadError(f"{path.name}: {first_line(exc)}") from None
+    del state
+    release_freed_memory()
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
 
 
