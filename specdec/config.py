@@ -12,8 +12,8 @@ from .errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 BACKENDS = ("auto", "kernels", "kernels-fp32", "kernels-bf16", "kernels-bf16kv", "torch", "hf")
-GRAPHS = ("auto", "on", "off")  # the torch backend's passes as CUDA graphs (models/loading.py graph_mode)
-COMPILE = ("auto", "on", "off")  # those passes compiled by torch.compile (models/loading.py compile_mode)
+GRAPHS = ("auto", "on", "off")  # the torch backend's passes as CUDA graphs (models/backend_choice.py graph_mode)
+COMPILE = ("auto", "on", "off")  # those passes compiled by torch.compile (models/backend_choice.py compile_mode)
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLING_VERIFIERS = ("auto", "rejection", "coupled")
 ACCEPTANCE_FORMS = "exact, top-k:K (K >= 1), threshold:P (0 < P <= 1) or typical:EPS (0 < EPS < 1)"

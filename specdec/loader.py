@@ -19,7 +19,7 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
     max_context: the most tokens a sequence holds (prompt, output, drafts), at most the model's context (default:
     the model's); time_target: measure the target's verify costs even without a drafter (calls may pick one by
     name later: a server's requests), where calibrate is on; graphs: the target's decode and verify passes as CUDA
-    graphs (auto, on, off: models/loading.py make_backend); compile: those passes compiled by torch.compile (auto,
+    graphs (auto, on, off: models/backend_choice.py make_backend); compile: those passes compiled by torch.compile (auto,
     on, off: the same); dequantize: a GGUF file's weights as floats instead of in its quantized formats."""
     from .drafters import create_drafter
     from .errors import ConfigError

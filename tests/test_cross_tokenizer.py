@@ -6,7 +6,8 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdec.engine import SpecDecoder
-from specdec.models.loading import LoadedModel, load_model, make_backend
+from specdec.models.backend_choice import make_backend
+from specdec.models.loading import LoadedModel, load_model
 
 PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun is up and the moon is down"]
 

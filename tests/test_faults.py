@@ -178,7 +178,8 @@ def test_kernels_that_fail_to_compile_fall_back_to_torch_with_a_note(monkeypatch
 
     from specdec import kernels
     from specdec.models.llama import FastLlama
-    from specdec.models.loading import make_backend, model_info
+    from specdec.models.backend_choice import make_backend
+    from specdec.models.loading import model_info
 
     def broken_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension 'specdec_cpu_llama': g++ failed\nmore lines")

@@ -62,7 +62,7 @@ def test_tree_forward_and_compaction(model, kind):
 @pytest.mark.parametrize("kind", ["kernels", "torch"])
 def test_batched_forward_matches_single(model, kind):
     """Ragged sequences in one pass score as they do alone (bit for bit on the kernels)."""
-    from specdec.models.loading import make_backend
+    from specdec.models.backend_choice import make_backend
 
     single = loaded(model, kind).backend
     batched = make_backend(model, single.info, kind, slots=3)
@@ -199,7 +199,7 @@ def test_ragged_rows_that_fit_alone_fit_in_one_batched_call():
     """Padded to the longest row, a late-starting row and a long fresh one would run past the cache's end (the
     soak's 5xx: "sequence of 521 tokens exceeds the cache's 512"); each fits alone, so the batch runs in groups
     and scores each row as it scores alone."""
-    from specdec.models.loading import make_backend
+    from specdec.models.backend_choice import make_backend
     from specdec.models.loading import model_info as info_of
 
     model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
@@ -235,7 +235,7 @@ def test_padding_groups_keep_each_row_once_and_bound_the_padding(lengths):
 def test_prompts_of_unequal_lengths_are_prefilled_in_passes_apart_and_scored_as_alone():
     """A batched prefill of a short and a long prompt would compute the short one at the long one's length (3x the
     time on a CPU); the torch backend runs them in two passes, each scored as alone; equal verify rows stay one."""
-    from specdec.models.loading import make_backend
+    from specdec.models.backend_choice import make_backend
     from specdec.models.loading import model_info as info_of
 
     model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
@@ -263,7 +263,7 @@ def test_rows_in_scattered_slots_attend_over_their_own_cache_as_alone():
     the slots copied every row's cache up to the longest row's end in each layer, half the soak's decode time); each
     row's logits are those of its pass alone (to rounding: the matrix products see another batch size), for one
     token and for a chain of drafts."""
-    from specdec.models.loading import make_backend
+    from specdec.models.backend_choice import make_backend
     from specdec.models.loading import model_info as info_of
 
     model = tiny_llama(seed=4, hidden=64, heads=4, kv_heads=2)

@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from specdec.errors import ConfigError
 from specdec.models.llama import FastLlama
-from specdec.models.loading import make_backend, model_info
+from specdec.models.backend_choice import make_backend
+from specdec.models.loading import model_info
 from specdec.models.pass_graphs import (BATCH_SIZES, TOKEN_COUNTS, PassGraphs, key_windows, padded_inputs,
                                         smallest_fitting)
 from specdec.models.static_pass import static_pass

@@ -7,7 +7,8 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.models.backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache
-from specdec.models.loading import LoadedModel, make_backend, model_info
+from specdec.models.backend_choice import make_backend
+from specdec.models.loading import LoadedModel, model_info
 
 
 def tiny_llama(seed: int = 0, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,

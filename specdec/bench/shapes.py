@@ -143,7 +143,8 @@ def environment(device: torch.device) -> dict:
 
 def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) -> dict:
     """The bench-shape JSON for these shapes, measured one after another on one device."""
-    from ..models.loading import check_backend, resolve_device
+    from ..models.backend_choice import check_backend
+    from ..models.loading import resolve_device
 
     settings.check()
     check_backend(settings.backend)

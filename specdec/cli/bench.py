@@ -74,7 +74,8 @@ def run(args) -> int:
     from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder
     from ..errors import ConfigError
-    from ..models.loading import LoadedModel, load_model, make_backend
+    from ..models.backend_choice import make_backend
+    from ..models.loading import LoadedModel, load_model
     from ..models.registry import DEFAULT_MODEL
     from ..bench import llamacpp
     from ..bench.prompts import load_prompts

@@ -127,8 +127,14 @@ class GGUFMatrix:
     name: str = ""
 
     @property
+    def fmt(self) -> int:
+        return FORMATS[self.kind]
+
+    @property
     def shape(self) -> tuple[int, int]:
-        per_block, block_bytes = BLOCK_SIZES[self.kind]
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[self.kind]]
         return self.raw.shape[0], self.raw.shape[1] // block_bytes * per_block
 
     def rows(self) -> QuantizedRows:
@@ -140,8 +146,8 @@ class GGUFMatrix:
         return rows if self.order is None else rows.take(self.order)
 
 
-# weights and bytes of a block
-BLOCK_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+# the kernels' format of each GGUF type the readers take
+FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q6_K": K6}
 
 READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q6_K": read_q6_k}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, first_line
 from .gguf_blocks import READERS, GGUFMatrix
 
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -23,20 +23,26 @@ FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def quantized_matrix_types(path: Path) -> set[str]:
-    """The types of the file's 2-D tensors that are neither float32, float16 nor bfloat16."""
+def open_gguf(path: Path):
+    """The gguf package's reader of the file (its metadata parsed, its tensors mapped); ModelLoadError in one line
+    where the file is damaged or truncated. One reader serves a load: parsing a 128k-token vocabulary takes seconds."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read {path.name} as a GGUF file: {first_line(exc)}") from None
+
+
+def quantized_matrix_types(reader) -> set[str]:
+    """The types of the file's 2-D tensors that are neither float32, float16 nor bfloat16."""
     return {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2 and t.tensor_type.name not in FLOAT_TYPES}
 
 
-def quantized_gguf_problem(path: Path, config) -> str | None:
-    """Why the file cannot run in its own formats on the kernels (then it is dequantized, as before), or None."""
+def architecture_problem(config) -> str | None:
+    """Why this reader cannot map the file's tensors onto the kernels' model (then it is dequantized), or None."""
     if config.model_type not in ARCHITECTURES:
         return f"its architecture {config.model_type!r} is not one of {', '.join(ARCHITECTURES)}"
-    if not quantized_matrix_types(path):
-        return "it holds no quantized matrices"
     return None
 
 
@@ -78,9 +84,10 @@ def attach_float_tables(target) -> None:
         return
     embeddings.weight = torch.nn.Parameter(target.backend.float_matrix("embed"), requires_grad=False)
     head = model.get_output_embeddings()
-    tied = target.backend._tables["head"][0] is target.backend._tables["embed"][0]
-    head.weight = embeddings.weight if tied else torch.nn.Parameter(target.backend.float_matrix("head"),
-                                                                     requires_grad=False)
+    if target.backend.head_tied:
+        head.weight = embeddings.weight
+    else:
+        head.weight = torch.nn.Parameter(target.backend.float_matrix("head"), requires_grad=False)
 
 
 def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
@@ -111,18 +118,17 @@ def gguf_names(model, arch: str) -> dict[str, str]:
     return names
 
 
-def read_state(path: Path, model) -> dict:
+def read_state(reader, path: Path, model) -> dict:
     """The file's tensors by transformers' names: floats as torch tensors (as transformers would load them, in
     float32 for norms and vectors), matrices of READERS' types as gguf_blocks.GGUFMatrix (views of the mapped
     file, read when the kernels pack them)."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     config = model.config
     arch = {"mistral": "llama"}.get(config.model_type, config.model_type)
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
     names = gguf_names(model, arch)
-    reader = GGUFReader(str(path))
     state: dict = {}
     dequantized: set[str] = set()
     for tensor in reader.tensors:

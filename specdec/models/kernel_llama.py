@@ -167,6 +167,11 @@ class KernelLlama(PooledCaches, CausalLM):
                               "(pass --dequantize to run a GGUF file's weights as floats)")
         return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True, False)
 
+    @property
+    def head_tied(self) -> bool:
+        """Whether a quantized model's LM head is its embeddings' table (one set of bytes)."""
+        return self._tables["head"][0] is self._tables["embed"][0]
+
     def float_matrix(self, which: str) -> torch.Tensor:
         """A quantized model's embeddings (`which` "embed") or LM head ("head") as float32 (vocab, hidden): the
         values the file defines, widened from the kernels' bytes (for drafters built on them, EAGLE's heads)."""

@@ -11,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .gguf_blocks import K4, K6, Q4, Q8, GGUFMatrix, QuantizedRows
+from .gguf_blocks import K6, GGUFMatrix, QuantizedRows
 
 EMPTY = np.zeros(0, dtype=np.uint8)
-FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q6_K": K6}  # the kernels' format of each GGUF type
 
 
 def pack_rows(module, rows: QuantizedRows | GGUFMatrix) -> torch.Tensor:
@@ -50,8 +49,7 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
             parts = [float_bytes(rows) if isinstance(rows, torch.Tensor) else pack_rows(module, rows) for rows in value]
             packing = []
             for rows, packed in zip(value, parts):
-                fmt = 0 if isinstance(rows, torch.Tensor) else FORMATS[rows.kind] if isinstance(rows, GGUFMatrix) \
-                    else rows.fmt
+                fmt = 0 if isinstance(rows, torch.Tensor) else rows.fmt
                 packing += [fmt, rows.shape[0], rows.shape[1], packed.numel()]
             done[id(value)] = (torch.cat(parts) if len(parts) > 1 else parts[0], packing)
         return done[id(value)]

@@ -148,7 +148,8 @@ def load_shape(name: str, device: str = "auto", dtype: str = "auto", backend: st
     max_context tokens (the shapes' own contexts, up to 131072, would take gigabytes); graphs, compile: as
     load_model's."""
     from .family import fast_path_problem
-    from .loading import LoadedModel, make_backend, model_info, resolve_device, resolve_dtype
+    from .backend_choice import make_backend
+    from .loading import LoadedModel, model_info, resolve_device, resolve_dtype
 
     shape = get_shape(name)
     dev = resolve_device(device)

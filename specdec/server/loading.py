@@ -20,7 +20,7 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
     LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
     (prompt, output, drafts), at most the model's context (default: the model's). graphs: the target's passes as
-    CUDA graphs, compile: those compiled by torch.compile (models/loading.py make_backend)."""
+    CUDA graphs, compile: those compiled by torch.compile (models/backend_choice.py make_backend)."""
     from ..engine import SpecDecoder
 
     decoder = SpecDecoder.load(model, drafter=drafter, draft_model=draft_model, device=device, dtype=dtype,
