@@ -126,6 +126,45 @@ constexpr bool kSum16 = true;
 template <int FMT>
 constexpr bool sums16() { return kSum16 && (q_bits(FMT) == 4 || FMT == K6); }
 
+// One quad's products added into a row's sums: 4-bit codes (unsigned) times x; 8-bit codes as |w| (unsigned)
+// times x with w's sign. In 16-bit lanes where sums16, in 32-bit ones otherwise.
+template <int FMT>
+inline __attribute__((always_inline)) qv::i32x16 add_quad(qv::i32x16 isum, qv::i32x16 w, qv::i32x16 xb) {
+  if constexpr (q_bits(FMT) == 4) return sums16<FMT>() ? qv::dot2_16(isum, w, xb) : qv::dot4(isum, w, xb);
+  else if constexpr (sums16<FMT>()) return qv::dot2_16(isum, qv::abs8(w), qv::sign8(xb, w));
+  else return qv::dot4(isum, qv::abs8(w), qv::sign8(xb, w));
+}
+
+// The sums in 32-bit lanes (a group's, or K6's half-group's)
+template <int FMT>
+inline __attribute__((always_inline)) qv::i32x16 widened(qv::i32x16 isum) {
+  if constexpr (sums16<FMT>()) return qv::widen16(isum);
+  else return isum;
+}
+
+// K6's first half-group: its sums times its sc; the sums restart for the second half
+template <int FMT>
+inline __attribute__((always_inline)) qv::i32x16 close_first_half(qv::i32x16& isum, qv::i32x16 sc) {
+  const qv::i32x16 first = qv::mul32(widened<FMT>(isum), sc);
+  isum = qv::zero();
+  return first;
+}
+
+// A K-quant's super-block numbers (d, and -dmin for K4) of the block's four vectors, read at the first group of
+// each super-block
+template <int FMT>
+inline __attribute__((always_inline)) void load_super(const uint8_t* block, int64_t g, int64_t G,
+                                                      f32x16 (&super_d)[kVecs], f32x16 (&super_m)[kVecs]) {
+  using L = QLayout<FMT>;
+  if constexpr (k_quant(FMT)) {
+    if (g % kQSuper) return;
+    for (int v = 0; v < kVecs; ++v) {
+      super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
+      if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
+    }
+  }
+}
+
 // A group's float32 step for one vector of 16 columns (v) and MR rows: acc += (d * scale_x) * sum (+ m * sum_x),
 // where d and m are the format's (QFormat), K6's halves combined first. Both tiles below end each group with it, so
 // every output sees the same float operations in the same order whichever tile computed it.
@@ -170,13 +209,7 @@ __attribute__((noinline)) void tile_quantized_by_vector(const Q8Rows& x, int64_t
     for (int j = 0; j < MR; ++j) acc[v][j] = vec::zero();
   f32x16 super_d[kVecs], super_m[kVecs];
   for (int64_t g = 0; g < G; ++g) {
-    if constexpr (k_quant(FMT)) {
-      if (g % kQSuper == 0)
-        for (int v = 0; v < kVecs; ++v) {
-          super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
-          if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
-        }
-    }
+    load_super<FMT>(block, g, G, super_d, super_m);
     for (int v = 0; v < kVecs && live_lanes(valid, v); ++v) {
       const uint8_t* unit = block + L::unit(g, 0, L::kBits == 4 ? v / 2 : v, G);
       const int8_t* xg = x.q.data() + row0 * K + g * kQGroup;
@@ -185,27 +218,17 @@ __attribute__((noinline)) void tile_quantized_by_vector(const Q8Rows& x, int64_t
 #pragma GCC unroll 8
       for (int quad = 0; quad < kQGroup / 4; ++quad) {
         if constexpr (FMT == K6) {
-          if (quad == kQGroup / 8) {  // the first half's sums, times its sc
+          if (quad == kQGroup / 8) {
             const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
-            for (int j = 0; j < MR; ++j) {
-              const qv::i32x16 first = sums16<FMT>() ? qv::widen16(isum[j]) : isum[j];
-              half_sum[j] = qv::mul32(first, sc), isum[j] = qv::zero();
-            }
+            for (int j = 0; j < MR; ++j) half_sum[j] = close_first_half<FMT>(isum[j], sc);
           }
         }
         qv::i32x16 w = qv::load(unit + quad * kQuadStep);
         if constexpr (L::kBits == 4) w = v % 2 ? qv::high_nibbles(w) : qv::low_nibbles(w);
 #pragma GCC unroll 4
-        for (int j = 0; j < MR; ++j) {
-          const qv::i32x16 xb = qv::broadcast4(xg + j * K + quad * 4);
-          if constexpr (L::kBits == 4 && kSum16) isum[j] = qv::dot2_16(isum[j], w, xb);
-          else if constexpr (L::kBits == 4) isum[j] = qv::dot4(isum[j], w, xb);
-          else if constexpr (sums16<FMT>()) isum[j] = qv::dot2_16(isum[j], qv::abs8(w), qv::sign8(xb, w));
-          else isum[j] = qv::dot4(isum[j], qv::abs8(w), qv::sign8(xb, w));
-        }
+        for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xg + j * K + quad * 4));
       }
-      if constexpr (sums16<FMT>())
-        for (int j = 0; j < MR; ++j) isum[j] = qv::widen16(isum[j]);
+      for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
       group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc[v]);
     }
   }
@@ -245,13 +268,10 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
       constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
       if constexpr (FMT == K6) {
-        if (quad == kQGroup / 8) {  // the first half's sums, times its sc
+        if (quad == kQGroup / 8) {
           for (int v = 0; v < kVecs; ++v) {
             const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
-            for (int j = 0; j < MR; ++j) {
-              const qv::i32x16 first = sums16<FMT>() ? qv::widen16(isum[j][v]) : isum[j][v];
-              half_sum[j][v] = qv::mul32(first, sc), isum[j][v] = qv::zero();
-            }
+            for (int j = 0; j < MR; ++j) half_sum[j][v] = close_first_half<FMT>(isum[j][v], sc);
           }
         }
       }
@@ -267,31 +287,13 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
-        if constexpr (L::kBits == 4 && kSum16) {
 #pragma GCC unroll 4
-          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot2_16(isum[j][v], w[v], xb);
-        } else if constexpr (L::kBits == 4) {
-#pragma GCC unroll 4
-          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], w[v], xb);
-        } else if constexpr (sums16<FMT>()) {  // s8 x s8 as |w| (unsigned) times x with w's sign
-#pragma GCC unroll 4
-          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot2_16(isum[j][v], qv::abs8(w[v]), qv::sign8(xb, w[v]));
-        } else {
-#pragma GCC unroll 4
-          for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::dot4(isum[j][v], qv::abs8(w[v]), qv::sign8(xb, w[v]));
-        }
+        for (int v = 0; v < kVecs; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb);
       }
     }
-    if constexpr (sums16<FMT>())
-      for (int j = 0; j < MR; ++j)
-        for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::widen16(isum[j][v]);
-    if constexpr (k_quant(FMT)) {
-      if (g % kQSuper == 0)
-        for (int v = 0; v < kVecs; ++v) {
-          super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
-          if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
-        }
-    }
+    for (int j = 0; j < MR; ++j)
+      for (int v = 0; v < kVecs; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
+    load_super<FMT>(block, g, G, super_d, super_m);
     for (int v = 0; v < kVecs; ++v) {
       qv::i32x16 sums[MR], halves[MR];
       f32x16 out[MR];
