@@ -106,6 +106,21 @@ def test_products_are_the_documented_arithmetic(module, kind):
 
 
 @pytest.mark.parametrize("kind", list(READERS))
+def test_outputs_do_not_depend_on_how_the_threads_share_the_blocks(module, kind):
+    """A matrix of many blocks is shared among the threads by whole blocks of 64 rows, one of few blocks by halves
+    (linear_quantized): the first four blocks' outputs are the same bits either way, for one row and for several."""
+    blocks, k = 41, 256
+    quantized = read_rows(kind, random_blocks(kind, 64 * blocks, k, seed=5))
+    packed = pack_rows(module, quantized)
+    first = packed[: packed.numel() // blocks * 4]
+    for rows in (1, 3, 6):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        many = module.packed_matmul(x, packed, quantized.fmt, 64 * blocks, k)
+        few = module.packed_matmul(x, first, quantized.fmt, 256, k)
+        assert torch.equal(few, many[:, :256])
+
+
+@pytest.mark.parametrize("kind", list(READERS))
 def test_a_rows_outputs_do_not_depend_on_the_other_rows_of_the_pass(module, kind):
     n, k = 130, 256
     quantized = read_rows(kind, random_blocks(kind, n, k, seed=3))

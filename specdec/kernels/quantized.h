@@ -193,144 +193,174 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
   }
 }
 
-// The tile for several rows on AVX2 (16 registers): one vector of 16 columns at a time, so that the rows' integer
-// sums, the weights and the broadcast activations stay in registers (all four vectors at once spill them). The
-// integer sums are exact in any order, and each group ends with group_step as in tile_quantized: the same outputs.
-template <int MR, int FMT>
-__attribute__((noinline)) void tile_quantized_by_vector(const Q8Rows& x, int64_t row0, int64_t K,
-                                                        const uint8_t* __restrict block, int valid,
-                                                        const float* __restrict bias, float* __restrict y,
-                                                        int64_t ldy) {
+// One vector of 16 columns (v) for MR rows on AVX2 (16 registers): the rows' integer sums (two registers each),
+// the quad's weights (two) and one broadcast of activations stay in registers. Each row reads its activations
+// through a pointer of its own, so every broadcast is one load at a constant offset; 4-bit weights take their low
+// or high nibbles (HIGH: v is odd), known before the loop. The integer sums are exact in any order, and each group
+// ends with group_step as in tile_quantized: the same outputs.
+template <int MR, int FMT, bool HIGH>
+inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64_t row0, int64_t K,
+                                                          const uint8_t* __restrict block, int v,
+                                                          f32x16 (&acc)[MR]) {
   using L = QLayout<FMT>;
   constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;
   const int64_t G = K / kQGroup;
-  f32x16 acc[kVecs][MR];
-  for (int v = 0; v < kVecs; ++v)
-    for (int j = 0; j < MR; ++j) acc[v][j] = vec::zero();
   f32x16 super_d[kVecs], super_m[kVecs];
   for (int64_t g = 0; g < G; ++g) {
     load_super<FMT>(block, g, G, super_d, super_m);
-    for (int v = 0; v < kVecs && live_lanes(valid, v); ++v) {
-      const uint8_t* unit = block + L::unit(g, 0, L::kBits == 4 ? v / 2 : v, G);
-      const int8_t* xg = x.q.data() + row0 * K + g * kQGroup;
-      qv::i32x16 isum[MR], half_sum[MR];
-      for (int j = 0; j < MR; ++j) isum[j] = qv::zero(), half_sum[j] = qv::zero();
+    const uint8_t* unit = block + L::unit(g, 0, L::kBits == 4 ? v / 2 : v, G);
+    const int8_t* xr[MR];
+    for (int j = 0; j < MR; ++j) xr[j] = x.q.data() + (row0 + j) * K + g * kQGroup;
+    qv::i32x16 isum[MR], half_sum[MR];
+    for (int j = 0; j < MR; ++j) isum[j] = qv::zero(), half_sum[j] = qv::zero();
 #pragma GCC unroll 8
-      for (int quad = 0; quad < kQGroup / 4; ++quad) {
-        if constexpr (FMT == K6) {
-          if (quad == kQGroup / 8) {
-            const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
-            for (int j = 0; j < MR; ++j) half_sum[j] = close_first_half<FMT>(isum[j], sc);
-          }
+    for (int quad = 0; quad < kQGroup / 4; ++quad) {
+      if constexpr (FMT == K6) {
+        if (quad == kQGroup / 8) {
+          const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
+          for (int j = 0; j < MR; ++j) half_sum[j] = close_first_half<FMT>(isum[j], sc);
         }
-        qv::i32x16 w = qv::load(unit + quad * kQuadStep);
-        if constexpr (L::kBits == 4) w = v % 2 ? qv::high_nibbles(w) : qv::low_nibbles(w);
-#pragma GCC unroll 4
-        for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xg + j * K + quad * 4));
       }
-      for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
-      group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc[v]);
+      qv::i32x16 w = qv::load(unit + quad * kQuadStep);
+      if constexpr (L::kBits == 4) w = HIGH ? qv::high_nibbles(w) : qv::low_nibbles(w);
+#pragma GCC unroll 6
+      for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xr[j] + quad * 4));
     }
-  }
-  for (int v = 0; v < kVecs; ++v) {
-    const int live = live_lanes(valid, v);
-    if (!live) break;
-    const f32x16 b = bias_lanes(bias, v, live);
-    for (int j = 0; j < MR; ++j) vec::store_first(live, y + j * ldy + v * 16, vec::add(acc[v][j], b));
+    for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
+    group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc);
   }
 }
 
-// The 64 outputs of one packed block for MR rows of x (quantized): per group, integer sums of the stored integers
-// times x's, then acc += (d * scale_x) * sum (+ m * sum_x where the format has a minimum), in the format's
-// float32 steps (QFormat). 8-bit codes are signed: |w| (unsigned) times x with w's sign, so that q = -128 (Q8_0
-// allows it) is exact too. K6's two halves of a group have their own sc: their sums are scaled in int32 (exact:
-// |sum| < 2^16, |sc| <= 128) and added before the one conversion to float (exact below 2^24).
-template <int MR, int FMT>
+// The tile for several rows on AVX2: the block's vectors [v0, v0 + NV) one at a time (vector_by_rows), the weights'
+// nibble half chosen outside the loops over k.
+template <int MR, int FMT, int NV>
+__attribute__((noinline)) void tile_quantized_by_vector(const Q8Rows& x, int64_t row0, int64_t K,
+                                                        const uint8_t* __restrict block, int v0, int valid,
+                                                        const float* __restrict bias, float* __restrict y,
+                                                        int64_t ldy) {
+  f32x16 acc[MR][NV];
+  for (int j = 0; j < MR; ++j)
+    for (int v = 0; v < NV; ++v) acc[j][v] = vec::zero();
+  for (int v = 0; v < NV && live_lanes(valid, v0 + v); ++v) {
+    f32x16 out[MR];
+    for (int j = 0; j < MR; ++j) out[j] = vec::zero();
+    if constexpr (q_bits(FMT) == 4) {
+      if ((v0 + v) % 2) vector_by_rows<MR, FMT, true>(x, row0, K, block, v0 + v, out);
+      else vector_by_rows<MR, FMT, false>(x, row0, K, block, v0 + v, out);
+    } else {
+      vector_by_rows<MR, FMT, false>(x, row0, K, block, v0 + v, out);
+    }
+    for (int j = 0; j < MR; ++j) acc[j][v] = out[j];
+  }
+  store_tile<MR, NV>(acc, v0, valid, bias, y, ldy);
+}
+
+// The outputs of the block's vectors [v0, v0 + NV) (NV of 2 or 4 vectors of 16 columns, v0 even) for MR rows of x
+// (quantized): per group, integer sums of the stored integers times x's, then acc += (d * scale_x) * sum (+ m *
+// sum_x where the format has a minimum), in the format's float32 steps (QFormat). 8-bit codes are signed: |w|
+// (unsigned) times x with w's sign, so that q = -128 (Q8_0 allows it) is exact too. K6's two halves of a group have
+// their own sc: their sums are scaled in int32 (exact: |sum| < 2^16, |sc| <= 128) and added before the one
+// conversion to float (exact below 2^24).
+template <int MR, int FMT, int NV>
 __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
-                                              const uint8_t* __restrict block, int valid,
+                                              const uint8_t* __restrict block, int v0, int valid,
                                               const float* __restrict bias, float* __restrict y, int64_t ldy) {
 #ifndef SPECDEC_AVX512
-  if constexpr (MR > 1) return tile_quantized_by_vector<MR, FMT>(x, row0, K, block, valid, bias, y, ldy);
+  if constexpr (MR > 1) return tile_quantized_by_vector<MR, FMT, NV>(x, row0, K, block, v0, valid, bias, y, ldy);
 #endif
   using L = QLayout<FMT>;
   const int64_t G = K / kQGroup;
-  f32x16 acc[MR][kVecs];
+  f32x16 acc[MR][NV];
   for (int j = 0; j < MR; ++j)
-    for (int v = 0; v < kVecs; ++v) acc[j][v] = vec::zero();
+    for (int v = 0; v < NV; ++v) acc[j][v] = vec::zero();
   f32x16 super_d[kVecs], super_m[kVecs];
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* units[L::kUnits];
-    for (int u = 0; u < L::kUnits; ++u) units[u] = block + L::unit(g, 0, u, G);
-    qv::i32x16 isum[MR][kVecs], half_sum[MR][kVecs];
+    const uint8_t* units[kVecs];  // the units of the vectors [v0, v0 + NV): one per two vectors at 4 bits
+    for (int u = 0; u < (L::kBits == 4 ? NV / 2 : NV); ++u)
+      units[u] = block + L::unit(g, 0, (L::kBits == 4 ? v0 / 2 : v0) + u, G);
+    qv::i32x16 isum[MR][NV], half_sum[MR][NV];
     for (int j = 0; j < MR; ++j)
-      for (int v = 0; v < kVecs; ++v) isum[j][v] = qv::zero(), half_sum[j][v] = qv::zero();
+      for (int v = 0; v < NV; ++v) isum[j][v] = qv::zero(), half_sum[j][v] = qv::zero();
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
       constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
       if constexpr (FMT == K6) {
         if (quad == kQGroup / 8) {
-          for (int v = 0; v < kVecs; ++v) {
-            const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
+          for (int v = 0; v < NV; ++v) {
+            const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v0 + v, G));
             for (int j = 0; j < MR; ++j) half_sum[j][v] = close_first_half<FMT>(isum[j][v], sc);
           }
         }
       }
-      qv::i32x16 w[kVecs];
+      qv::i32x16 w[NV];
       if constexpr (L::kBits == 4) {
-        const qv::i32x16 first = qv::load(units[0] + quad * kQuadStep), second = qv::load(units[1] + quad * kQuadStep);
-        w[0] = qv::low_nibbles(first), w[1] = qv::high_nibbles(first);
-        w[2] = qv::low_nibbles(second), w[3] = qv::high_nibbles(second);
+#pragma GCC unroll 2
+        for (int u = 0; u < NV / 2; ++u) {
+          const qv::i32x16 both = qv::load(units[u] + quad * kQuadStep);
+          w[2 * u] = qv::low_nibbles(both), w[2 * u + 1] = qv::high_nibbles(both);
+        }
       } else {
 #pragma GCC unroll 4
-        for (int v = 0; v < kVecs; ++v) w[v] = qv::load(units[v] + quad * kQuadStep);
+        for (int v = 0; v < NV; ++v) w[v] = qv::load(units[v] + quad * kQuadStep);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
 #pragma GCC unroll 4
-        for (int v = 0; v < kVecs; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb);
+        for (int v = 0; v < NV; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb);
       }
     }
     for (int j = 0; j < MR; ++j)
-      for (int v = 0; v < kVecs; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
+      for (int v = 0; v < NV; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
     load_super<FMT>(block, g, G, super_d, super_m);
-    for (int v = 0; v < kVecs; ++v) {
+    for (int v = 0; v < NV; ++v) {
       qv::i32x16 sums[MR], halves[MR];
       f32x16 out[MR];
       for (int j = 0; j < MR; ++j) sums[j] = isum[j][v], halves[j] = half_sum[j][v], out[j] = acc[j][v];
-      group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], sums, halves, out);
+      group_step<MR, FMT>(x, row0, g, G, block, v0 + v, super_d[v0 + v], super_m[v0 + v], sums, halves, out);
       for (int j = 0; j < MR; ++j) acc[j][v] = out[j];
     }
   }
-  store_tile<MR, kVecs>(acc, 0, valid, bias, y, ldy);
+  store_tile<MR, NV>(acc, v0, valid, bias, y, ldy);
 }
 
 constexpr int kQMaxRows = 4;
+// units per thread below which linear_quantized shares half-blocks instead of blocks
+constexpr int64_t kHalvedUnits = 16;
 
-template <int FMT, int MR = kQMaxRows>
-void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K, const uint8_t* block, int valid,
-                         const float* bias, float* y, int64_t ldy) {
+template <int FMT, int NV, int MR = kQMaxRows>
+void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K, const uint8_t* block, int v0,
+                         int valid, const float* bias, float* y, int64_t ldy) {
   if constexpr (MR > 0) {
-    if (rows == MR) return tile_quantized<MR, FMT>(x, row0, K, block, valid, bias, y, ldy);
-    tile_quantized_rows<FMT, MR - 1>(rows, x, row0, K, block, valid, bias, y, ldy);
+    if (rows == MR) return tile_quantized<MR, FMT, NV>(x, row0, K, block, v0, valid, bias, y, ldy);
+    tile_quantized_rows<FMT, NV, MR - 1>(rows, x, row0, K, block, v0, valid, bias, y, ldy);
   }
 }
 
 // y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed in format FMT
-// (pack_codes, pack_quantized)
+// (pack_codes, pack_quantized). The threads share (block, group of rows) units, or half-blocks of 32 columns where
+// whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a small model's
+// attention output): each output is computed the same way whichever unit holds it.
 template <int FMT>
 void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
                       float* y, int64_t ldy) {
   const int64_t block_bytes = QLayout<FMT>::block_bytes(K / kQGroup);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   const int64_t groups = (M + kQMaxRows - 1) / kQMaxRows;
-  // (block, group of rows) units, as linear_blocks shares them among threads
-  at::parallel_for(0, blocks * groups, 1, [&](int64_t u0, int64_t u1) {
+  const bool halves = blocks * groups < kHalvedUnits * at::get_num_threads();
+  const int64_t pieces = halves ? 2 : 1;
+  at::parallel_for(0, blocks * pieces * groups, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t b = u / groups, m = u % groups * kQMaxRows, n = b * kBlockCols;
+      const int64_t b = u / (groups * pieces), piece = u / groups % pieces, m = u % groups * kQMaxRows;
+      const int64_t n = b * kBlockCols;
       const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
-      tile_quantized_rows<FMT>(std::min<int64_t>(kQMaxRows, M - m), xq, m, K, packed + b * block_bytes, valid,
-                                bias ? bias + n : nullptr, y + m * ldy + n, ldy);
+      const int v0 = static_cast<int>(piece * 2);
+      if (halves && !live_lanes(valid, v0)) continue;
+      const int64_t rows = std::min<int64_t>(kQMaxRows, M - m);
+      const uint8_t* block = packed + b * block_bytes;
+      const float* block_bias = bias ? bias + n : nullptr;
+      if (halves) tile_quantized_rows<FMT, 2>(rows, xq, m, K, block, v0, valid, block_bias, y + m * ldy + n, ldy);
+      else tile_quantized_rows<FMT, kVecs>(rows, xq, m, K, block, 0, valid, block_bias, y + m * ldy + n, ldy);
     }
   });
 }

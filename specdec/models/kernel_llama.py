@@ -13,6 +13,8 @@ the same way whatever shares its pass, so plain and speculative decoding still a
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
@@ -199,7 +201,7 @@ class KernelLlama(PooledCaches, CausalLM):
             masks = tree_mask.cpu().to(torch.uint8).reshape(1, T, T).contiguous()
         else:
             positions = torch.arange(cache.length, cache.length + T)
-            masks = torch.empty(0, dtype=torch.uint8)
+            masks = _NO_MASKS
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
         logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers,
                                    argmax_only)
@@ -223,7 +225,7 @@ class KernelLlama(PooledCaches, CausalLM):
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
         ends = torch.tensor(lengths).cumsum(0)
         rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
-        logits, hidden = self._run(caches, ids, lengths, positions, torch.empty(0, dtype=torch.uint8), rows, layers,
+        logits, hidden = self._run(caches, ids, lengths, positions, _NO_MASKS, rows, layers,
                                    output_hidden, feature_layers, argmax_only)
         out = []
         for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
@@ -234,12 +236,13 @@ class KernelLlama(PooledCaches, CausalLM):
     def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None,
              output_hidden: bool = False, feature_layers: tuple[int, ...] = (), argmax_only: bool = False):
         """One kernel pass; hidden holds the inputs of feature_layers too when output_hidden (and no early exit)."""
-        offsets = torch.tensor([0] + lengths).cumsum(0)
+        offsets = torch.tensor(list(itertools.accumulate(lengths, initial=0)))
         for c, n in zip(caches, lengths):
             if c.length + n > self.max_context:
                 raise ValueError(f"sequence of {c.length + n} tokens exceeds the cache's {self.max_context}")
         bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
-        aux_layers = torch.tensor(feature_layers if output_hidden and not layers else (), dtype=torch.long)
+        aux_wanted = feature_layers if output_hidden and not layers else ()
+        aux_layers = torch.tensor(aux_wanted, dtype=torch.long) if aux_wanted else _NO_LAYERS
         logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
                                                  torch.tensor([c.length for c in caches]), positions.to(torch.long),
                                                  masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,
@@ -257,6 +260,10 @@ class KernelLlama(PooledCaches, CausalLM):
         if self.bf16_prefill and not self.bf16_products:
             return min(cache.length, prompt_len)
         return cache.length
+
+
+# a pass without a tree's masks, and one that returns no feature layers (read only, made once)
+_NO_MASKS, _NO_LAYERS = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
 
 
 def _head_dim(config) -> int:
