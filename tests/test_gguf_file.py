@@ -8,7 +8,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from specdec.bench.gguf_file import (permute, quantize_q4_k, quantize_q6_k, tensor_type,  # noqa: E402
+from specdec.bench.gguf_file import (permute, quantize_q4_k, quantize_q5_k, quantize_q6_k, tensor_type,  # noqa: E402
                                      write_gguf_model)
 
 T = gguf.GGMLQuantizationType
@@ -25,6 +25,7 @@ def _weights(rows=64, k=512, seed=0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("quantize, qtype, block_bytes, rel_rms", [(quantize_q4_k, T.Q4_K, 144, 0.09),
+                                                                   (quantize_q5_k, T.Q5_K, 176, 0.045),
                                                                    (quantize_q6_k, T.Q6_K, 210, 0.025)])
 def test_k_quants_round_trip_through_gguf_dequantize(quantize, qtype, block_bytes, rel_rms):
     w = _weights()
@@ -65,6 +66,10 @@ def test_q4_k_m_mix_is_llama_quantizes():
     assert tensor_type("token_embd.weight", (128256, 2048), "Q4_K_M", 16, True) == "Q6_K"
     assert tensor_type("token_embd.weight", (128256, 2048), "Q4_K_M", 16, False) == "Q4_K"
     assert tensor_type("blk.0.attn_norm.weight", (2048,), "Q4_K_M", 16, True) == "F32"
+    # Q5_K_M: the same mix around Q5_K, which falls back to Q5_1 where K is not a multiple of 256
+    assert tensor_type("blk.4.ffn_down.weight", (2048, 8192), "Q5_K_M", 16, True) == "Q6_K"
+    assert tensor_type("blk.5.ffn_down.weight", (2048, 8192), "Q5_K_M", 16, True) == "Q5_K"
+    assert tensor_type("blk.0.attn_q.weight", (576, 576), "Q5_K_M", 30, True) == "Q5_1"
     # rows not a multiple of 256 (SmolLM2's 576): Q4_K falls back to Q5_0, Q6_K to Q8_0, as in llama.cpp
     assert tensor_type("blk.0.attn_q.weight", (576, 576), "Q4_K_M", 30, True) == "Q5_0"
     assert tensor_type("blk.0.attn_v.weight", (192, 576), "Q4_K_M", 30, True) == "Q8_0"

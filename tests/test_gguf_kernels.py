@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models.gguf_blocks import K4, K6, Q4, READERS, read_rows
+from specdec.models.gguf_blocks import K4, K5, K6, Q4, READERS, read_rows
 from specdec.models.quantized_args import pack_rows
 
 kernels = pytest.importorskip("specdec.kernels")
@@ -17,7 +17,7 @@ if kernels.unavailable_reason():
 
 # bytes of a block, the offsets of its float16 fields, weights per block
 BLOCKS = {"Q4_0": (18, (0,), 32), "Q4_1": (20, (0, 2), 32), "Q8_0": (34, (0,), 32), "Q4_K": (144, (0, 2), 256),
-          "Q6_K": (210, (208,), 256)}
+          "Q5_K": (176, (0, 2), 256), "Q6_K": (210, (208,), 256)}
 
 
 def random_blocks(kind: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -82,7 +82,7 @@ def reference_product(kind: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
         d = np.repeat(w.super_d.astype(np.float64), 8, axis=1)
         return (isum * d[None] * scale[:, None]).sum(-1)
     isum = np.einsum("mgk,ngk->mng", q, codes)
-    if w.fmt == K4:
+    if w.fmt in (K4, K5):
         d = np.repeat(w.super_d.astype(np.float64), 8, axis=1) * w.first
         m = np.repeat(w.super_m.astype(np.float64), 8, axis=1) * w.second
     else:

@@ -116,6 +116,32 @@ def test_a_type_the_kernels_do_not_read_is_dequantized_with_one_line(tmp_path, c
     assert "Q5_0 matrices are dequantized to float32" in capfd.readouterr().err
 
 
+def test_k_quant_files_run_in_their_formats_and_speculation_over_them_is_lossless(tmp_path):
+    """Q4_K, Q5_K and Q6_K matrices (a model whose inner sizes are multiples of 256, as K-quants need): kept in their
+    formats, close to transformers' logits on the dequantized file, batch-invariant, and greedy speculation over
+    them is plain decoding."""
+    mix = {"ffn_down": "Q6_K", "attn_v": "Q4_K", "ffn_gate": "Q4_K", "": "Q5_K"}
+    path = write_gguf(_model("llama", hidden_size=256, intermediate_size=512), bpe_tokenizer(), tmp_path / "k.gguf",
+                      quant=mix)
+    target = load_model(str(path), device="cpu")
+    assert target.backend.weight_types == ["Q4_K", "Q5_K", "Q6_K"]
+    reference = load_model(str(path), device="cpu", dtype="float32", backend="hf", dequantize=True)
+    ids = torch.tensor(prompt_ids()[0])
+    ours = target.backend.forward(target.backend.new_cache(), ids).logits
+    with torch.no_grad():
+        theirs = reference.hf_model(ids[None]).logits[0]
+    assert (ours - theirs).norm() / theirs.norm() < 0.1
+    cache = target.backend.new_cache()
+    target.backend.forward(cache, ids[:3])
+    steps = [target.backend.forward(cache, ids[i:i + 1]).logits[0] for i in range(3, len(ids))]
+    assert torch.equal(torch.stack(steps), ours[3:])
+    spec = SpeculationConfig(num_speculative_tokens=4, adaptive=False)
+    plain, speculative = SpecDecoder(target, None), SpecDecoder(target, create_drafter("ngram", target), spec)
+    config = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    for prompt in prompt_ids()[:2]:
+        assert speculative.generate_ids(prompt * 3, config)[0] == plain.generate_ids(prompt * 3, config)[0]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_file_is_one_clear_line(tmp_path, quantized_file, damage):
     data = quantized_file.read_bytes()

@@ -5,7 +5,7 @@ very same bytes.
 The file is what llama.cpp's convert_hf_to_gguf.py followed by llama-quantize would make: llama.cpp's tensor names
 and hyper-parameters, Llama's q/k rows permuted, and llama-quantize's choice of type per tensor (`tensor_type`).
 Q4_0, Q4_1, Q5_0 and Q8_0 come from the gguf package's quantizers (bit-exact to ggml's reference ones); the gguf
-package has none for Q4_K and Q6_K, so `quantize_q4_k` and `quantize_q6_k` are simple ones here: the layouts are
+package has none for Q4_K, Q5_K and Q6_K, so `quantize_q4_k`, `quantize_q5_k` and `quantize_q6_k` are simple ones here: the layouts are
 llama.cpp's, byte for byte, but the scales come from each block's min/max, without llama.cpp's search for the
 scales of least error, so their error is somewhat larger than llama-quantize's (speed is the same).
 
@@ -23,7 +23,7 @@ CHUNK = 1 << 22  # weights quantized at a time: bounds the float32 temporaries t
 ARCHES = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
 QUANTS = {  # quant name -> (general.file_type, the type of most 2-D weights)
     "F32": ("ALL_F32", "F32"), "Q8_0": ("MOSTLY_Q8_0", "Q8_0"), "Q4_0": ("MOSTLY_Q4_0", "Q4_0"),
-    "Q4_1": ("MOSTLY_Q4_1", "Q4_1"), "Q4_K_M": ("MOSTLY_Q4_K_M", "Q4_K"),
+    "Q4_1": ("MOSTLY_Q4_1", "Q4_1"), "Q4_K_M": ("MOSTLY_Q4_K_M", "Q4_K"), "Q5_K_M": ("MOSTLY_Q5_K_M", "Q5_K"),
 }
 
 
@@ -40,26 +40,41 @@ def _inverse(x: np.ndarray) -> np.ndarray:
 def _q4_k_blocks(x: np.ndarray) -> np.ndarray:
     """(n, 256) float32 -> (n, 144) uint8 Q4_K blocks: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128
     bytes of nibbles. A weight is d * sc[j] * u - dmin * m[j], u in 0..15, j its sub-block of 32."""
+    return _k_min_blocks(x, 15)
+
+
+def _q5_k_blocks(x: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 176) uint8 Q5_K blocks: as Q4_K's with u in 0..31, whose fifth bits are the 32 bytes
+    qh before the nibbles: qh byte l, bit j holds weight l of sub-block j."""
+    return _k_min_blocks(x, 31)
+
+
+def _k_min_blocks(x: np.ndarray, top: int) -> np.ndarray:
+    """Q4_K (top 15) or Q5_K (top 31) blocks of (n, 256) float32 weights."""
     n = x.shape[0]
     x = x.reshape(n, 8, 32)
     lo = np.minimum(x.min(-1), 0)  # the offset dmin * m is subtracted, so a sub-block's floor is never above 0
     hi = x.max(-1)
     # the super-block scales: the largest sub-block scale (hi - lo) / 15 and the largest min -lo map to 63
-    d = _f16_bytes((hi - lo).max(-1) / (15 * 63)).view(np.float16)
+    d = _f16_bytes((hi - lo).max(-1) / (top * 63)).view(np.float16)
     dmin = _f16_bytes(-lo.min(-1) / 63).view(np.float16)
     df, dminf = d.astype(np.float32), dmin.astype(np.float32)  # (n, 1): the values the file will hold
     m = np.rint(-lo * _inverse(dminf)).clip(0, 63)
     off = dminf * m
     # the scale is fitted to the rounded offset, so that the sub-block's max still maps to 15
-    sc = np.rint((hi + off) * _inverse(15 * df)).clip(0, 63)
-    u = np.rint((x + off[..., None]) * _inverse(df * sc)[..., None]).clip(0, 15).astype(np.uint8)
+    sc = np.rint((hi + off) * _inverse(top * df)).clip(0, 63)
+    u = np.rint((x + off[..., None]) * _inverse(df * sc)[..., None]).clip(0, top).astype(np.uint8)
     sc, m = sc.astype(np.uint8), m.astype(np.uint8)
     # llama.cpp's get_scale_min_k4: bytes 0-3 hold sc[0..3] and the top 2 bits of sc[4..7], bytes 4-7 the same
     # for the mins, bytes 8-11 the low 4 bits of sc[4..7] (low nibble) and of m[4..7] (high nibble)
     scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, m[:, :4] | (m[:, 4:] >> 4) << 6,
                              (sc[:, 4:] & 15) | (m[:, 4:] & 15) << 4], axis=1)
-    qs = (u[:, 0::2] | u[:, 1::2] << 4).reshape(n, 128)  # chunk c of 32 bytes: sub-block 2c low, 2c+1 high
-    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
+    low = u & 15
+    qs = (low[:, 0::2] | low[:, 1::2] << 4).reshape(n, 128)  # chunk c of 32 bytes: sub-block 2c low, 2c+1 high
+    if top == 15:
+        return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
+    qh = ((u >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(1, dtype=np.uint8)  # (n, 32)
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qh, qs], axis=1)
 
 
 def _q6_k_blocks(x: np.ndarray) -> np.ndarray:
@@ -100,6 +115,11 @@ def quantize_q4_k(w: np.ndarray) -> np.ndarray:
     return _by_chunks(w, _q4_k_blocks, 144)
 
 
+def quantize_q5_k(w: np.ndarray) -> np.ndarray:
+    """float (rows, K), K a multiple of 256 -> uint8 (rows, K / 256 * 176): llama.cpp's Q5_K blocks."""
+    return _by_chunks(w, _q5_k_blocks, 176)
+
+
 def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     """float (rows, K), K a multiple of 256 -> uint8 (rows, K / 256 * 210): llama.cpp's Q6_K blocks."""
     return _by_chunks(w, _q6_k_blocks, 210)
@@ -124,7 +144,7 @@ def tensor_type(name: str, shape: tuple[int, ...], quant: str, n_layers: int, ti
     if base == "F32" or len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
         return "F32"  # llama-quantize quantizes only 2-D weights, never the norms
     k = shape[-1]
-    block = QK_K if base == "Q4_K" else 32  # the file type's own blocks, which llama.cpp tests the output layer by
+    block = QK_K if base in ("Q4_K", "Q5_K") else 32  # the file type's own blocks, which llama.cpp tests the output layer by
     kind = name.split(".")[-2]
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     new = base
@@ -132,10 +152,10 @@ def tensor_type(name: str, shape: tuple[int, ...], quant: str, n_layers: int, ti
         # the output layer (or the embedding that is it): Q6_K, unless the file is Q8_0 already or K does
         # not fit the file's blocks
         new = "Q8_0" if k % block or base == "Q8_0" else "Q6_K"
-    elif base == "Q4_K" and kind in ("attn_v", "ffn_down") and use_more_bits(layer, n_layers):
+    elif base in ("Q4_K", "Q5_K") and kind in ("attn_v", "ffn_down") and use_more_bits(layer, n_layers):
         new = "Q6_K"
-    if new in ("Q4_K", "Q6_K") and k % QK_K:
-        new = k_fallback if new == "Q4_K" else "Q8_0"
+    if new in ("Q4_K", "Q5_K", "Q6_K") and k % QK_K:
+        new = {"Q4_K": k_fallback, "Q5_K": "Q5_1" if k_fallback == "Q5_0" else k_fallback}.get(new, "Q8_0")
     if k % gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, new)][0]:
         new = "F16"  # llama.cpp's last resort: "must use F16 due to unusual shape"
     return new
@@ -147,6 +167,8 @@ def quantize_tensor(w: np.ndarray, type_name: str) -> np.ndarray:
 
     if type_name == "Q4_K":
         return quantize_q4_k(w)
+    if type_name == "Q5_K":
+        return quantize_q5_k(w)
     if type_name == "Q6_K":
         return quantize_q6_k(w)
     if type_name == "F16":

@@ -21,7 +21,7 @@ from ..files import cache_root, write_atomic
 if TYPE_CHECKING:  # torch and numpy load when a shape is measured: the CLI lists --quant's choices without them
     import torch
 
-QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K_M")  # gguf_file.QUANTS less F32: --quant's choices
+QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M")  # gguf_file.QUANTS less F32: --quant's choices
 HF_SKIPPED = ("transformers' generate cannot run the file's quantized matrices; on a dequantized copy it would time "
               "float decoding, not these formats, and for 1B shapes it takes minutes a run: not run")
 

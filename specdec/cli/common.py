@@ -28,7 +28,7 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
                         "(default: auto, the first of these that supports the model and device)")
     p.add_argument("--dequantize", action="store_true",
                    help="run a GGUF file's quantized weights as floats in --dtype, as transformers loads them (by "
-                        "default the CPU kernels keep Q4_0, Q4_1, Q8_0, Q4_K and Q6_K in the file's formats)")
+                        "default the CPU kernels keep Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K in the file's formats)")
     add_graphs_option(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
 

@@ -69,6 +69,17 @@ inline i32x16 widen_u8(const uint8_t* p) {
 inline i32x16 widen_s8(const uint8_t* p) {
   return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// K5's fifth bits of one vector's 64 codes as 16 (set) or 0 per byte: its 16-byte run of 4 bit planes from `base`
+// (0 for the unit's low-nibble vector, 4 for its high one), plane base + l for the codes of 128-bit lane l
+inline i32x16 fifth_bits(const uint8_t* p, int base) {
+  const __m512i planes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i bit = _mm512_set_epi32(0, 0, 0, 0x08080808, 0, 0, 0, 0x04040404, 0, 0, 0, 0x02020202, 0, 0, 0,
+                                       0x01010101);
+  const __m512i lanes = _mm512_shuffle_epi32(bit, _MM_PERM_AAAA);  // each lane's bit in all its bytes
+  return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(planes, _mm512_slli_epi32(lanes, base)),
+                               _mm512_set1_epi8(16));
+}
+inline i32x16 or_bits(i32x16 a, i32x16 b) { return _mm512_or_si512(a, b); }
 #else
 struct i32x16 { __m256i lo, hi; };
 inline i32x16 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
@@ -110,14 +121,28 @@ inline i32x16 widen_s8(const uint8_t* p) {
   const __m128i b = bytes16(p);
   return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
 }
+// K5's fifth bits of one vector's 64 codes as 16 (set) or 0 per byte: its 16-byte run of 4 bit planes from `base`
+// (0 for the unit's low-nibble vector, 4 for its high one), plane base + l for the codes of 128-bit lane l
+inline i32x16 fifth_bits(const uint8_t* p, int base) {
+  const __m256i planes = _mm256_broadcastsi128_si256(bytes16(p));
+  const __m256i first = _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(1 << base)),
+                                          _mm_set1_epi8(static_cast<char>(2 << base)));
+  const __m256i second = _mm256_slli_epi16(first, 2);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  auto bits = [&](__m256i plane) {
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(planes, plane), plane), sixteen);
+  };
+  return {bits(first), bits(second)};
+}
+inline i32x16 or_bits(i32x16 a, i32x16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
 #endif
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv
 
 // 4-bit codes (u <= 15) times int8 activations (|x| <= 127) in pairs stay below 2 * 15 * 127 = 3,810, so a group's
 // 8 quads of them add up in 16 bits (|sum| <= 30,480 < 2^15) exactly; one widening a group then replaces one per
-// quad. So do K6's codes (|q| <= 32: pairs below 8,128) over the 4 quads of a half that shares one sc. VNNI's
-// dpbusd sums into 32 bits in one instruction already.
+// quad. So do K6's codes (|q| <= 32: pairs below 8,128) and K5's (u <= 31: pairs below 7,874) over the 4 quads of
+// half a group, widened at its middle. VNNI's dpbusd sums into 32 bits in one instruction already.
 #ifdef __AVX512VNNI__
 constexpr bool kSum16 = false;
 #else
@@ -150,7 +175,27 @@ inline __attribute__((always_inline)) qv::i32x16 close_first_half(qv::i32x16& is
   return first;
 }
 
-// A K-quant's super-block numbers (d, and -dmin for K4) of the block's four vectors, read at the first group of
+// A unit's quad of 4-bit codes as one vector's codes: its low (HIGH false) or high nibbles, with K5's fifth bits
+template <int FMT, bool HIGH>
+inline __attribute__((always_inline)) qv::i32x16 vector_codes(const uint8_t* quad) {
+  const qv::i32x16 both = qv::load(quad);
+  const qv::i32x16 w = HIGH ? qv::high_nibbles(both) : qv::low_nibbles(both);
+  if constexpr (FMT == K5) return qv::or_bits(w, qv::fifth_bits(quad + 64, HIGH ? 4 : 0));
+  else return w;
+}
+
+// K5's 16-bit sums restart at the middle of a group (sums16): the first half's, widened, wait in `half`
+template <int FMT>
+inline __attribute__((always_inline)) void k5_middle(int quad, qv::i32x16& isum, qv::i32x16& half) {
+  if constexpr (FMT == K5 && sums16<FMT>()) {
+    if (quad == kQGroup / 8) {
+      half = qv::widen16(isum);
+      isum = qv::zero();
+    }
+  }
+}
+
+// A K-quant's super-block numbers (d, and -dmin for K4 and K5) of the block's four vectors, read at the first group of
 // each super-block
 template <int FMT>
 inline __attribute__((always_inline)) void load_super(const uint8_t* block, int64_t g, int64_t G,
@@ -160,7 +205,7 @@ inline __attribute__((always_inline)) void load_super(const uint8_t* block, int6
     if (g % kQSuper) return;
     for (int v = 0; v < kVecs; ++v) {
       super_d[v] = qv::load_f16(block + L::super_d(g, v, G));
-      if constexpr (FMT == K4) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
+      if constexpr (k_min(FMT)) super_m[v] = qv::load_f16(block + L::super_m(g, v, G));
     }
   }
 }
@@ -175,7 +220,7 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
                                                       const qv::i32x16 (&half_sum)[MR], f32x16 (&acc)[MR]) {
   using L = QLayout<FMT>;
   f32x16 d, m;
-  if constexpr (FMT == K4) {
+  if constexpr (k_min(FMT)) {
     d = vec::mul(super_d, qv::to_float(qv::widen_u8(block + L::d(g, v, G))));  // exact: 11 + 6 bits
     m = vec::mul(super_m, qv::to_float(qv::widen_u8(block + L::m(g, v, G))));
   } else if constexpr (FMT == K6) {
@@ -189,7 +234,7 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
   for (int j = 0; j < MR; ++j) {
     const int64_t r = (row0 + j) * G + g;
     acc[j] = vec::fmadd(qv::to_float(isum[j]), vec::mul(d, vec::set1(x.scale[r])), acc[j]);
-    if constexpr (FMT == Q4 || FMT == K4) acc[j] = vec::fmadd(m, vec::set1(x.sum[r]), acc[j]);
+    if constexpr (has_min(FMT)) acc[j] = vec::fmadd(m, vec::set1(x.sum[r]), acc[j]);
   }
 }
 
@@ -203,7 +248,6 @@ inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64
                                                           const uint8_t* __restrict block, int v,
                                                           f32x16 (&acc)[MR]) {
   using L = QLayout<FMT>;
-  constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;
   const int64_t G = K / kQGroup;
   f32x16 super_d[kVecs], super_m[kVecs];
   for (int64_t g = 0; g < G; ++g) {
@@ -221,12 +265,16 @@ inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64
           for (int j = 0; j < MR; ++j) half_sum[j] = close_first_half<FMT>(isum[j], sc);
         }
       }
-      qv::i32x16 w = qv::load(unit + quad * kQuadStep);
-      if constexpr (L::kBits == 4) w = HIGH ? qv::high_nibbles(w) : qv::low_nibbles(w);
+      for (int j = 0; j < MR; ++j) k5_middle<FMT>(quad, isum[j], half_sum[j]);
+      qv::i32x16 w;
+      if constexpr (L::kBits == 4) w = vector_codes<FMT, HIGH>(unit + quad * L::kQuadStep);
+      else w = qv::load(unit + quad * L::kQuadStep);
 #pragma GCC unroll 6
       for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xr[j] + quad * 4));
     }
     for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
+    if constexpr (FMT == K5)
+      for (int j = 0; j < MR; ++j) isum[j] = qv::add32(isum[j], half_sum[j]);
     group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc);
   }
 }
@@ -283,7 +331,8 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       for (int v = 0; v < NV; ++v) isum[j][v] = qv::zero(), half_sum[j][v] = qv::zero();
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
-      constexpr int64_t kQuadStep = 64 * L::kUnitsPerStream;  // from a unit's quad to its next
+      for (int j = 0; j < MR; ++j)
+        for (int v = 0; v < NV; ++v) k5_middle<FMT>(quad, isum[j][v], half_sum[j][v]);
       if constexpr (FMT == K6) {
         if (quad == kQGroup / 8) {
           for (int v = 0; v < NV; ++v) {
@@ -296,12 +345,12 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       if constexpr (L::kBits == 4) {
 #pragma GCC unroll 2
         for (int u = 0; u < NV / 2; ++u) {
-          const qv::i32x16 both = qv::load(units[u] + quad * kQuadStep);
-          w[2 * u] = qv::low_nibbles(both), w[2 * u + 1] = qv::high_nibbles(both);
+          w[2 * u] = vector_codes<FMT, false>(units[u] + quad * L::kQuadStep);
+          w[2 * u + 1] = vector_codes<FMT, true>(units[u] + quad * L::kQuadStep);
         }
       } else {
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) w[v] = qv::load(units[v] + quad * kQuadStep);
+        for (int v = 0; v < NV; ++v) w[v] = qv::load(units[v] + quad * L::kQuadStep);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < MR; ++j) {
@@ -311,7 +360,10 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       }
     }
     for (int j = 0; j < MR; ++j)
-      for (int v = 0; v < NV; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
+      for (int v = 0; v < NV; ++v) {
+        isum[j][v] = widened<FMT>(isum[j][v]);
+        if constexpr (FMT == K5) isum[j][v] = qv::add32(isum[j][v], half_sum[j][v]);
+      }
     load_super<FMT>(block, g, G, super_d, super_m);
     for (int v = 0; v < NV; ++v) {
       qv::i32x16 sums[MR], halves[MR];

@@ -4,7 +4,9 @@
 // A block of 64 output rows is read in groups of 32 k (one d, and m for 4 bits, per row and group), each group in 8
 // quads of 4 k. A quad of a block is 64 bytes for every 16 rows at 8 bits (byte 4i + j: q of row i, k = 4quad + j)
 // and for every 32 rows at 4 bits (byte 4i + j: u of row i in its low nibble, of row 16 + i in its high one): its
-// units, 4 or 2. The units are split among kStreams streams, each stream a contiguous run of its units' bytes group
+// units, 4 or 2. K5's 5-bit codes keep their low 4 bits so, and a unit's quad then 16 more bytes of their fifth
+// bits: the code at position p = 64 * (row / 16) + 4 * (row % 16) + j of the unit has its bit in byte p % 16, bit
+// p / 16, so that one 16-byte load, broadcast, gives each run of 16 positions its bit plane (qv::fifth_bits). The units are split among kStreams streams, each stream a contiguous run of its units' bytes group
 // after group (quads, then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row
 // product then reads 4 (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and
 // Zen 3 reads them much faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on
@@ -20,11 +22,16 @@ constexpr int kQSuper = 8;  // groups of a K-quant super-block (256 weights), wh
 //  Q8: w = d * q, q in -128..127, d float16 per group (Q8_0, the screen of an LM head).
 //  K4: w = (d * sc) * u + (-dmin) * mn, u in 0..15, sc and mn in 0..63 per group, d and -dmin float16 per
 //      super-block (Q4_K; d * sc and dmin * mn are exact in float32).
+//  K5: as K4 with u in 0..31, its fifth bit stored apart (Q5_K).
 //  K6: w = (d * sc) * q, q in -32..31 (stored in 8 bits), sc int8 per 16 weights, d float16 per super-block (Q6_K).
-enum QFormat : int { Q4 = 4, Q8 = 8, K4 = 40, K6 = 60 };
+enum QFormat : int { Q4 = 4, Q8 = 8, K4 = 40, K5 = 50, K6 = 60 };
 
 constexpr int q_bits(int fmt) { return fmt == Q8 || fmt == K6 ? 8 : 4; }
-constexpr bool k_quant(int fmt) { return fmt == K4 || fmt == K6; }
+constexpr bool k_quant(int fmt) { return fmt == K4 || fmt == K5 || fmt == K6; }
+// formats with a minimum per group (w = d * u + m): the products add m times the activations' sum
+constexpr bool has_min(int fmt) { return fmt == Q4 || fmt == K4 || fmt == K5; }
+// K4 and K5: d and m of a group are the super-block's d and -dmin times the group's 6-bit sc and mn
+constexpr bool k_min(int fmt) { return fmt == K4 || fmt == K5; }
 
 template <int FMT>
 struct QLayout {
@@ -37,13 +44,15 @@ struct QLayout {
 #endif
   static constexpr int kUnitsPerStream = kUnits / kStreams;
   static constexpr int kRowsPerStream = kBlockCols / kStreams;
-  static constexpr int64_t kQuadsBytes = (kQGroup / 4) * 64 * kUnitsPerStream;  // a stream's quads of one group
+  static constexpr int64_t kQuadBytes = FMT == K5 ? 64 + 16 : 64;  // a unit's quad: codes (and K5's fifth bits)
+  static constexpr int64_t kQuadStep = kQuadBytes * kUnitsPerStream;  // from a unit's quad to its next
+  static constexpr int64_t kQuadsBytes = (kQGroup / 4) * kQuadStep;  // a stream's quads of one group
   // its rows' per-group numbers: d (float16), and m for Q4; sc and mn (uint8) for K4; two sc (int8) for K6
   static constexpr int64_t kScaleBytes = k_quant(FMT) ? kRowsPerStream : kRowsPerStream * 2;
   static constexpr int kScales = FMT == Q8 ? 1 : 2;
   static constexpr int64_t kChunkBytes = kQuadsBytes + kScales * kScaleBytes;  // a stream's group
   // a K-quant block ends with its super-blocks' float16 numbers, 64 rows each: d (and -dmin for K4)
-  static constexpr int64_t kSuperBytes = FMT == K4 ? 4 * kBlockCols : FMT == K6 ? 2 * kBlockCols : 0;
+  static constexpr int64_t kSuperBytes = k_min(FMT) ? 4 * kBlockCols : FMT == K6 ? 2 * kBlockCols : 0;
 
   static int64_t block_bytes(int64_t G) {
     return kStreams * G * kChunkBytes + (k_quant(FMT) ? G / kQSuper * kSuperBytes : 0);
@@ -51,7 +60,7 @@ struct QLayout {
   // byte offsets within a block of G groups: stream s's group g; quad `quad` of unit u; d (and m) of 16 rows at v
   static int64_t chunk(int s, int64_t g, int64_t G) { return (s * G + g) * kChunkBytes; }
   static int64_t unit(int64_t g, int quad, int u, int64_t G) {
-    return chunk(u / kUnitsPerStream, g, G) + quad * 64 * kUnitsPerStream + 64 * (u % kUnitsPerStream);
+    return chunk(u / kUnitsPerStream, g, G) + quad * kQuadStep + kQuadBytes * (u % kUnitsPerStream);
   }
   // the first of the group's numbers (d, or sc) of 16 rows at v, and its second (m, mn, or the second sc)
   static int64_t d(int64_t g, int v, int64_t G) {
@@ -78,12 +87,14 @@ inline int64_t q_block_bytes(int fmt, int64_t G) {
     case Q4: return QLayout<Q4>::block_bytes(G);
     case Q8: return QLayout<Q8>::block_bytes(G);
     case K4: return QLayout<K4>::block_bytes(G);
+    case K5: return QLayout<K5>::block_bytes(G);
     default: return QLayout<K6>::block_bytes(G);
   }
 }
 
 // A quantized weight as numbers, row by row, before packing: codes (N, K) uint8 (u, for Q4 and K4) or int8 (q);
-// first, second (N, G): the groups' d and m (float16) for Q4, d (float16) for Q8, sc and mn (uint8) for K4, the
+// first, second (N, G): the groups' d and m (float16) for Q4, d (float16) for Q8, sc and mn (uint8) for K4 and K5,
+// the
 // two halves' sc (int8) for K6; super_d, super_m (N, G / 8) float16: a K-quant's d, and -dmin for K4.
 struct QCodes {
   int fmt;
@@ -123,8 +134,18 @@ torch::Tensor pack_codes_as(const QCodes& c) {
   } else {
     // (blocks, S, units, 2 half, 16 i, G, 8 quad, 4 j) -> (blocks, S, G, quad, units, half, i, j)
     const torch::Tensor q = codes.view({blocks, S, U, 2, 16, G, 8, 4}).permute({0, 1, 5, 6, 2, 3, 4, 7});
-    pieces.push_back(q.select(5, 0).bitwise_or(q.select(5, 1).bitwise_left_shift(4)).contiguous()
-                         .view({blocks, S, G, -1}));
+    const torch::Tensor low = q.bitwise_and(15);
+    torch::Tensor nibbles = low.select(5, 0).bitwise_or(low.select(5, 1).bitwise_left_shift(4)).contiguous()
+                                .view({blocks, S, G, 8, U, 64});
+    if constexpr (FMT == K5) {
+      // the fifth bits of a unit's quad: position p = 64 half + 4 i + j -> byte p % 16, bit p / 16
+      const torch::Tensor planes = q.bitwise_right_shift(4).contiguous().view({blocks, S, G, 8, U, 8, 16});
+      const torch::Tensor weights =
+          torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::TensorOptions().dtype(torch::kUInt8)).view({8, 1});
+      const torch::Tensor bits = planes.mul(weights).sum(5, false, torch::kUInt8);  // (blocks, S, G, 8, U, 16)
+      nibbles = torch::cat({nibbles, bits}, -1);
+    }
+    pieces.push_back(nibbles.contiguous().view({blocks, S, G, -1}));
   }
   pieces.push_back(per_group(c.first));
   if (L::kScales == 2) pieces.push_back(per_group(c.second));
@@ -132,7 +153,7 @@ torch::Tensor pack_codes_as(const QCodes& c) {
   if constexpr (k_quant(FMT)) {
     // (blocks * 64, G / 8) -> (blocks, G / 8, numbers, 64 rows)
     std::vector<torch::Tensor> supers{padded(c.super_d).view({blocks, kBlockCols, G / kQSuper}).permute({0, 2, 1})};
-    if (FMT == K4) supers.push_back(padded(c.super_m).view({blocks, kBlockCols, G / kQSuper}).permute({0, 2, 1}));
+    if (k_min(FMT)) supers.push_back(padded(c.super_m).view({blocks, kBlockCols, G / kQSuper}).permute({0, 2, 1}));
     const torch::Tensor tail = torch::stack(supers, 2).contiguous().view(torch::kUInt8).view({blocks, -1});
     groups = torch::cat({groups, tail}, -1);
   }
@@ -155,6 +176,7 @@ torch::Tensor pack_codes(const QCodes& c) {
     case Q4: return pack_codes_as<Q4>(c);
     case Q8: return pack_codes_as<Q8>(c);
     case K4: return pack_codes_as<K4>(c);
+    case K5: return pack_codes_as<K5>(c);
     case K6: return pack_codes_as<K6>(c);
     default: TORCH_CHECK(false, "unknown quantized format ", c.fmt);
   }
@@ -230,9 +252,14 @@ void dequantized_row_as(const uint8_t* packed, int64_t n, int64_t K, float* out)
           w = half_at(L::d(g, v, G)) * q;
         }
       } else {
-        const uint8_t byte = block[L::unit(g, quad, v / 2, G) + 4 * lane + j];
-        const float u = (v % 2) ? byte >> 4 : byte & 0x0F;
-        if constexpr (FMT == K4) {
+        const int64_t unit = L::unit(g, quad, v / 2, G);
+        const uint8_t byte = block[unit + 4 * lane + j];
+        float u = (v % 2) ? byte >> 4 : byte & 0x0F;
+        if constexpr (FMT == K5) {
+          const int p = 64 * (v % 2) + 4 * lane + j;
+          u += ((block[unit + 64 + p % 16] >> (p / 16)) & 1) * 16;
+        }
+        if constexpr (k_min(FMT)) {
           const float d = half_at(L::super_d(g, v, G)) * static_cast<float>(block[L::d(g, v, G) + lane]);
           const float m = half_at(L::super_m(g, v, G)) * static_cast<float>(block[L::m(g, v, G) + lane]);
           w = d * u + m;
@@ -249,6 +276,7 @@ void dequantized_row(int fmt, const uint8_t* packed, int64_t n, int64_t K, float
     case Q4: return dequantized_row_as<Q4>(packed, n, K, out);
     case Q8: return dequantized_row_as<Q8>(packed, n, K, out);
     case K4: return dequantized_row_as<K4>(packed, n, K, out);
+    case K5: return dequantized_row_as<K5>(packed, n, K, out);
     default: return dequantized_row_as<K6>(packed, n, K, out);
   }
 }

@@ -91,6 +91,7 @@ void linear_quantized_any(const Q8Rows& xq, int64_t M, const Weight& w, const fl
     case Q4: return linear_quantized<Q4>(xq, M, packed, w.N, w.K, bias, y, ldy);
     case Q8: return linear_quantized<Q8>(xq, M, packed, w.N, w.K, bias, y, ldy);
     case K4: return linear_quantized<K4>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    case K5: return linear_quantized<K5>(xq, M, packed, w.N, w.K, bias, y, ldy);
     default: return linear_quantized<K6>(xq, M, packed, w.N, w.K, bias, y, ldy);
   }
 }

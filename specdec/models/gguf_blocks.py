@@ -12,6 +12,7 @@ maps them, and returns `QuantizedRows`: the kernels' format and its numbers, one
 | Q4_1 | Q4 | d * u + m |
 | Q8_0 | Q8 | d * q |
 | Q4_K | K4 | (d * sc) * u - dmin * mn; sc, mn 6-bit per 32 weights, d, dmin per 256 |
+| Q5_K | K5 | as Q4_K, with u in 0..31 |
 | Q6_K | K6 | (d * sc) * q, q in -32..31; sc int8 per 16 weights, d per 256 |
 """
 from __future__ import annotations
@@ -21,15 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 # the kernels' formats (kernels/quantized_layout.h's QFormat)
-Q4, Q8, K4, K6 = 4, 8, 40, 60
+Q4, Q8, K4, K5, K6 = 4, 8, 40, 50, 60
 SUPER = 256  # weights of a K-quant super-block
 
 
 @dataclass
 class QuantizedRows:
     """A weight (rows, K) as the kernels' numbers: codes (rows, K) uint8 (u) or int8 (q); first, second (rows, G or
-    2G): per group of 32 numbers (float16 d and m for Q4, d for Q8; uint8 sc and mn for K4; int8 sc of each half for
-    K6, interleaved); super_d, super_m (rows, K / 256) float16 (K-quants: d, and -dmin for K4)."""
+    2G): per group of 32 numbers (float16 d and m for Q4, d for Q8; uint8 sc and mn for K4 and K5; int8 sc of each
+    half for K6, interleaved); super_d, super_m (rows, K / 256) float16 (K-quants: d, and -dmin for K4 and K5)."""
 
     fmt: int
     codes: np.ndarray
@@ -103,6 +104,19 @@ def read_q4_k(raw: np.ndarray) -> QuantizedRows:
     return QuantizedRows(K4, u, sc.reshape(rows, -1), mn.reshape(rows, -1), _half(blocks, 0), -_half(blocks, 2))
 
 
+def read_q5_k(raw: np.ndarray) -> QuantizedRows:
+    blocks, rows = _blocks(raw, 176)
+    sc, mn = _k4_scales(blocks[..., 4:16])
+    # as Q4_K's nibbles (qs: 4 chunks of 32 bytes, groups 2c and 2c + 1), and qh byte l holds the fifth bit of
+    # weight l of group g in its bit g
+    qs = blocks[..., 48:].reshape(rows, -1, 4, 1, 32)
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(rows, -1, 8, 32)
+    qh = blocks[..., 16:48].reshape(rows, -1, 1, 32)
+    fifth = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
+    u = (low | (fifth << 4)).reshape(rows, -1)
+    return QuantizedRows(K5, u, sc.reshape(rows, -1), mn.reshape(rows, -1), _half(blocks, 0), -_half(blocks, 2))
+
+
 def read_q6_k(raw: np.ndarray) -> QuantizedRows:
     blocks, rows = _blocks(raw, 210)
     n = blocks.shape[1]
@@ -147,9 +161,10 @@ class GGUFMatrix:
 
 
 # the kernels' format of each GGUF type the readers take
-FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q6_K": K6}
+FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q5_K": K5, "Q6_K": K6}
 
-READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q6_K": read_q6_k}
+READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q5_K": read_q5_k,
+           "Q6_K": read_q6_k}
 
 
 def read_rows(type_name: str, raw: np.ndarray) -> QuantizedRows:
