@@ -13,12 +13,23 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import SamplingConfig
+from .sampling import warp_logits
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
     logprob: float | None  # None only for a prompt's first token, which nothing predicts
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) of the most likely tokens, most likely first
+
+
+def logprob_logits(raw: torch.Tensor, processed: torch.Tensor, mode: str, sampling: SamplingConfig) -> torch.Tensor:
+    """The logits (R, V) whose log-softmax a request's logprobs are: the raw ones (mode "raw"), or (mode
+    "processed") those its tokens are drawn from: the processed ones, warped by the sampler chain when sampling."""
+    if mode == "raw":
+        return raw
+    return processed.float() if sampling.greedy else warp_logits(processed.float(), sampling)
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: list[int], top: int) -> list[TokenLogprob]:

@@ -16,11 +16,11 @@ from .config import EXACT, GenerationConfig, SpeculationConfig
 from .drafters.base import Drafter, feature_columns
 from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
-from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
+from .logprobs import TokenLogprob, logprob_logits, prompt_logprobs, token_logprobs
 from .metrics import GenerationMetrics
 from .costs import CostModel
 from .policy import DraftLengthPolicy
-from .sampling import make_generator, position_gumbel, warp_logits
+from .sampling import make_generator, position_gumbel
 from .verify import Draft
 
 
@@ -135,19 +135,11 @@ class Request:
         distribution tokens[j] was chosen from."""
         new = self.append(tokens)
         if self.logprobs is not None:
-            scored = self._logprob_logits(raw, processed)
+            scored = logprob_logits(raw, processed, self.config.logprobs_mode, self.config.sampling)
             self.logprobs += token_logprobs(scored if rows is None else scored[rows[: len(new)]], new,
                                             self.config.logprobs)
         self.metrics.new_tokens += len(new)
         return new
-
-    def _logprob_logits(self, raw: torch.Tensor, processed: torch.Tensor) -> torch.Tensor:
-        """The logits (R, V) whose log-softmax the request's logprobs are: the raw ones, or (logprobs_mode
-        "processed") those tokens are drawn from (the processed ones, warped when sampling)."""
-        if self.config.logprobs_mode == "raw":
-            return raw
-        sampling = self.config.sampling
-        return processed.float() if sampling.greedy else warp_logits(processed.float(), sampling)
 
     def append(self, new: list[int]) -> list[int]:
         """Appends tokens up to the first EOS, the end of a constrained text or the length limit; marks the request
