@@ -175,16 +175,17 @@ inline __attribute__((always_inline)) qv::i32x16 close_first_half(qv::i32x16& is
   return first;
 }
 
-// A unit's quad of 4-bit codes as one vector's codes: its low (HIGH false) or high nibbles, with K5's fifth bits
+// A unit's quad of 4-bit codes (`both`, loaded from `quad`) as one vector's codes: its low (HIGH false) or high
+// nibbles, with K5's fifth bits
 template <int FMT, bool HIGH>
-inline __attribute__((always_inline)) qv::i32x16 vector_codes(const uint8_t* quad) {
-  const qv::i32x16 both = qv::load(quad);
+inline __attribute__((always_inline)) qv::i32x16 vector_codes(const uint8_t* quad, qv::i32x16 both) {
   const qv::i32x16 w = HIGH ? qv::high_nibbles(both) : qv::low_nibbles(both);
   if constexpr (FMT == K5) return qv::or_bits(w, qv::fifth_bits(quad + 64, HIGH ? 4 : 0));
   else return w;
 }
 
-// K5's 16-bit sums restart at the middle of a group (sums16): the first half's, widened, wait in `half`
+// K5's 16-bit sums restart at the middle of a group (sums16): the first half's, widened, wait in `half` until
+// group_step adds them
 template <int FMT>
 inline __attribute__((always_inline)) void k5_middle(int quad, qv::i32x16& isum, qv::i32x16& half) {
   if constexpr (FMT == K5 && sums16<FMT>()) {
@@ -211,8 +212,8 @@ inline __attribute__((always_inline)) void load_super(const uint8_t* block, int6
 }
 
 // A group's float32 step for one vector of 16 columns (v) and MR rows: acc += (d * scale_x) * sum (+ m * sum_x),
-// where d and m are the format's (QFormat), K6's halves combined first. Both tiles below end each group with it, so
-// every output sees the same float operations in the same order whichever tile computed it.
+// where d and m are the format's (QFormat), K5's and K6's halves combined first. Both tiles below end each group
+// with it, so every output sees the same float operations in the same order whichever tile computed it.
 template <int MR, int FMT>
 inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t row0, int64_t g, int64_t G,
                                                       const uint8_t* __restrict block, int v, const f32x16& super_d,
@@ -223,6 +224,8 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
   if constexpr (k_min(FMT)) {
     d = vec::mul(super_d, qv::to_float(qv::widen_u8(block + L::d(g, v, G))));  // exact: 11 + 6 bits
     m = vec::mul(super_m, qv::to_float(qv::widen_u8(block + L::m(g, v, G))));
+    if constexpr (FMT == K5)
+      for (int j = 0; j < MR; ++j) isum[j] = qv::add32(half_sum[j], isum[j]);
   } else if constexpr (FMT == K6) {
     d = super_d;
     const qv::i32x16 sc = qv::widen_s8(block + L::m(g, v, G));
@@ -266,15 +269,13 @@ inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64
         }
       }
       for (int j = 0; j < MR; ++j) k5_middle<FMT>(quad, isum[j], half_sum[j]);
-      qv::i32x16 w;
-      if constexpr (L::kBits == 4) w = vector_codes<FMT, HIGH>(unit + quad * L::kQuadStep);
-      else w = qv::load(unit + quad * L::kQuadStep);
+      const uint8_t* at = unit + quad * L::kQuadStep;
+      qv::i32x16 w = qv::load(at);
+      if constexpr (L::kBits == 4) w = vector_codes<FMT, HIGH>(at, w);
 #pragma GCC unroll 6
       for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xr[j] + quad * 4));
     }
     for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
-    if constexpr (FMT == K5)
-      for (int j = 0; j < MR; ++j) isum[j] = qv::add32(isum[j], half_sum[j]);
     group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc);
   }
 }
@@ -345,8 +346,9 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       if constexpr (L::kBits == 4) {
 #pragma GCC unroll 2
         for (int u = 0; u < NV / 2; ++u) {
-          w[2 * u] = vector_codes<FMT, false>(units[u] + quad * L::kQuadStep);
-          w[2 * u + 1] = vector_codes<FMT, true>(units[u] + quad * L::kQuadStep);
+          const uint8_t* at = units[u] + quad * L::kQuadStep;
+          const qv::i32x16 both = qv::load(at);
+          w[2 * u] = vector_codes<FMT, false>(at, both), w[2 * u + 1] = vector_codes<FMT, true>(at, both);
         }
       } else {
 #pragma GCC unroll 4
@@ -360,10 +362,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       }
     }
     for (int j = 0; j < MR; ++j)
-      for (int v = 0; v < NV; ++v) {
-        isum[j][v] = widened<FMT>(isum[j][v]);
-        if constexpr (FMT == K5) isum[j][v] = qv::add32(isum[j][v], half_sum[j][v]);
-      }
+      for (int v = 0; v < NV; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
     load_super<FMT>(block, g, G, super_d, super_m);
     for (int v = 0; v < NV; ++v) {
       qv::i32x16 sums[MR], halves[MR];

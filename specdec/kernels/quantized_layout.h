@@ -5,12 +5,13 @@
 // quads of 4 k. A quad of a block is 64 bytes for every 16 rows at 8 bits (byte 4i + j: q of row i, k = 4quad + j)
 // and for every 32 rows at 4 bits (byte 4i + j: u of row i in its low nibble, of row 16 + i in its high one): its
 // units, 4 or 2. K5's 5-bit codes keep their low 4 bits so, and a unit's quad then 16 more bytes of their fifth
-// bits: the code at position p = 64 * (row / 16) + 4 * (row % 16) + j of the unit has its bit in byte p % 16, bit
-// p / 16, so that one 16-byte load, broadcast, gives each run of 16 positions its bit plane (qv::fifth_bits). The units are split among kStreams streams, each stream a contiguous run of its units' bytes group
-// after group (quads, then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row
-// product then reads 4 (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and
-// Zen 3 reads them much faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on
-// one core from one stream, 6.25 ms from four (experiments/head_products.py). AVX-512 builds keep one stream a block.
+// bits: the code at position p = 64 * (row / 16) + 4 * (row % 16) + j of the unit has its bit in byte p % 16,
+// bit p / 16, so that one 16-byte load, broadcast, gives each run of 16 positions its bit plane (qv::fifth_bits). The
+// units are split among kStreams streams, each stream a contiguous run of its units' bytes group after group (quads,
+// then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row product then reads 4
+// (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and Zen 3 reads them much
+// faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on one core from one
+// stream, 6.25 ms from four (experiments/head_products.py). AVX-512 builds keep one stream a block.
 #pragma once
 
 constexpr int kQGroup = 32;  // weights sharing one d (and m)
