@@ -14,21 +14,43 @@ struct Q8Rows {
   std::vector<float> scale, sum;
 };
 
+// One group of 32 activations rounded to int8 (q = nearest-even of x * 127 / max|x|, as std::nearbyint rounds), its
+// scale and its sum in k order. max ignores NaNs as std::max(amax, |x|) does. AVX2 instructions, so both builds share
+// it.
+inline void quantize_group(const float* xg, int8_t* q, float& scale, float& sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4], most = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xg + 8 * i);
+    most = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), most);  // the second operand where the first is NaN
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_shuffle_ps(m4, m4, 1)));
+  float total = 0.f;
+  for (int k = 0; k < kQGroup; ++k) total += xg[k];  // in k order: the sum the products' m terms read
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // MXCSR: nearest even
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  scale = amax / 127.f;
+  sum = total;
+}
+
+// groups of activations a pass rounds before the threads share them (a prompt's pass; a decoding step's are few)
+constexpr int64_t kParallelGroups = 512;
+
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t G = K / kQGroup;
   Q8Rows out{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
-  for (int64_t r = 0; r < M * G; ++r) {
-    const float* xg = x + r * kQGroup;
-    float amax = 0.f, sum = 0.f;
-    for (int k = 0; k < kQGroup; ++k) {
-      amax = std::max(amax, std::fabs(xg[k]));
-      sum += xg[k];
-    }
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int k = 0; k < kQGroup; ++k) out.q[r * kQGroup + k] = static_cast<int8_t>(std::nearbyint(xg[k] * inv));
-    out.scale[r] = amax / 127.f;
-    out.sum[r] = sum;
-  }
+  auto groups = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_group(x + r * kQGroup, out.q.data() + r * kQGroup, out.scale[r], out.sum[r]);
+  };
+  if (M * G >= kParallelGroups) at::parallel_for(0, M * G, kParallelGroups / 4, groups);
+  else groups(0, M * G);
   return out;
 }
 
@@ -80,6 +102,10 @@ inline i32x16 fifth_bits(const uint8_t* p, int base) {
                                _mm512_set1_epi8(16));
 }
 inline i32x16 or_bits(i32x16 a, i32x16 b) { return _mm512_or_si512(a, b); }
+// An empty asm that takes v's register and gives it back: GCC otherwise reassociates a row's chain of adds into a
+// tree, computing a group's every product first and spilling them to the stack (16 registers hold 4 rows' sums, not
+// 64 products). Integer sums are exact in any order, so this changes speed only.
+inline void pin(i32x16& v) { asm("" : "+v"(v)); }
 #else
 struct i32x16 { __m256i lo, hi; };
 inline i32x16 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
@@ -135,6 +161,7 @@ inline i32x16 fifth_bits(const uint8_t* p, int base) {
   return {bits(first), bits(second)};
 }
 inline i32x16 or_bits(i32x16 a, i32x16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline void pin(i32x16& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
 #endif
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv
@@ -241,7 +268,37 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
   }
 }
 
-// One vector of 16 columns (v) for MR rows on AVX2 (16 registers): the rows' integer sums (two registers each),
+// Up to 4 rows' integer sums of one vector, as named members: GCC kept arrays of them (indexed in loops unrolled by
+// pragma) on the stack, storing and reloading every quad's products; named members stay in registers.
+struct RowSums {
+  qv::i32x16 r0, r1, r2, r3;
+};
+
+template <int J>
+inline __attribute__((always_inline)) qv::i32x16& row_of(RowSums& s) {
+  if constexpr (J == 0) return s.r0;
+  else if constexpr (J == 1) return s.r1;
+  else if constexpr (J == 2) return s.r2;
+  else return s.r3;
+}
+
+// Row J's step at a quad (MR rows, J < MR): K5's middle, then the quad's products added to its sums
+template <int MR, int FMT, int J>
+inline __attribute__((always_inline)) void row_quad(int quad, RowSums& sums, RowSums& halves, qv::i32x16 w,
+                                                    const int8_t* xj) {
+  if constexpr (J < MR) {
+    k5_middle<FMT>(quad, row_of<J>(sums), row_of<J>(halves));
+    row_of<J>(sums) = add_quad<FMT>(row_of<J>(sums), w, qv::broadcast4(xj + quad * 4));
+    qv::pin(row_of<J>(sums));
+  }
+}
+
+template <int MR, int FMT, int J>
+inline __attribute__((always_inline)) void close_row_half(RowSums& sums, RowSums& halves, qv::i32x16 sc) {
+  if constexpr (J < MR) row_of<J>(halves) = close_first_half<FMT>(row_of<J>(sums), sc);
+}
+
+// One vector of 16 columns (v) for MR <= 4 rows on AVX2 (16 registers): the rows' integer sums (two registers each),
 // the quad's weights (two) and one broadcast of activations stay in registers. Each row reads its activations
 // through a pointer of its own, so every broadcast is one load at a constant offset; 4-bit weights take their low
 // or high nibbles (HIGH: v is odd), known before the loop. The integer sums are exact in any order, and each group
@@ -250,32 +307,37 @@ template <int MR, int FMT, bool HIGH>
 inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64_t row0, int64_t K,
                                                           const uint8_t* __restrict block, int v,
                                                           f32x16 (&acc)[MR]) {
+  static_assert(MR <= 4, "RowSums holds 4 rows");
   using L = QLayout<FMT>;
   const int64_t G = K / kQGroup;
   f32x16 super_d[kVecs], super_m[kVecs];
-  for (int64_t g = 0; g < G; ++g) {
+  const int8_t* x0 = x.q.data() + row0 * K;
+  const int8_t* x1 = x0 + (MR > 1 ? K : 0);
+  const int8_t* x2 = x0 + (MR > 2 ? 2 * K : 0);
+  const int8_t* x3 = x0 + (MR > 3 ? 3 * K : 0);
+  for (int64_t g = 0; g < G; ++g, x0 += kQGroup, x1 += kQGroup, x2 += kQGroup, x3 += kQGroup) {
     load_super<FMT>(block, g, G, super_d, super_m);
     const uint8_t* unit = block + L::unit(g, 0, L::kBits == 4 ? v / 2 : v, G);
-    const int8_t* xr[MR];
-    for (int j = 0; j < MR; ++j) xr[j] = x.q.data() + (row0 + j) * K + g * kQGroup;
-    qv::i32x16 isum[MR], half_sum[MR];
-    for (int j = 0; j < MR; ++j) isum[j] = qv::zero(), half_sum[j] = qv::zero();
+    RowSums sums{qv::zero(), qv::zero(), qv::zero(), qv::zero()}, halves = sums;
 #pragma GCC unroll 8
     for (int quad = 0; quad < kQGroup / 4; ++quad) {
       if constexpr (FMT == K6) {
         if (quad == kQGroup / 8) {
           const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v, G));
-          for (int j = 0; j < MR; ++j) half_sum[j] = close_first_half<FMT>(isum[j], sc);
+          close_row_half<MR, FMT, 0>(sums, halves, sc), close_row_half<MR, FMT, 1>(sums, halves, sc);
+          close_row_half<MR, FMT, 2>(sums, halves, sc), close_row_half<MR, FMT, 3>(sums, halves, sc);
         }
       }
-      for (int j = 0; j < MR; ++j) k5_middle<FMT>(quad, isum[j], half_sum[j]);
       const uint8_t* at = unit + quad * L::kQuadStep;
       qv::i32x16 w = qv::load(at);
       if constexpr (L::kBits == 4) w = vector_codes<FMT, HIGH>(at, w);
-#pragma GCC unroll 6
-      for (int j = 0; j < MR; ++j) isum[j] = add_quad<FMT>(isum[j], w, qv::broadcast4(xr[j] + quad * 4));
+      row_quad<MR, FMT, 0>(quad, sums, halves, w, x0), row_quad<MR, FMT, 1>(quad, sums, halves, w, x1);
+      row_quad<MR, FMT, 2>(quad, sums, halves, w, x2), row_quad<MR, FMT, 3>(quad, sums, halves, w, x3);
     }
-    for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(isum[j]);
+    qv::i32x16 isum[MR], half_sum[MR];
+    const qv::i32x16 all[4] = {sums.r0, sums.r1, sums.r2, sums.r3}, all_halves[4] = {halves.r0, halves.r1,
+                                                                                     halves.r2, halves.r3};
+    for (int j = 0; j < MR; ++j) isum[j] = widened<FMT>(all[j]), half_sum[j] = all_halves[j];
     group_step<MR, FMT>(x, row0, g, G, block, v, super_d[v], super_m[v], isum, half_sum, acc);
   }
 }
@@ -358,7 +420,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb);
+        for (int v = 0; v < NV; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb), qv::pin(isum[j][v]);
       }
     }
     for (int j = 0; j < MR; ++j)
