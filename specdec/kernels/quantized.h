@@ -268,8 +268,8 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
   }
 }
 
-// Up to 4 rows' integer sums of one vector, as named members: GCC kept arrays of them (indexed in loops unrolled by
-// pragma) on the stack, storing and reloading every quad's products; named members stay in registers.
+// Up to 4 rows' integer sums of one vector, as named members, each row's step written out (row_quad) instead of a
+// loop over an array; what keeps them in registers is qv::pin.
 struct RowSums {
   qv::i32x16 r0, r1, r2, r3;
 };
