@@ -17,9 +17,9 @@ from ..errors import ConfigError, SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
 HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("vec16.h", "products.h", "amx.h", "quantized_layout.h", "quantized.h", "weights.h", "argmax_screen.h",
-                 "row_ops.h", "kv_cache.h", "attention.h", "attention_split.h", "layers.h", "head_layer.h",
-                 "bindings.h"))
+                ("vec16.h", "products.h", "amx.h", "quantized_layout.h", "int8_lanes.h", "quantized.h",
+                 "drafting_head.h", "weights.h", "argmax_screen.h", "row_ops.h", "kv_cache.h", "attention.h",
+                 "attention_split.h", "layers.h", "head_layer.h", "bindings.h"))
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
 AVX2_FLAGS = ("avx2", "f16c", "fma")
 ISA_VARIABLE, PREFILL_VARIABLE = "SPECDEC_KERNEL_ISA", "SPECDEC_BF16_PREFILL"

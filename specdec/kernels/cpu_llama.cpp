@@ -16,9 +16,10 @@
 // Built for AVX-512 where the CPU has it, otherwise for AVX2 (vec16.h carries 16 lanes in two registers there, with
 // the same order of operations in every lane). bfloat16 products (vdpbf16ps, AMX) exist in AVX-512 builds only.
 //
-// One translation unit: products.h (the tiles), amx.h, quantized.h (a drafting copy's weights), weights.h (packing
-// and linear()), row_ops.h (norms, RoPE, SwiGLU, softmax numerators), kv_cache.h, attention.h, attention_split.h
-// (a drafting copy's), this file's model, head_layer.h (a drafter head's layer), and bindings.h (the Python module).
+// One translation unit: products.h (the tiles), amx.h, quantized_layout.h, int8_lanes.h and quantized.h (quantized
+// weights: a GGUF file's, a drafting copy's), drafting_head.h (the copy's LM head), weights.h (packing and
+// linear()), row_ops.h (norms, RoPE, SwiGLU, softmax numerators), kv_cache.h, attention.h, attention_split.h (a
+// drafting copy's), this file's model, head_layer.h (a drafter head's layer), and bindings.h (the Python module).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -48,7 +49,9 @@ using vec::f32x16;
 #include "products.h"
 #include "amx.h"
 #include "quantized_layout.h"
+#include "int8_lanes.h"
 #include "quantized.h"
+#include "drafting_head.h"
 #include "weights.h"
 #include "argmax_screen.h"
 #include "row_ops.h"
