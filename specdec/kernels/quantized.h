@@ -109,7 +109,8 @@ inline __attribute__((always_inline)) void group_step(const Q8Rows& x, int64_t r
 }
 
 // Up to 4 rows' integer sums of one vector, as named members, each row's step written out (row_quad) instead of a
-// loop over an array; what keeps them in registers is qv::pin.
+// loop over an array. qv::pin keeps the chains of adds from becoming trees; with it, the same tile over an array of
+// sums (pinned too) ran smollm2's 16- and 200-token passes about 7% slower (more stack traffic around the groups).
 struct RowSums {
   qv::i32x16 r0, r1, r2, r3;
 };
