@@ -68,12 +68,29 @@ def test_logits_approximate_transformers_on_the_dequantized_file(target, quantiz
     assert (unrelated - theirs).norm() / theirs.norm() > 10 * error
 
 
-def test_a_pass_over_several_tokens_gives_each_token_what_a_pass_over_it_alone_gives(target):
+def test_the_kv_cache_is_bfloat16_unless_the_kernels_backend_is_named(target, quantized_file):
+    """auto keeps keys and values in 16 bits as llama.cpp does; --backend kernels keeps them in float32, and the
+    two caches give different logits (the choice is real), no further apart than the int8 activations put either
+    from transformers' float32 (test_logits_approximate_transformers_on_the_dequantized_file)."""
+    assert target.backend.pool.keys.dtype == torch.bfloat16
+    wide = load_model(str(quantized_file), device="cpu", backend="kernels")
+    assert wide.backend.pool.keys.dtype == torch.float32
+    ids = torch.tensor(prompt_ids()[0])
+    ours = target.backend.forward(target.backend.new_cache(), ids).logits
+    theirs = wide.backend.forward(wide.backend.new_cache(), ids).logits
+    assert not torch.equal(ours, theirs)
+    assert (ours - theirs).norm() / theirs.norm() < 0.1
+
+
+@pytest.mark.parametrize("backend", ["auto", "kernels"])
+def test_a_pass_over_several_tokens_gives_each_token_what_a_pass_over_it_alone_gives(target, quantized_file,
+                                                                                       backend):
+    model = target if backend == "auto" else load_model(str(quantized_file), device="cpu", backend=backend)
     ids = torch.tensor(prompt_ids()[1])
-    whole = target.backend.forward(target.backend.new_cache(), ids).logits
-    cache = target.backend.new_cache()
-    target.backend.forward(cache, ids[:3])
-    steps = [target.backend.forward(cache, ids[i:i + 1]).logits[0] for i in range(3, len(ids))]
+    whole = model.backend.forward(model.backend.new_cache(), ids).logits
+    cache = model.backend.new_cache()
+    model.backend.forward(cache, ids[:3])
+    steps = [model.backend.forward(cache, ids[i:i + 1]).logits[0] for i in range(3, len(ids))]
     assert torch.equal(torch.stack(steps), whole[3:])
 
 

@@ -22,7 +22,7 @@ def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_not
                    help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family; bfloat16 "
                         "products for prompts where the weights are bfloat16 and the CPU has AVX-512 BF16); "
                         "kernels-fp32: float32 products for prompts too; kernels-bf16kv: the KV cache in bfloat16 "
-                        "(half its memory, faster at long contexts); kernels-bf16: bfloat16 products in every pass "
+                        "(half its memory, faster at long contexts; auto's choice for a quantized GGUF file); kernels-bf16: bfloat16 products in every pass "
                         "(faster, less exact, still batch-invariant); torch: "
                         "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
                         "(default: auto, the first of these that supports the model and device)")

@@ -126,13 +126,15 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
   // tasks: (sequence, KV head, chunk of query rows); a chunk shares every key load among its rows, so chunks are
   // as large as the registers allow (8 rows) while every thread still gets two tasks. One row per task would read
   // each cached key once per query row: a verify pass over 3-5 tokens at an 800-token context cost 10-16% more.
+  // A head whose rows fit one chunk is never split: its chunks would each read all its keys, and a decoding step
+  // is bound by those reads (smollm2's one-token pass read each head's keys twice, 3 heads as 6 tasks).
   const int64_t wanted = 2 * static_cast<int64_t>(at::get_num_threads());
   const int64_t splits = std::max<int64_t>(1, (wanted + S * nkv - 1) / (S * nkv));
   std::vector<std::array<int64_t, 4>> tasks;  // s, g, first row, row count
   for (int64_t s = 0; s < S; ++s)
     for (int64_t g = 0; g < nkv && !(skip && (*skip)[s]); ++g) {
       const int64_t rows = (off[s + 1] - off[s]) * groups;
-      const int64_t chunk = std::clamp<int64_t>((rows + splits - 1) / splits, 1, 8);
+      const int64_t chunk = rows <= 8 ? rows : std::clamp<int64_t>((rows + splits - 1) / splits, 1, 8);
       for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});
     }
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {

@@ -52,7 +52,8 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
                  max_context: int | None = None, graphs: str = "auto", compile: str = "auto") -> CausalLM:
     """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
     bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
-    kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only);
+    kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only; a quantized
+    GGUF file's kernels, loading.py, keep it so under auto too);
     kernels-bf16: bfloat16 products in every pass (activations rounded to bfloat16 at each matrix product's input;
     faster, less exact, still batch-invariant); torch: specdec's Llama forward in torch (bit-identical to transformers); hf:
     transformers' own forward. auto: the first that fits.

@@ -86,15 +86,17 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
     holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs, compile:
     see make_backend. A GGUF file with quantized matrices runs them in their own formats on the CPU kernels
-    (gguf_model.py; activations float32, the dtype aside) unless `dequantize`, or unless the kernels cannot run it
-    (then it is dequantized to `dtype`, as with `dequantize`)."""
+    (gguf_model.py; activations float32, the dtype aside, and the KV cache in bfloat16 as llama.cpp keeps its in
+    16 bits, except with backend "kernels": float32) unless `dequantize`, or unless the kernels cannot run it (then
+    it is dequantized to `dtype`, as with `dequantize`)."""
     check_device_dtype(device, dtype)
     check_backend(backend)
     check_graphs(graphs, compile)
     folder, gguf = locate(spec)
     dev = resolve_device(device)
-    if gguf and not dequantize and dev.type == "cpu" and backend in ("auto", "kernels"):
-        quantized = _load_quantized_gguf(spec, Path(folder) / gguf, trust_remote_code, slots, max_context)
+    if gguf and not dequantize and dev.type == "cpu" and backend in ("auto", "kernels", "kernels-bf16kv"):
+        quantized = _load_quantized_gguf(spec, Path(folder) / gguf, trust_remote_code, slots, max_context,
+                                         bf16_cache=backend != "kernels")
         if quantized is not None:
             return quantized
     torch_dtype = resolve_dtype(dtype, dev)
@@ -108,7 +110,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
 
 
 def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: int,
-                         max_context: int | None) -> LoadedModel | None:
+                         max_context: int | None, bf16_cache: bool = False) -> LoadedModel | None:
     """A GGUF file's model on the CPU kernels with its quantized matrices as they are, or None where the kernels or
     the file's architecture do not allow it (then it loads dequantized)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -140,7 +142,8 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
     try:
-        backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state)
+        backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state,
+                              bf16_cache=bf16_cache)
     except ValueError as exc:  # a scale that is not finite, found as the matrix is packed
         raise ModelLoadError(f"{path.name}: {first_line(exc)}") from None
     del state, reader
