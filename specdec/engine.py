@@ -3,11 +3,12 @@
 Every call is a thin wrapper over the scheduler (scheduler.py), which owns each request's life: submit, step,
 cancel; a request alone is a batch of one. With PLAIN for its drafter (choice.py) the same step is plain
 autoregressive decoding (the baseline), so both run the same code. Text comes out of one stream core (TextSteps,
-below): generate, stream, generate_many and the server all read it.
+stream_core.py): generate, stream, generate_many and the server all read it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import gc
+from dataclasses import dataclass
 from typing import Iterator
 
 from .choice import OWN_DRAFTER, PLAIN, DrafterChoice
@@ -17,12 +18,11 @@ from .errors import ConfigError, ConstraintError
 from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
 from .costs import CostModel, measure_verify_costs
-from .loader import load_decoder
+from .loader import load_decoder, warm_up_drafter
 from .request import Request
-from .scheduler import BatchEngine, StepEvent
+from .scheduler import BatchEngine
+from .stream_core import TextSteps
 
-
-WARM_UP_PROMPT = "List the days of the week, then the months of the year."
 
 
 @dataclass
@@ -63,23 +63,42 @@ class SpecDecoder:
     load = classmethod(load_decoder)  # SpecDecoder.load(model, drafter=..., ...): the one loader (loader.py)
 
     def warm_up(self, max_new_tokens: int = 16, drafter: Drafter | None = None) -> None:
-        """Runs a short generation twice with drafting forced on: the first run pays the drafter's first-call
-        costs (allocations, kernel selection), the second measures its cost per drafted position, so the
-        draft-length policy starts from a warm figure. drafter: default this decoder's own; drafters built later by
-        name (drafter_named) are warmed up in turn. The runs are no request's: they teach no drafter (Drafter.learn)
-        and no trace records them. Nothing to do without a drafter, or without room for it in a short context."""
+        """Runs a short generation twice with drafting forced on, so that the draft-length policy starts from a warm
+        drafting cost (loader.warm_up_drafter). drafter: default this decoder's own; drafters built later by name
+        (drafter_named) are warmed up in turn."""
         self.warmed_up = True
-        drafter = drafter or self.drafter
-        if drafter is None:
+        warm_up_drafter(self, drafter or self.drafter, max_new_tokens)
+
+    @property
+    def target(self):
+        """The target (LoadedModel); a ConfigError once close() released it."""
+        if self._target is None:
+            raise ConfigError("this SpecDecoder was closed")
+        return self._target
+
+    @target.setter
+    def target(self, target) -> None:
+        self._target = target
+
+    def close(self) -> None:
+        """Releases the target, the drafters and their KV caches: their memory goes back once nothing else holds
+        them (a result's tensors, a stream). The decoder is unusable after; closing twice does nothing. The kernels'
+        OpenMP threads belong to the process and stay. `with SpecDecoder.load(...) as decoder:` closes on leaving."""
+        if self._target is None:
             return
-        ids = self.encode(WARM_UP_PROMPT)
-        if len(ids) + max_new_tokens + self.speculation.num_speculative_tokens + 1 > self.target.info.max_context:
-            return
-        forced = replace(self.speculation, adaptive=False)
-        for _ in range(2):
-            self.costs.for_drafter(drafter.name).reset_draft()
-            self.complete(ids, GenerationConfig(max_new_tokens=max_new_tokens), DrafterChoice(drafter), forced,
-                          learn=False, traced=False)
+        if self._target.backend.prefix_cache is not None:
+            self._target.backend.prefix_cache.clear()
+        if self.tracer is not None:
+            self.tracer.close()
+        self.tracer, self.drafter, self._target = None, None, None
+        self._named_drafters.clear()
+        gc.collect()  # drafters and caches refer to the target in cycles
+
+    def __enter__(self) -> "SpecDecoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def enable_prefix_cache(self, max_entries: int = 16) -> bool:
         """Keeps up to `max_entries` finished sequences' KV caches, so that prompts beginning as an earlier one
@@ -238,63 +257,3 @@ class TextStream:
         finally:
             steps.cancel(0)  # frees its slot if it was left unfinished
         self.result = GenerationResult.of(state)
-
-
-# ---- the stream core ------------------------------------------------------------------------------
-@dataclass
-class TextUpdate:
-    """What one step did for one request, as text: the one stream core's output (TextSteps)."""
-
-    request_id: object
-    text: str  # the text delta: held back while it may start a stop string, the rest flushed once it ended
-    new_tokens: int  # tokens the step generated (those past a stop string included)
-    finished: str  # "", "stop", "length", or "error" (see error)
-    state: Request = field(repr=False)
-    logprobs: list[TokenLogprob] | None = None  # the kept new tokens' logprobs, when the request asked for them
-    prompt_logprobs: list[TokenLogprob] | None = None  # in a request's first update, when it asked for them
-    error: str = ""  # why its own step failed (a ConstraintError): it ended there
-
-
-class TextSteps:
-    """The one stream core: runs a BatchEngine's steps and turns each request's step events into text deltas,
-    logprobs and the end. A stop string ends its request here (cancelled at once, freeing its slot; Request.take_text
-    cuts it), and the text held back is flushed when a request ends. generate, stream, generate_many and the server
-    all read their text from it; the server converts it to OpenAI's format."""
-
-    def __init__(self, engine: BatchEngine):
-        self.engine = engine
-        self.logprobs_sent: dict[object, int] = {}  # request id -> its logprobs handed out, while it runs
-
-    def submit(self, request_id, prompt_ids: list[int], config: GenerationConfig,
-               drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None) -> Request:
-        """BatchEngine.submit."""
-        return self.engine.submit(request_id, prompt_ids, config, drafter, speculation)
-
-    def cancel(self, request_id) -> None:
-        """Ends a request at once (BatchEngine.cancel); nothing happens for one that already ended."""
-        self.logprobs_sent.pop(request_id, None)
-        self.engine.cancel(request_id)
-
-    def step(self) -> list[TextUpdate]:
-        return [self._update(event) for event in self.engine.step()]
-
-    def _update(self, event: StepEvent) -> TextUpdate:
-        rid, state, new = event.request_id, event.state, event.new_tokens
-        first = rid not in self.logprobs_sent
-        if event.error:
-            self.logprobs_sent.pop(rid, None)
-            return TextUpdate(rid, "", 0, "error", state, error=event.error)
-        text, stopped = state.take_text(new)
-        if stopped:  # free its slot now
-            self.engine.cancel(rid)  # nothing happens when its step already ended it
-        if state.finished:
-            text += state.flush_text()
-        logprobs = None
-        if state.logprobs is not None:
-            logprobs = state.logprobs[self.logprobs_sent.get(rid, 0):]
-        if state.finished:
-            self.logprobs_sent.pop(rid, None)
-        else:
-            self.logprobs_sent[rid] = len(state.logprobs or ())
-        return TextUpdate(rid, text, len(new), state.finished, state, logprobs,
-                          state.prompt_logprobs if first else None)

@@ -2,8 +2,13 @@
 up, ready to generate."""
 from __future__ import annotations
 
-from .config import SpeculationConfig
+from dataclasses import replace
+
+from .choice import DrafterChoice
+from .config import GenerationConfig, SpeculationConfig
 from .costs import CostModel, measure_verify_costs
+
+WARM_UP_PROMPT = "List the days of the week, then the months of the year."
 
 
 def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_model=None, device: str = "auto",
@@ -47,3 +52,21 @@ def load_decoder(cls, model: str | None = None, *, drafter: str = "auto", draft_
     if calibrate:
         decoder.warm_up()
     return decoder
+
+
+def warm_up_drafter(decoder, drafter, max_new_tokens: int = 16) -> None:
+    """Runs a short generation twice on `decoder` (a SpecDecoder) with `drafter` forced to draft: the first run pays
+    the drafter's first-call costs (allocations, kernel selection), the second measures its cost per drafted
+    position, so the draft-length policy starts from a warm figure. The runs are no request's: they teach no drafter
+    (Drafter.learn) and no trace records them. Nothing to do without a drafter, or without room for it in a short
+    context."""
+    if drafter is None:
+        return
+    ids = decoder.encode(WARM_UP_PROMPT)
+    if len(ids) + max_new_tokens + decoder.speculation.num_speculative_tokens + 1 > decoder.target.info.max_context:
+        return
+    forced = replace(decoder.speculation, adaptive=False)
+    for _ in range(2):
+        decoder.costs.for_drafter(drafter.name).reset_draft()
+        decoder.complete(ids, GenerationConfig(max_new_tokens=max_new_tokens), DrafterChoice(drafter), forced,
+                         learn=False, traced=False)

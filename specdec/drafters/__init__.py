@@ -133,7 +133,7 @@ def _layerskip(target, options: LayerSkipOptions) -> Drafter:
     layers = options.layerskip_layers or min(DEFAULT_EXIT_LAYER, max(1, total // 2))
     if not 1 <= layers < total:
         raise ConfigError(f"layerskip needs 1 <= layers < {total} (the target's layer count), got {layers}")
-    if type(target.backend).__name__ == "HFBackend":
+    if not target.backend.early_exit:
         raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
     return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip",
                              p_min=options.draft_p_min)

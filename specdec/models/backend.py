@@ -61,11 +61,19 @@ class CausalLM(ABC):
     #: True when passes asked for argmaxes only (forward's argmax_only) find them from an 8-bit copy of the LM head
     #: and compute exactly only the outputs that may be a row's maximum (the CPU kernels' screen).
     screened_head: bool = False
+    #: True when forward runs its first `layers` decoder layers only (early exit, for layer-skip drafting).
+    early_exit: bool = False
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend
         without cache slots, this default)."""
         return False
+
+    def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
+        """How many of a finished sequence's first cached positions (prompt_len of them its prompt's) a later
+        prefill would compute identically, so that the prefix cache may keep them: all, unless the backend
+        computes prefills differently from later passes."""
+        return cache.length
 
     def copy_cache(self, src: SequenceCache, dst: SequenceCache, length: int | None = None) -> None:
         """dst (a fresh cache) gets src's first `length` keys and values (default: all); where copies_caches."""

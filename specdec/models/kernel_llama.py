@@ -100,6 +100,7 @@ class KernelLlama(PooledCaches, CausalLM):
     bfloat16."""
 
     batched = True
+    early_exit = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
                  bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False,
@@ -120,8 +121,9 @@ class KernelLlama(PooledCaches, CausalLM):
         from ..kernels import bf16_prefill_wanted, has_bf16_products, load
 
         bf16_ready = info.dtype == torch.bfloat16 and has_bf16_products()
-        if bf16_cache and info.dtype != torch.bfloat16:
-            raise ConfigError("a bfloat16 KV cache (the kernels-bf16kv backend) needs --dtype bfloat16")
+        if bf16_cache and info.dtype != torch.bfloat16 and state is None:
+            raise ConfigError("a bfloat16 KV cache (the kernels-bf16kv backend) needs --dtype bfloat16 or a "
+                              "quantized GGUF file")
         if bf16_products and not bf16_ready:
             raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
                               "AVX-512 BF16")

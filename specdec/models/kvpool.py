@@ -100,10 +100,6 @@ class PooledCaches:
         self.prefix_cache = PrefixCache(self, max_entries) if max_entries > 0 else None
         return self.prefix_cache is not None
 
-    def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
-        """How many of a finished sequence's first cached positions a later prefill would compute identically."""
-        return cache.length
-
     def new_cache(self) -> SequenceCache:
         if self.prefix_cache is not None and not self.pool.has_free:
             self.prefix_cache.evict_oldest()  # parked sequences only use slots no running one needs

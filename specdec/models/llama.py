@@ -43,6 +43,7 @@ class FastLlama(PooledCaches, CausalLM):
     """Llama-family forward in torch, bit-identical to transformers' for Llama, with a KVPool of `slots` sequences."""
 
     batched = True
+    early_exit = True
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
                  graphs: str = "off", compile: bool = False):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..choice import OWN_DRAFTER, PLAIN, DrafterChoice
-from ..engine import TextSteps, TextUpdate
+from ..stream_core import TextSteps, TextUpdate
 from ..errors import ContextLengthError, SpecdecError
 from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
