@@ -104,10 +104,14 @@ inline f32x16 load_f16(const uint16_t* p) {
 inline __m256i first_half(int count, int base) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count - base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+// A whole vector goes through plain loads and stores: masked stores are slow on AMD's cores, and every tile's
+// outputs paid for them.
 inline f32x16 load_first(int count, const float* p) {
+  if (count >= 16) return load(p);
   return {_mm256_maskload_ps(p, first_half(count, 0)), _mm256_maskload_ps(p + 8, first_half(count, 8))};
 }
 inline void store_first(int count, float* p, f32x16 v) {
+  if (count >= 16) return store(p, v);
   _mm256_maskstore_ps(p, first_half(count, 0), v.lo);
   _mm256_maskstore_ps(p + 8, first_half(count, 8), v.hi);
 }
