@@ -126,7 +126,7 @@ class BatchEngine:
         seconds = time.perf_counter() - t0
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
-        return events + [self._outcome(rid, r, lambda: self._verify(r, draft, out.logits, out.hidden, layers, seconds))
+        return events + [self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
                          for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
 
     def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
@@ -199,8 +199,8 @@ class BatchEngine:
                     self.backend.copy_cache(lead.cache, request.cache)
                 for rid, request in members:
                     self.running[rid] = request
-                    events.append(self._outcome(rid, request, lambda: self._first_token(request, out.logits,
-                                                                                        out.hidden, layers, seconds)))
+                    events.append(self._outcome(rid, request, self._first_token, request, out.logits, out.hidden,
+                                                layers, seconds))
         return events
 
     def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
@@ -223,11 +223,11 @@ class BatchEngine:
         _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
         return request.take_first(token, last, processed, seconds)
 
-    def _outcome(self, rid, request: Request, take: Callable[[], list[int]]) -> StepEvent:
-        """The step's event for one request, whose new tokens take() chooses; a ConstraintError there ends that
-        request alone (finished "error"), never the batch."""
+    def _outcome(self, rid, request: Request, take: Callable[..., list[int]], *args) -> StepEvent:
+        """The step's event for one request, whose new tokens take(*args) chooses; a ConstraintError there ends
+        that request alone (finished "error"), never the batch."""
         try:
-            return self._event(rid, request, take())
+            return self._event(rid, request, take(*args))
         except ConstraintError as exc:
             request.finished = "error"
             return self._event(rid, request, [], str(exc))

@@ -14,8 +14,6 @@ ignores it, so both engines run plain RoPE with the model's theta) and any slidi
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 QK_K = 256  # weights in a K-quant super-block

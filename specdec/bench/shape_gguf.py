@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,7 @@ def ensure_shape_gguf(name: str, quant: str, seed: int, progress=None) -> tuple[
     if progress:
         progress(f"bench-shape: writing {path} (once)")
     model = build_shape_model(name, torch.device("cpu"), torch.float32, seed)
-    write_atomic(path, lambda tmp: write_gguf_model(model, tmp, quant))
+    write_atomic(path, partial(write_gguf_model, model, quant=quant))
     del model
     gc.collect()
     return path, True

@@ -59,7 +59,7 @@ def family_of(config) -> Family:
     limit = None
     if _rope_type(config) == "longrope":
         rope = _rope_parameters(config)
-        limit = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings")
+        limit = rope.get("original_max_position_embeddings") or config.original_max_position_embeddings
     if config.model_type not in GEMMA_TYPES:
         return Family(qk_norm=config.model_type == "qwen3", windows=layer_windows(config),
                       fused=config.model_type == "phi3", context_limit=limit)
