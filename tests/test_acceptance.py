@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.config import EXACT, Acceptance, GenerationConfig, SamplingConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.sampling import probs_from_logits

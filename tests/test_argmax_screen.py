@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.kernel_llama import KernelLlama
 from specdec.models.loading import LoadedModel, model_info

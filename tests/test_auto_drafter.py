@@ -14,10 +14,10 @@ import specdec.drafters as drafters
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.costs import CostModel
 from specdec.drafters import create_drafter
-from specdec.drafters.auto import AUTO_SELECT
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.select import SelectingDrafter
+from specdec.drafters.routing.auto import AUTO_SELECT
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.routing.select import SelectingDrafter
 from specdec.engine import SpecDecoder
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 
@@ -77,7 +77,7 @@ def shipped(monkeypatch, tmp_path):
     def ship(model, counts: bool = True):
         folder = saved_head(model, tmp_path / f"head_{counts}", counts)
         fake = lambda name, kind="eagle": folder if kind == "eagle" else None  # noqa: E731
-        monkeypatch.setattr(drafters.auto, "bundled_head", fake)  # what auto reads
+        monkeypatch.setattr(drafters.routing.auto, "bundled_head", fake)  # what auto reads
         monkeypatch.setattr(drafters, "bundled_head", fake)  # what the eagle drafter loads
 
     return ship

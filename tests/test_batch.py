@@ -4,8 +4,8 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters.base import Budget, Draft, Drafter
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
@@ -175,9 +175,9 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
     """An EAGLE or Medusa drafter (or the select drafter choosing between Medusa heads and prompt lookup) drafts
     trees while its sequence runs alone and chains once others join; the tokens stay exactly each sequence's plain
     greedy output either way."""
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
-    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
+    from specdec.drafters.heads.medusa import MedusaDrafter
 
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     target = loaded(model, backend)
@@ -188,7 +188,7 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
     else:
         drafter = MedusaDrafter(random_medusa_heads(model), tree=True, width=3)
     if kind == "select":
-        from specdec.drafters.select import SelectingDrafter
+        from specdec.drafters.routing.select import SelectingDrafter
 
         drafter = SelectingDrafter([drafter, NgramDrafter()])
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))

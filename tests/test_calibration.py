@@ -3,9 +3,9 @@ scoring and sizing its trees; the output stays exactly the target's."""
 import torch
 
 from specdec.config import SpeculationConfig
-from specdec.drafters.calibration import Calibration, accepted_path, node_depths
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle_head import new_head
+from specdec.drafters.heads.calibration import Calibration, accepted_path, node_depths
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle_head import new_head
 from specdec.engine import SpecDecoder
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
 

@@ -3,7 +3,7 @@
 import pytest
 
 from specdec.config import SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model

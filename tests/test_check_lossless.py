@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from specdec.config import SamplingConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.lossless import LosslessReport, check_greedy, check_sampling, chi2_survival, homogeneity
 from test_cli import run_cli
@@ -73,7 +73,7 @@ def test_broken_acceptance_fails_the_sampling_check(monkeypatch, batch):
 
 def test_greedy_check_identical_then_caught_when_broken(monkeypatch):
     from specdec import verify
-    from specdec.drafters.ngram import NgramDrafter
+    from specdec.drafters.lookup.ngram import NgramDrafter
 
     target = loaded(tiny_llama(seed=0), backend="torch")
     draft = loaded(tiny_llama(seed=1), backend="torch").backend

@@ -144,7 +144,7 @@ def test_errors_have_no_traceback_in_a_real_process(tmp_path):
 
 
 def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys, tiny_folder, tmp_path):
-    from specdec.drafters.eagle_loading import load_head
+    from specdec.drafters.heads.eagle_loading import load_head
     from specdec.models.loading import load_model
 
     prompts = tmp_path / "prompts.jsonl"
@@ -179,7 +179,7 @@ def test_train_drafter_end_to_end_with_synthetic_prompts_and_a_warm_start(capsys
 
 
 def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_path):
-    from specdec.drafters.medusa_head import load_medusa_heads
+    from specdec.drafters.heads.medusa_head import load_medusa_heads
     from specdec.models.loading import load_model
 
     prompts = tmp_path / "prompts.jsonl"
@@ -201,7 +201,7 @@ def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_pat
 
 
 def test_train_an_eagle3_head_then_warm_start_one_and_generate_with_it(capsys, tiny_folder, tmp_path):
-    from specdec.drafters.eagle3_head import load_eagle3_head
+    from specdec.drafters.heads.eagle3_head import load_eagle3_head
     from specdec.models.loading import load_model
 
     prompts = tmp_path / "prompts.jsonl"

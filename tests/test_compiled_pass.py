@@ -6,7 +6,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.compiled_pass import compiled_steps, inductor_problem
 from specdec.models.pass_graphs import PassGraphs, padded_inputs

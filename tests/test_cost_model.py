@@ -44,7 +44,7 @@ def test_each_kind_of_drafter_keeps_its_own_drafting_cost_over_one_verify_curve(
 
 
 def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
-    from specdec.drafters.ngram import NgramDrafter
+    from specdec.drafters.lookup.ngram import NgramDrafter
     from specdec.engine import SpecDecoder
     from specdec.models.loading import load_model
 
@@ -58,7 +58,7 @@ def test_warm_up_replaces_a_cold_drafting_cost(tiny_folder):
 def test_a_drafter_built_by_name_after_warm_up_is_warmed_up_too(tiny_folder):
     """A request naming another drafter than the decoder's (a server's `speculation.drafter`) gets one whose
     drafting cost was measured warm, not taken from its cold first call; a decoder never warmed up leaves it."""
-    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.drafters.lookup.suffix import SuffixDrafter
     from specdec.engine import SpecDecoder
     from specdec.models.loading import load_model
 

@@ -4,7 +4,7 @@ import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdec.drafters.models.cross_tokenizer import CrossTokenizerDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.backend_choice import make_backend
 from specdec.models.loading import LoadedModel, load_model

@@ -140,9 +140,9 @@ def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(ti
     import warnings
 
     from specdec.drafters.base import Budget, DraftRequest
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
-    from specdec.drafters.head_graphs import HeadGraphs
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
+    from specdec.drafters.heads.head_graphs import HeadGraphs
     from specdec.models.loading import load_model
 
     target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
@@ -184,9 +184,9 @@ def test_tiny_captured_eagle_drafting_equals_uncaptured_and_synchronises_once(ti
 def test_tiny_captured_feed_equals_uncaptured(tiny_folder):
     """The bucketed feed of a step's true pairs (eagle_device.feed_pairs) replayed as a graph leaves the head cache
     and gives the head's output as the same feed run directly on the GPU, for each bucket and with padding."""
-    from specdec.drafters.eagle_device import HeadCache
-    from specdec.drafters.eagle_head import new_head
-    from specdec.drafters.head_graphs import FEED_BUCKETS, HeadGraphs
+    from specdec.drafters.heads.eagle_device import HeadCache
+    from specdec.drafters.heads.eagle_head import new_head
+    from specdec.drafters.heads.head_graphs import FEED_BUCKETS, HeadGraphs
     from specdec.models.loading import load_model
 
     target = load_model(str(tiny_folder), device="cuda", dtype="float32", backend="torch", graphs="auto")
@@ -215,7 +215,7 @@ def test_tiny_captured_feed_equals_uncaptured(tiny_folder):
 def test_tiny_captured_medusa_steps_equal_uncaptured(tiny_folder):
     """Medusa's device step (drafters/medusa_device.py) replayed as a graph gives each head's candidates as the
     same step run directly on the GPU."""
-    from specdec.drafters.medusa_device import MedusaGraphs
+    from specdec.drafters.heads.medusa_device import MedusaGraphs
     from specdec.models.loading import load_model
     from tiny import random_medusa_heads
 

@@ -6,11 +6,11 @@ import torch
 
 from specdec.config import SamplingConfig, SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle3_head import new_eagle3_head
-from specdec.drafters.eagle_device import HeadCache
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.head_graphs import FEED_BUCKETS, HeadGraphs
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle3_head import new_eagle3_head
+from specdec.drafters.heads.eagle_device import HeadCache
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.heads.head_graphs import FEED_BUCKETS, HeadGraphs
 from specdec.engine import SpecDecoder
 from specdec.verify import tree_depths
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
@@ -212,7 +212,7 @@ def test_device_drafter_feeds_a_steps_pairs_bucketed_and_the_prompt_eagerly(mode
 
 
 def test_device_drafting_needs_a_torch_head(model):
-    from specdec.drafters.eagle_kernels import KernelEagleHead, kernel_head_problem
+    from specdec.drafters.heads.eagle_kernels import KernelEagleHead, kernel_head_problem
     from specdec.errors import ConfigError
 
     head, _ = _head(model, "eagle")
@@ -232,7 +232,7 @@ def _flat():
 
 @pytest.mark.parametrize("tree, width", [(False, None), (True, 1), (True, 3), (True, 5)])
 def test_medusa_device_drafts_are_the_host_paths_drafts(model, tree, width):
-    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.drafters.heads.medusa import MedusaDrafter
     from tiny import random_medusa_heads
 
     target = loaded(model, "torch")
@@ -254,7 +254,7 @@ def test_medusa_device_drafts_are_the_host_paths_drafts(model, tree, width):
 
 @pytest.mark.parametrize("tree", [False, True])
 def test_speculation_with_medusa_device_drafting_equals_plain_decoding(model, tree):
-    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.drafters.heads.medusa import MedusaDrafter
     from tiny import random_medusa_heads
 
     target = loaded(model, "torch", graphs="on")

@@ -8,7 +8,7 @@ import torch
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.sampling import make_generator

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.base import feature_columns
-from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head
+from specdec.drafters.heads.eagle3_head import default_feature_layers, load_eagle3_head
 from specdec.errors import ConfigError
 from specdec.models.backend import check_feature_layers
 from eagle3_heads import LAYERS, THETA, write_eagle3
@@ -55,7 +55,7 @@ def test_layer_ids_follow_each_engines_convention():
     """vLLM's top-level ids name the layers whose inputs are read, SpecForge's and SGLang's eagle_config ids the
     layers whose outputs are (one less); the top-level ids win; heads specdec saved before writing them named
     inputs in eagle_config."""
-    from specdec.drafters.eagle3_head import aux_layer_fields, feature_layers_of
+    from specdec.drafters.heads.eagle3_head import aux_layer_fields, feature_layers_of
 
     assert feature_layers_of({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}}, 30) == (2, 15, 27)
     assert feature_layers_of({"eagle_aux_hidden_state_layer_ids": [2, 15, 27],
@@ -112,7 +112,7 @@ def test_a_published_head_computes_the_published_formula(eagle3_target, tmp_path
     head = load_eagle3_head(tmp_path / "head", target)
     assert head.feature_layers == LAYERS and torch.equal(head.draft_ids, draft_ids)
     if products == "kernels":
-        from specdec.drafters.eagle_kernels import KernelEagle3Head, kernel_head_problem
+        from specdec.drafters.heads.eagle_kernels import KernelEagle3Head, kernel_head_problem
 
         if kernel_head_problem(head.config):
             pytest.skip(f"the CPU kernels cannot run here: {kernel_head_problem(head.config)}")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.drafters import create_drafter
-from specdec.drafters.eagle3_head import load_eagle3_head, new_eagle3_head
+from specdec.drafters.heads.eagle3_head import load_eagle3_head, new_eagle3_head
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
 from eagle3_heads import LAYERS, write_eagle3
 from tiny import loaded, tiny_llama
@@ -72,7 +72,7 @@ def test_specdec_heads_save_in_the_authors_layout_and_reload(eagle3_target, tmp_
 
 
 def test_drafter_eagle3_needs_an_eagle3_head(eagle3_target, tmp_path):
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle_head import new_head
 
     target = loaded(eagle3_target, "torch")
     with pytest.raises(ConfigError, match="no EAGLE-3 head is known for 'tiny'.*--kind eagle3"):

@@ -25,8 +25,8 @@ def test_an_eagle3_drafter_leaves_the_shared_target_as_it_was(eagle3_target, tmp
     """Building an EAGLE-3 drafter on a target changes nothing another decoder sharing it sees: the target's
     hidden states keep their width, and an EAGLE-1 decoder on it generates the same tokens, before and after."""
     from specdec.config import GenerationConfig
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
 
     target = loaded(eagle3_target, "kernels")
     torch.manual_seed(1)

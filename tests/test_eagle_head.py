@@ -3,7 +3,7 @@ torch head does (prompt, a masked tree level, causal accepted pairs), and a head
 with the reason."""
 import torch
 
-from specdec.drafters.eagle_head import new_head
+from specdec.drafters.heads.eagle_head import new_head
 from tiny import kernel_head, tiny_llama
 
 
@@ -47,7 +47,7 @@ def test_the_kernel_head_computes_what_the_torch_head_does(eagle_target):
 
 def test_heads_the_kernels_cannot_run_are_named_with_the_reason():
     """A head whose head dim the kernels' attention cannot read 16 lanes at a time drafts in torch instead."""
-    from specdec.drafters.eagle_kernels import kernel_head_problem
+    from specdec.drafters.heads.eagle_kernels import kernel_head_problem
 
     target = tiny_llama(seed=0, hidden=64, heads=8, kv_heads=2)  # head dim 8
     config = new_head(target, "tiny", torch.arange(target.config.vocab_size)).config

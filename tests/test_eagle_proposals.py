@@ -4,8 +4,8 @@ skipped where the lookup alone is expected to do better."""
 import torch
 
 from specdec.drafters.base import Budget
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle_head import new_head
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle_head import new_head
 from tiny import loaded
 
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.eagle_loading import load_head
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.heads.eagle_loading import load_head
 from specdec.engine import SpecDecoder
 from specdec.errors import IncompatibleDraftError, ModelLoadError
 from tiny import drafted_keeping_greedy_output, loaded, tiny_llama
@@ -87,7 +87,7 @@ def reference(w, embed, features, tokens, heads=4, kv_heads=2, eps=1e-5):
 
 
 def products(head, kind):
-    from specdec.drafters.eagle_kernels import KernelEagleHead, kernel_head_problem
+    from specdec.drafters.heads.eagle_kernels import KernelEagleHead, kernel_head_problem
 
     if kind == "torch":
         return head
@@ -134,7 +134,7 @@ def test_a_pickled_head_is_refused_with_the_conversion_that_works(target, tmp_pa
     import subprocess
     import sys
 
-    from specdec.drafters.eagle_published import CONVERT
+    from specdec.drafters.heads.eagle_published import CONVERT
 
     weights = write_published(tmp_path / "safetensors")
     folder = tmp_path / "pickle"
@@ -165,7 +165,7 @@ def test_tensors_outside_the_layout_are_refused(target, tmp_path):
 
 
 def test_rope_follows_the_heads_config(tmp_path):
-    from specdec.drafters.eagle_published import rope_frequencies
+    from specdec.drafters.heads.eagle_published import rope_frequencies
 
     base = 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16)
     assert torch.equal(rope_frequencies({}, 16, tmp_path), base)

@@ -10,8 +10,8 @@ import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.eagle3_head import new_eagle3_head
-from specdec.drafters.eagle_head import new_head
+from specdec.drafters.heads.eagle3_head import new_eagle3_head
+from specdec.drafters.heads.eagle_head import new_head
 from specdec.engine import SpecDecoder
 from test_cli import run_cli
 from tiny import write_tiny_model_folder
@@ -131,7 +131,7 @@ def test_an_exported_head_drafts_as_the_original(capsys, folder, target, tmp_pat
 def test_the_files_hold_what_the_engines_read(capsys, folder, target, tmp_path, drafter, engine):
     from safetensors.torch import load_file
 
-    from specdec.drafters.eagle_published import rope_frequencies
+    from specdec.drafters.heads.eagle_published import rope_frequencies
 
     mine = eagle3_head(target, tmp_path) if drafter == "eagle3" else eagle_head(target, tmp_path, bias=False)
     rc, _, err = export(capsys, folder, mine, tmp_path / "out", "--drafter", drafter,
@@ -173,8 +173,8 @@ def test_rope_fields_reproduce_the_targets_frequencies():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from specdec.drafters.eagle_published import rope_frequencies
-    from specdec.drafters.head_export import rope_fields
+    from specdec.drafters.heads.eagle_published import rope_frequencies
+    from specdec.drafters.heads.head_export import rope_fields
 
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 8192}

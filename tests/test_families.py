@@ -7,9 +7,9 @@ import torch
 from families import VARIANTS, family_model, prompt_ids
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.family import family_of
 from tiny import loaded

@@ -87,7 +87,7 @@ def test_a_damaged_local_model_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "config", "shape"])
 def test_a_damaged_head_is_refused_in_one_line(tmp_path, damage):
     from specdec.drafters import create_drafter
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle_head import new_head
 
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     target = loaded(model, "torch")
@@ -110,7 +110,7 @@ def test_a_damaged_head_is_refused_in_one_line(tmp_path, damage):
 
 
 def test_a_training_checkpoint_killed_half_way_leaves_the_last_good_one(tmp_path, monkeypatch):
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle_head import new_head
     from specdec.training import trainer as trainer_module
     from specdec.training.batching import TrainSettings
     from specdec.training.trainer import CHECKPOINT, Trainer
@@ -203,7 +203,7 @@ def test_a_suffix_index_write_killed_or_out_of_space_keeps_the_last_whole_file(t
     from memory, and the next write after space returns holds everything learnt meanwhile."""
     import safetensors.torch
 
-    from specdec.drafters.suffix import SuffixDrafter, SuffixIndex
+    from specdec.drafters.lookup.suffix import SuffixDrafter, SuffixIndex
 
     path = tmp_path / "index.safetensors"
     index = SuffixIndex.open(path, vocab_size=64)

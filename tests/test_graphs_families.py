@@ -6,8 +6,8 @@ import torch
 
 from families import VARIANTS, family_model, prompt_ids
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle_head import new_head
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle_head import new_head
 from specdec.engine import SpecDecoder
 from tiny import loaded
 

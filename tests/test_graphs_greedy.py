@@ -5,11 +5,11 @@ import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.heads.eagle import EagleDrafter
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from tiny import loaded, tiny_llama
 

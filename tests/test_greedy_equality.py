@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from tiny import loaded, tiny_llama
 

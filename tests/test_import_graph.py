@@ -149,3 +149,26 @@ def test_the_core_roles_stay_apart():
             if module == role or module.startswith(role + "."):
                 bad += [(module, t) for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden)]
     assert not bad, bad
+
+
+def test_the_drafters_rooms_keep_apart():
+    """drafters/ holds the registry (its __init__) and the drafters' basics (base, options, trees) at its top, and
+    the drafters in rooms: lookup, models, heads and routing. A room's modules import the basics and their own room,
+    of the other rooms only what is listed (the quantized copy drafts with prompt lookup riding along), and never
+    the registry, which imports them all."""
+    allowed = {"lookup": set(), "models": {"lookup"}, "heads": set(), "routing": {"lookup", "models", "heads"}}
+    graph = imports()
+    rooms = {name.split(".")[2] for name in graph if name.startswith("specdec.drafters.") and name.count(".") >= 3}
+    assert rooms == set(allowed)
+    assert len(list((ROOT / "drafters").glob("*.py"))) <= 8
+    for module, targets in graph.items():
+        parts = module.split(".")
+        if parts[:2] != ["specdec", "drafters"] or len(parts) < 4:
+            continue
+        for target in targets:
+            target_parts = target.split(".")
+            if target_parts[:2] != ["specdec", "drafters"]:
+                continue
+            assert target != "specdec.drafters", (module, "imports the registry")
+            if len(target_parts) >= 4 and target_parts[2] != parts[2]:
+                assert target_parts[2] in allowed[parts[2]], (module, target)

@@ -5,7 +5,7 @@ import torch
 
 from specdec import kernels
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 
 from tiny import loaded, tiny_llama

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.logprobs import token_logprobs

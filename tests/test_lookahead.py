@@ -9,9 +9,9 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.jacobi import JacobiWindow
-from specdec.drafters.lookahead import FIRST_PAUSE, LookaheadDrafter, pool_guesses, trie
-from specdec.drafters.suffix import SuffixIndex
+from specdec.drafters.lookup.jacobi import JacobiWindow
+from specdec.drafters.lookup.lookahead import FIRST_PAUSE, LookaheadDrafter, pool_guesses, trie
+from specdec.drafters.lookup.suffix import SuffixIndex
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel

@@ -9,8 +9,8 @@ from safetensors.torch import save_file
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_head import load_medusa_heads
+from specdec.drafters.heads.medusa import MedusaDrafter
+from specdec.drafters.heads.medusa_head import load_medusa_heads
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
 from specdec.costs import CostModel
@@ -157,7 +157,7 @@ def test_trained_heads_load_only_onto_their_target(model, tmp_path):
 
 @pytest.mark.parametrize("layout", ["specdec", "medusa"])
 def test_the_kernel_heads_compute_what_the_torch_heads_do(model, tmp_path, layout):
-    from specdec.drafters.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
+    from specdec.drafters.heads.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
 
     if layout == "specdec":
         heads = random_medusa_heads(model)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from specdec.drafters.base import Budget
-from specdec.drafters.ngram import NgramDrafter, ngram_lookup
+from specdec.drafters.lookup.ngram import NgramDrafter, ngram_lookup
 from specdec.errors import ConfigError
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.penalties import TokenHistory, chain_ancestors, penalize, tree_ancestors
@@ -181,8 +181,8 @@ def test_subset_penalties_equal_the_full_vocabulary_ones_on_their_columns():
 @pytest.mark.parametrize("tree", [False, True])
 def test_eagle_drafts_with_the_requests_penalties(target_model, tree):
     """An EAGLE head (a reduced draft vocabulary) drafting under penalties: output still the plain decoding's."""
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
 
     target = loaded(target_model, "kernels")
     torch.manual_seed(1)

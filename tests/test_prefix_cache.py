@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.kernels import has_bf16_products
 from specdec.tokens import common_prefix
@@ -161,8 +161,8 @@ def test_an_eagle_request_restores_the_prefix_with_its_hidden_states(backend):
     """A drafter that reads the target's features gets, at the prefill, the restored rows' hidden states (kept with
     the entry) followed by the prefill's: the features a whole prefill gives, so its drafts and the output are those
     of a run without the cache."""
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
 
     target = _target(backend, torch.float32, slots=2)
     torch.manual_seed(1)
@@ -209,8 +209,8 @@ def test_an_eagle_request_restores_the_prefix_with_its_hidden_states(backend):
 def test_entries_kept_with_the_features_of_other_layers_are_not_restored_with_features():
     """An entry parked by an EAGLE-1 request keeps the final hidden states only: it serves requests whose drafter
     reads those, or none, but not one that reads the inputs of other layers (an EAGLE-3 head)."""
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
 
     target = _target("kernels", torch.float32, slots=2)
     torch.manual_seed(1)

@@ -194,7 +194,7 @@ def test_prompt_lookup_rides_along_and_the_copy_keeps_what_it_agrees_with():
 
     from specdec.costs import SharedPasses
     from specdec.drafters.base import Budget, DraftJob, DraftRequest
-    from specdec.drafters.quantized import QuantizedCopyDrafter
+    from specdec.drafters.models.quantized import QuantizedCopyDrafter
     from specdec.models.backend import SequenceCache
 
     vocab = 16

@@ -7,8 +7,8 @@ import torch
 
 from specdec.cli.main import main
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.costs import CostModel
 from specdec.replay import replay_drafter, replay_logged, replay_plain, replayable

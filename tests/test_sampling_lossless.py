@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_head import MedusaConfig, MedusaHeads
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.select import SelectingDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.heads.medusa import MedusaDrafter
+from specdec.drafters.heads.medusa_head import MedusaConfig, MedusaHeads
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.routing.select import SelectingDrafter
+from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.sampling import probs_from_logits
 from specdec.verify import rejection_verify

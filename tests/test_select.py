@@ -5,10 +5,10 @@ import torch
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.select import Pending, SelectingDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.heads.medusa import MedusaDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.routing.select import Pending, SelectingDrafter
+from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.metrics import GenerationMetrics

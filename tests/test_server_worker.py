@@ -8,7 +8,7 @@ pytest.importorskip("fastapi")
 
 from specdec.choice import OWN_DRAFTER, PLAIN  # noqa: E402
 from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig  # noqa: E402
-from specdec.drafters.ngram import NgramDrafter  # noqa: E402
+from specdec.drafters.lookup.ngram import NgramDrafter  # noqa: E402
 from specdec.engine import SpecDecoder  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
 from specdec.server.schemas import GenerationRequest, SpeculationChoice  # noqa: E402

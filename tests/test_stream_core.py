@@ -6,7 +6,7 @@ import queue
 import pytest
 
 from specdec.config import GenerationConfig, SpeculationConfig
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model
 

@@ -12,8 +12,8 @@ import torch
 
 from specdec.config import Constraint, GenerationConfig, SpeculationConfig
 from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.models.draft_model import DraftModelDrafter
+from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model

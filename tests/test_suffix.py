@@ -4,7 +4,7 @@ import torch
 
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
-from specdec.drafters.suffix import SuffixDrafter, SuffixIndex
+from specdec.drafters.lookup.suffix import SuffixDrafter, SuffixIndex
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from tiny import loaded, tiny_llama
@@ -151,7 +151,7 @@ def test_store_all_keeps_exactly_what_storing_one_by_one_keeps():
 
 def test_an_index_file_names_its_tokenizer_and_is_refused_under_another(tmp_path, tiny_folder, tiny_draft_folder,
                                                                          other_vocab_folder):
-    from specdec.drafters.suffix import tokenizer_id
+    from specdec.drafters.lookup.suffix import tokenizer_id
     from specdec.models.loading import load_tokenizer
 
     (tiny, vocab), (draft, _), (other, other_vocab) = (load_tokenizer(str(f)) for f in

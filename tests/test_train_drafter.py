@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from specdec.drafters.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
-from specdec.drafters.eagle_head import new_head
-from specdec.drafters.eagle_loading import load_head
+from specdec.drafters.heads.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
+from specdec.drafters.heads.eagle_head import new_head
+from specdec.drafters.heads.eagle_loading import load_head
 from specdec.errors import ConfigError, IncompatibleDraftError
 from specdec.models.loading import load_model
 from specdec.training.batching import TrainSettings, choose_draft_vocab, collate
@@ -203,7 +203,7 @@ def test_document_tasks_wrap_the_targets_own_answers(tiny_folder):
 
 
 def test_medusa_training_lowers_the_loss_and_the_heads_reload(data, tmp_path):
-    from specdec.drafters.medusa_head import load_medusa_heads, new_medusa_heads
+    from specdec.drafters.heads.medusa_head import load_medusa_heads, new_medusa_heads
     from specdec.training.medusa_trainer import medusa_losses
 
     target, folder, _, _ = data
@@ -228,7 +228,7 @@ def test_medusa_training_lowers_the_loss_and_the_heads_reload(data, tmp_path):
 def test_medusa_heads_learn_only_where_the_tokens_between_are_the_targets():
     """Head d at position t is scored against the target's choice at t + d only where tokens t+1..t+d follow
     the target (prompt text the target would not have written is skipped)."""
-    from specdec.drafters.medusa_head import MedusaConfig, MedusaHeads
+    from specdec.drafters.heads.medusa_head import MedusaConfig, MedusaHeads
     from specdec.training.medusa_trainer import medusa_losses
 
     config = MedusaConfig(target="t", target_fingerprint=None, hidden_size=4, num_heads=2, num_layers=1, vocab_size=6,

@@ -72,7 +72,7 @@ def test_a_fine_tuned_heads_vocabulary_is_the_datas_then_its_own():
 
 
 def test_training_stopped_and_resumed_gives_the_weights_of_an_uninterrupted_run(tiny_target, tmp_path):
-    from specdec.drafters.eagle_head import new_head
+    from specdec.drafters.heads.eagle_head import new_head
     from specdec.training.batching import choose_draft_vocab
     from specdec.training.trainer import Trainer
 

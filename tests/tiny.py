@@ -63,7 +63,7 @@ def drafted_keeping_greedy_output(decoder, target, lengths=(3, 9, 20), new_token
 def random_medusa_heads(model, num_heads: int = 4, seed: int = 1):
     """Medusa heads for a tiny Llama with random blocks (a fresh head is the target's LM head on f_t: it would
     draft x_{t+1} again)."""
-    from specdec.drafters.medusa_head import new_medusa_heads
+    from specdec.drafters.heads.medusa_head import new_medusa_heads
 
     torch.manual_seed(seed)
     heads = new_medusa_heads(model, "tiny", torch.arange(model.config.vocab_size), num_heads=num_heads)
@@ -247,7 +247,7 @@ def kernel_head(head):
     skipped where the kernels cannot run this head."""
     import pytest
 
-    from specdec.drafters.eagle_kernels import KernelEagleHead, kernel_head_problem
+    from specdec.drafters.heads.eagle_kernels import KernelEagleHead, kernel_head_problem
 
     problem = kernel_head_problem(head.config)
     if problem:

@@ -44,8 +44,8 @@ def _policies(text: str, k_max: int) -> list[int | None]:
 
 def run(args) -> int:
     from ..costs import CostModel
-    from ..drafters.ngram import NgramDrafter
-    from ..drafters.suffix import SuffixDrafter
+    from ..drafters.lookup.ngram import NgramDrafter
+    from ..drafters.lookup.suffix import SuffixDrafter
     from ..replay import replay_drafter, replay_logged, replay_plain, replayable
     from ..trace import read_trace
 

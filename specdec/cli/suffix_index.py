@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..corpus import check_inputs, pieces, read_corpus
-    from ..drafters.suffix import SuffixIndex, tokenizer_id
+    from ..drafters.lookup.suffix import SuffixIndex, tokenizer_id
     from ..models.loading import load_tokenizer
     from ..models.registry import DEFAULT_MODEL
 

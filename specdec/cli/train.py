@@ -195,7 +195,7 @@ def _tokens_by_source(sequences: list[dict]) -> dict[str, dict[str, int]]:
 def _stored_layers(args, target, layers: tuple[int, ...]) -> tuple[int, ...]:
     """The layers whose inputs the data keeps: an EAGLE head's data also keeps an EAGLE-3 head's default layers,
     so that one extraction trains either kind."""
-    from ..drafters.eagle3_head import default_feature_layers
+    from ..drafters.heads.eagle3_head import default_feature_layers
 
     if layers or args.kind == "medusa":
         return layers
@@ -204,7 +204,7 @@ def _stored_layers(args, target, layers: tuple[int, ...]) -> tuple[int, ...]:
 
 def _feature_layers(args, target) -> tuple[int, ...]:
     """The target layers an EAGLE-3 head reads (--feature-layers, or the default); () for other kinds."""
-    from ..drafters.eagle3_head import default_feature_layers
+    from ..drafters.heads.eagle3_head import default_feature_layers
     from ..errors import ConfigError
 
     if args.kind != "eagle3":
@@ -216,7 +216,8 @@ def _feature_layers(args, target) -> tuple[int, ...]:
     try:
         layers = tuple(int(x) for x in args.feature_layers.split(","))
     except ValueError:
-        raise ConfigError(f"--feature-layers takes layer numbers separated by commas, got {args.feature_layers!r}")
+        raise ConfigError("--feature-layers takes layer numbers separated by commas, got "
+                          f"{args.feature_layers!r}") from None
     total = target.info.num_layers
     if not layers or len(set(layers)) != len(layers) or not all(0 <= i < total for i in layers):
         raise ConfigError(f"--feature-layers takes distinct layers from 0 to {total - 1}, got {args.feature_layers!r}")
@@ -225,7 +226,7 @@ def _feature_layers(args, target) -> tuple[int, ...]:
 
 def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
-    from ..drafters import eagle3_head, eagle_head, eagle_loading, medusa_head
+    from ..drafters.heads import eagle3_head, eagle_head, eagle_loading, medusa_head
     from ..training.batching import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 

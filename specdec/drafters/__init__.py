@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from ..errors import ConfigError
-from .auto import auto_drafter, bundled_head, quantized_copy_problem
+from .routing.auto import auto_drafter, bundled_head, quantized_copy_problem
 from .base import Budget, Draft, Drafter, DraftRequest
 from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions, MedusaOptions, NgramOptions,
                       QuantizedOptions, SelectOptions, SuffixOptions, bad_select_from)
@@ -85,14 +85,14 @@ def _none(target) -> None:
 
 @register("ngram", NgramOptions)
 def _ngram(target, options: NgramOptions) -> Drafter:
-    from .ngram import NgramDrafter
+    from .lookup.ngram import NgramDrafter
 
     return NgramDrafter(min_n=options.min_n, max_n=options.max_n)
 
 
 @register("suffix", SuffixOptions)
 def _suffix(target, options: SuffixOptions) -> Drafter:
-    from .suffix import SuffixDrafter, SuffixIndex, tokenizer_id
+    from .lookup.suffix import SuffixDrafter, SuffixIndex, tokenizer_id
 
     shared = SuffixIndex.open(options.suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
                               model=target.name) if options.suffix_index else None
@@ -102,7 +102,7 @@ def _suffix(target, options: SuffixOptions) -> Drafter:
 @register("lookahead", LookaheadOptions)
 def _lookahead(target, options: LookaheadOptions) -> Drafter:
     """Lookahead decoding: window W, n-gram size N, guess set G (None: the defaults, options.LOOKAHEAD_DEFAULTS)."""
-    from .lookahead import LookaheadDrafter
+    from .lookup.lookahead import LookaheadDrafter
 
     return LookaheadDrafter(*options.sizes())
 
@@ -110,8 +110,8 @@ def _lookahead(target, options: LookaheadOptions) -> Drafter:
 @register("draft-model", DraftModelOptions)
 def _draft_model(target, options: DraftModelOptions) -> Drafter:
     from ..models.loading import LoadedModel, load_model
-    from .cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
-    from .draft_model import DraftModelDrafter
+    from .models.cross_tokenizer import CrossTokenizerDrafter, same_vocabulary
+    from .models.draft_model import DraftModelDrafter
 
     draft_model, p_min = options.draft_model, options.draft_p_min
     if not isinstance(draft_model, LoadedModel):
@@ -126,8 +126,8 @@ def _draft_model(target, options: DraftModelOptions) -> Drafter:
 
 @register("layerskip", LayerSkipOptions)
 def _layerskip(target, options: LayerSkipOptions) -> Drafter:
-    from .draft_model import DraftModelDrafter
-    from .layerskip import DEFAULT_EXIT_LAYER, EarlyExit
+    from .models.draft_model import DraftModelDrafter
+    from .models.layerskip import DEFAULT_EXIT_LAYER, EarlyExit
 
     total = target.info.num_layers
     layers = options.layerskip_layers or min(DEFAULT_EXIT_LAYER, max(1, total // 2))
@@ -141,7 +141,7 @@ def _layerskip(target, options: LayerSkipOptions) -> Drafter:
 
 @register("quantized", QuantizedOptions)
 def _quantized(target, options: QuantizedOptions) -> Drafter:
-    from .quantized import QuantizedCopyDrafter
+    from .models.quantized import QuantizedCopyDrafter
 
     problem = quantized_copy_problem(target)
     if problem:
@@ -169,11 +169,11 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
 
     from ..kernels import KernelUnavailable
     from ..models.backend import check_feature_layers
-    from .eagle import EagleDrafter
-    from .calibration import Calibration
-    from .eagle3_head import is_eagle3_folder, load_eagle3_head
-    from .eagle_loading import load_head
-    from .eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
+    from .heads.eagle import EagleDrafter
+    from .heads.calibration import Calibration
+    from .heads.eagle3_head import is_eagle3_folder, load_eagle3_head
+    from .heads.eagle_loading import load_head
+    from .heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 
     kind, name = f"--kind eagle{version} " if version else "", f"eagle{version}"
     tree, shape = options.tree, options.shape()
@@ -206,9 +206,9 @@ def _medusa(target, options: MedusaOptions) -> Drafter:
     import torch
 
     from ..kernels import KernelUnavailable
-    from .medusa import MedusaDrafter
-    from .medusa_head import load_medusa_heads
-    from .medusa_kernels import KernelMedusaHeads, kernel_heads_problem
+    from .heads.medusa import MedusaDrafter
+    from .heads.medusa_head import load_medusa_heads
+    from .heads.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
 
     folder = options.medusa_head or bundled_head(target.name, "medusa")
     if folder is None:
@@ -247,7 +247,7 @@ SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select
 
 @register("select", SelectOptions, passes_on=True)
 def _select(target, options: SelectOptions, given: dict) -> Drafter:
-    from .select import SelectingDrafter
+    from .routing.select import SelectingDrafter
 
     names = options.names
     if names is not None and any(n not in _FACTORIES for n in names):

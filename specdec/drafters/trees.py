@@ -13,7 +13,7 @@ import torch
 
 from ..tokens import common_prefix
 from .base import Budget, Draft
-from .ngram import NgramDrafter
+from .lookup.ngram import NgramDrafter
 
 
 class LookupBranch:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..drafters.eagle3_head import Eagle3Head
-from ..drafters.eagle_head import EagleHead
+from ..drafters.heads.eagle3_head import Eagle3Head
+from ..drafters.heads.eagle_head import EagleHead
 from .batching import Batch, TrainSettings
 
 

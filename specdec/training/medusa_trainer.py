@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..drafters.medusa_head import MedusaHeads
+from ..drafters.heads.medusa_head import MedusaHeads
 from .batching import Batch
 from .eagle_trainer import draft_index
 

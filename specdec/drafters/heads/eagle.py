@@ -23,18 +23,18 @@ import math
 
 import torch
 
-from ..costs import CostModel
-from ..errors import ConfigError
-from ..penalties import SubsetPenalties, TokenHistory, inverse_index
-from ..sampling import probs_from_logits
-from ..tokens import common_prefix
-from .base import Budget, Draft, Drafter, DraftRequest
+from ...costs import CostModel
+from ...errors import ConfigError
+from ...penalties import SubsetPenalties, TokenHistory, inverse_index
+from ...sampling import probs_from_logits
+from ...tokens import common_prefix
+from ..base import Budget, Draft, Drafter, DraftRequest
 from .calibration import Calibration, accepted_path, node_depths
 from .eagle3_head import Eagle3Head
 from .eagle_device import HeadCache
 from .eagle_head import EagleHead
 from .head_graphs import FEED_BUCKETS, HeadGraphs
-from .trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
+from ..trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
 
 
 class EagleDrafter(Drafter):

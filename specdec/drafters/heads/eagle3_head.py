@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..errors import IncompatibleDraftError, ModelLoadError
+from ...errors import IncompatibleDraftError, ModelLoadError
 from . import eagle_head
 from .eagle_head import EagleConfig, HeadLayer, RMSNorm, frozen_parts
 
@@ -134,7 +134,7 @@ class Eagle3Head(HeadLayer):
         """config.json + model.safetensors in the EAGLE-3 authors' layout (KEYS), with a "specdec" entry."""
         from safetensors.torch import save_file
 
-        from ..files import write_atomic, write_text_atomic
+        from ...files import write_atomic, write_text_atomic
 
         folder.mkdir(parents=True, exist_ok=True)
         inverse = {mine: theirs for theirs, mine in KEYS.items()}
@@ -198,7 +198,7 @@ def new_eagle3_head(hf_model, name: str, draft_ids: torch.Tensor,
 def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
     """An EAGLE-3 head (specdec's or its authors' layout) onto the target (a LoadedModel). A specdec head is
     refused on any other target; one from elsewhere must match the target's sizes."""
-    from ..files import read_tensors
+    from ...files import read_tensors
 
     from .eagle_published import PICKLE_FILE, rope_frequencies
 

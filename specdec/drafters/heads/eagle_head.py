@@ -19,8 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import IncompatibleDraftError
-from ..models.ops import rotate_half
+from ...models.ops import rotate_half
 
 HEAD_FILE, CONFIG_FILE = "eagle_head.safetensors", "eagle_config.json"
 
@@ -158,7 +157,7 @@ class EagleHead(HeadLayer):
     def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
 
-        from ..files import write_atomic, write_text_atomic
+        from ...files import write_atomic, write_text_atomic
 
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}

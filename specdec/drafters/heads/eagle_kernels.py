@@ -17,7 +17,7 @@ from .eagle_head import EagleConfig, EagleHead, rms_norm
 def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
     """Why the kernels cannot run this head, or None (they need the products' inner sizes and the head dim, which
     their attention reads 16 lanes at a time, in multiples of 16; head_dim at most 256)."""
-    from ..kernels import unavailable_reason
+    from ...kernels import unavailable_reason
 
     sizes = {"hidden size": config.hidden_size, "intermediate size": config.intermediate_size,
              "head dim": config.head_dim}
@@ -36,7 +36,7 @@ def stacked(*weights: torch.Tensor, bfloat16: bool) -> torch.Tensor:
 
 def bf16_products(bfloat16: bool) -> bool:
     """Whether bfloat16 weights are multiplied in bfloat16 here (CPUs with AVX-512 BF16)."""
-    from ..kernels import has_bf16_products
+    from ...kernels import has_bf16_products
 
     return bfloat16 and has_bf16_products()
 
@@ -44,7 +44,7 @@ def bf16_products(bfloat16: bool) -> bool:
 def packer(bfloat16: bool):
     """pack(*weights, bias=None): the weights (rows stacked in order) as one PackedLinear, kept in bfloat16 (products
     rounding their inputs to it where the CPU has AVX-512 BF16) or float32."""
-    from ..kernels import load
+    from ...kernels import load
 
     module, bf16_dot = load(), bf16_products(bfloat16)
 
@@ -138,7 +138,7 @@ class KernelEagle3Head(KernelHeadLayer):
 def native_layer(head, bfloat16: bool, input_norm=None):
     """The head's decoder layer as one kernels call (HeadLayer in head_layer.h), weights in bfloat16 or float32;
     input_norm: the RMSNorm that makes the attention's input from the residual stream where none is given."""
-    from ..kernels import load
+    from ...kernels import load
 
     c = head.config
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import IncompatibleDraftError
-from ..files import read_tensors
+from ...errors import IncompatibleDraftError
+from ...files import read_tensors
 from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, frozen_parts, target_fingerprint
 from .eagle_published import load_published
 

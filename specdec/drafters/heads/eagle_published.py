@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import IncompatibleDraftError, ModelLoadError
+from ...errors import IncompatibleDraftError, ModelLoadError
 from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, config_for_target, frozen_parts
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.safetensors")
@@ -32,7 +32,7 @@ EMBED_KEY = "embed_tokens.weight"
 
 def load_published(folder: Path, target) -> EagleHead:
     """An EAGLE-1/2 head from its authors' files, onto the target (a LoadedModel) whose sizes it must have."""
-    from ..files import read_tensors
+    from ...files import read_tensors
 
     weights = _weights_file(folder)
     data = _read_config(folder)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .eagle3_head import Eagle3Head, aux_layer_fields
 from .eagle_head import EagleHead, target_fingerprint
 
@@ -178,7 +178,7 @@ def write_folder(out: Path, tensors: dict[str, torch.Tensor], config: dict) -> N
     """model.safetensors, then config.json (a reader that finds the config finds the weights), each atomically."""
     from safetensors.torch import save_file
 
-    from ..files import write_atomic, write_text_atomic
+    from ...files import write_atomic, write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in tensors.items()}

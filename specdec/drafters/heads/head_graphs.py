@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.pass_graphs import MIN_WINDOW, captured, key_windows, smallest_fitting
+from ...models.pass_graphs import MIN_WINDOW, captured, key_windows, smallest_fitting
 from .eagle_device import HeadCache, draft_chain, draft_tree, feed_pairs
 
 FEED_BUCKETS = (1, 2, 4, 8, 16)  # true pairs fed per step; more (the prompt) are fed eagerly by the caller

@@ -15,14 +15,14 @@ import heapq
 
 import torch
 
-from ..costs import CostModel
-from ..errors import ConfigError
-from ..sampling import probs_from_logits
-from .base import Budget, Draft, Drafter
+from ...costs import CostModel
+from ...errors import ConfigError
+from ...sampling import probs_from_logits
+from ..base import Budget, Draft, Drafter
 from .medusa_device import MedusaGraphs
 from .medusa_head import MedusaHeads
 from .medusa_kernels import KernelMedusaHeads
-from .trees import LookupBranch, finish_tree, tree_width
+from ..trees import LookupBranch, finish_tree, tree_width
 
 
 class MedusaDrafter(Drafter):

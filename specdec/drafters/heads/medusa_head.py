@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import IncompatibleDraftError, ModelLoadError
+from ...errors import IncompatibleDraftError, ModelLoadError
 from .eagle_head import target_fingerprint
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
@@ -103,7 +103,7 @@ class MedusaHeads(nn.Module):
     def save(self, folder: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
 
-        from ..files import write_atomic, write_text_atomic
+        from ...files import write_atomic, write_text_atomic
 
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
@@ -128,7 +128,7 @@ def new_medusa_heads(hf_model, name: str, draft_ids: torch.Tensor, num_heads: in
 
 def load_medusa_heads(folder: str | Path, target) -> MedusaHeads:
     """Loads Medusa heads onto their target (a LoadedModel), from either layout; refuses another target's."""
-    from ..files import read_tensors
+    from ...files import read_tensors
 
     folder = Path(folder)
     if (folder / HEADS_FILE).is_file() and (folder / CONFIG_FILE).is_file():

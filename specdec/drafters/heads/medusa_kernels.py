@@ -11,7 +11,7 @@ from .medusa_head import MedusaHeads
 
 def kernel_heads_problem(heads: MedusaHeads) -> str | None:
     """Why the kernels cannot run these heads, or None (they need the hidden size in multiples of 16)."""
-    from ..kernels import unavailable_reason
+    from ...kernels import unavailable_reason
 
     size = heads.config.hidden_size
     return f"hidden size {size} not a multiple of 16" if size % 16 else unavailable_reason()

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..costs import CostModel
-from ..policy import DraftLengthPolicy
-from ..tokens import common_prefix
-from .base import Budget, Draft, Drafter, DraftRequest
+from ...costs import CostModel
+from ...policy import DraftLengthPolicy
+from ...tokens import common_prefix
+from ..base import Budget, Draft, Drafter, DraftRequest
 from .jacobi import JacobiWindow
-from .options import LookaheadOptions
+from ..options import LookaheadOptions
 from .suffix import SuffixIndex
 
 POOL_TOKENS = 1 << 16  # n-gram tokens a request's pool keeps, the oldest forgotten first

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Budget, Draft, Drafter
-from .options import NgramOptions
+from ..base import Budget, Draft, Drafter
+from ..options import NgramOptions
 
 
 def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from .base import Budget, Draft, Drafter, DraftRequest
+from ...errors import ConfigError
+from ..base import Budget, Draft, Drafter, DraftRequest
 
 INDEX_FORMAT = "specdec-suffix-index/1"
 SAVE_EVERY_S = 30.0  # a file-backed index is written at most this often while serving, and at exit
@@ -122,7 +122,7 @@ class SuffixIndex:
 
         if self.path is None:
             return
-        from ..files import write_atomic
+        from ...files import write_atomic
 
         tokens = [t for sequence in self.sequences for t in sequence]
         tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32),

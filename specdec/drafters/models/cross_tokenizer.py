@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.backend import CausalLM
-from .base import Budget, Draft, Drafter, DraftRequest
+from ...models.backend import CausalLM
+from ..base import Budget, Draft, Drafter, DraftRequest
 from .draft_model import DraftModelDrafter
 
 LOOK_BEHIND = 8  # target tokens re-encoded with the draft's new text, so that a word cut at the boundary aligns

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from ..models.backend import CausalLM
-from ..penalties import TokenHistory, penalize
-from ..sampling import probs_from_logits
-from ..tokens import common_prefix
-from ..verify import greedy_choices
-from .base import Budget, Draft, Drafter, DraftRequest
-from .options import check_p_min
+from ...models.backend import CausalLM
+from ...penalties import TokenHistory, penalize
+from ...sampling import probs_from_logits
+from ...tokens import common_prefix
+from ...verify import greedy_choices
+from ..base import Budget, Draft, Drafter, DraftRequest
+from ..options import check_p_min
 
 
 class DraftModelDrafter(Drafter):

@@ -1,11 +1,11 @@
 """Layer-skip self-speculation: the target's first L layers, its final norm and LM head draft.
 
 No training and no extra weights. The early exit is a view of the target backend (forward with
-layers=L) with caches of its own, driven like any draft model (drafters.draft_model).
+layers=L) with caches of its own, driven like any draft model (drafters.models.draft_model).
 """
 from __future__ import annotations
 
-from ..models.backend import CausalLM
+from ...models.backend import CausalLM
 
 # capped at half the depth; the measured sweep on smollm2-135m is in docs/experiments/shipped-heads.md
 DEFAULT_EXIT_LAYER = 15

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..costs import SharedPasses, time_by_size
-from .base import Budget, Draft, DraftJob, DraftRequest
+from ...costs import SharedPasses, time_by_size
+from ..base import Budget, Draft, DraftJob, DraftRequest
 from .draft_model import DraftModelDrafter
-from .options import check_p_min
-from ..verify import greedy_choices
-from .ngram import ngram_lookup
+from ..options import check_p_min
+from ...verify import greedy_choices
+from ..lookup.ngram import ngram_lookup
 
 LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4  # prompt lookup's n-gram sizes for the guess the copy checks (greedy requests)
 

@@ -41,14 +41,14 @@ def auto_drafter_name(target, options: dict) -> str:
 
 def on_cpu_kernels(target) -> bool:
     """Whether the CPU kernels run the target (where auto's choice is the quantized copy, or prompt lookup)."""
-    from ..models.kernel_llama import KernelLlama
+    from ...models.kernel_llama import KernelLlama
 
     return isinstance(target.backend, KernelLlama)
 
 
 def quantized_copy_problem(target) -> str | None:
     """Why the quantized drafter cannot run for this LoadedModel, or None."""
-    from ..models.kernel_llama import KernelLlama, four_bit_problem
+    from ...models.kernel_llama import KernelLlama, four_bit_problem
 
     if not isinstance(target.backend, KernelLlama):
         return ("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
@@ -65,7 +65,7 @@ def bundled_head(model_name: str, kind: str = "eagle"):
     specdec for a built-in model, or None."""
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parent.parent / "assets" / "heads" / model_name
+    folder = Path(__file__).resolve().parents[2] / "assets" / "heads" / model_name  # specdec/assets
     if kind == "medusa":
         folder, weights = folder / "medusa", "medusa_heads.safetensors"
     elif kind == "eagle3":

@@ -20,12 +20,12 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..costs import CostModel
-from ..policy import DraftLengthPolicy
-from ..errors import ConfigError
-from ..verify import tree_children
-from ..tokens import common_prefix
-from .base import Budget, Draft, Drafter, DraftRequest, feature_columns
+from ...costs import CostModel
+from ...policy import DraftLengthPolicy
+from ...errors import ConfigError
+from ...verify import tree_children
+from ...tokens import common_prefix
+from ..base import Budget, Draft, Drafter, DraftRequest, feature_columns
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128
