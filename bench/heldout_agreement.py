@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdec.drafters.eagle_loading import load_head
+from specdec.drafters.heads.eagle_loading import load_head
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
 from specdec.training.batching import TrainSettings
