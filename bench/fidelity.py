@@ -14,7 +14,7 @@ import statistics
 import time
 
 from specdec import SpecDecoder, SpecdecError
-from specdec.bench.prompts import load_prompts
+from specdec.benchmarks.prompts import load_prompts
 
 DEFAULT_VARIANTS = "float32/kernels-fp32,bfloat16/kernels,bfloat16/kernels-fp32,bfloat16/kernels-bf16"
 

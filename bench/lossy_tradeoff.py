@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from specdec import SpecdecError
-from specdec.bench.prompts import BenchPrompt, load_prompts
-from specdec.bench.runner import SpecdecMethod, machine_info, run_methods
-from specdec.bench.tradeoff import method_name, summarize_tradeoff, tradeoff_chart
+from specdec.benchmarks.prompts import BenchPrompt, load_prompts
+from specdec.benchmarks.runner import SpecdecMethod, machine_info, run_methods
+from specdec.benchmarks.tradeoff import method_name, summarize_tradeoff, tradeoff_chart
 from specdec.cli.common import acceptance_list, require_extra
 from specdec.config import SpeculationConfig
 from specdec.errors import ConfigError

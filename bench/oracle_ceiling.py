@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import PromptRun, SpecdecMethod, machine_info, run_methods
+from specdec.benchmarks.prompts import load_prompts
+from specdec.benchmarks.runner import PromptRun, SpecdecMethod, machine_info, run_methods
 from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.base import Budget, Drafter, DraftRequest
 from specdec.engine import SpecDecoder

@@ -18,8 +18,8 @@ import time
 from collections import defaultdict
 
 from specdec import SpecDecoder
-from specdec.bench.prompts import load_prompts, round_robin
-from specdec.bench.runner import machine_info
+from specdec.benchmarks.prompts import load_prompts, round_robin
+from specdec.benchmarks.runner import machine_info
 from specdec.config import GenerationConfig
 
 DOCUMENT_CATEGORIES = ("summarization", "rag")

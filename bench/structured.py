@@ -20,8 +20,8 @@ import time
 from collections import defaultdict
 
 from specdec import SpecDecoder, SpecdecError
-from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import machine_info
+from specdec.benchmarks.prompts import load_prompts
+from specdec.benchmarks.runner import machine_info
 from specdec.config import Constraint, GenerationConfig
 from specdec.server.tools import parse_tool_calling
 

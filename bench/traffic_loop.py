@@ -24,10 +24,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from specdec.bench.runner import machine_info
+from specdec.benchmarks.runner import machine_info
 from specdec.drafters import bundled_head
 from specdec.models.registry import DEFAULT_MODEL
-from specdec.server.process import ServerProcess
+from specdec.benchmarks.server_process import ServerProcess
 from specdec.training.datamix import source_family
 
 CHUNK = 50  # traffic requests per server run

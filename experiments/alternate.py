@@ -81,8 +81,8 @@ def copy_ab(args, decoder, drafters: dict) -> dict:
     import json
     from pathlib import Path
 
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import machine_info
+    from specdec.benchmarks.prompts import load_prompts
+    from specdec.benchmarks.runner import machine_info
     from specdec.choice import PLAIN, DrafterChoice
     from specdec.config import GenerationConfig
 

@@ -111,7 +111,7 @@ def main() -> None:
 
     import torch
 
-    from specdec.bench.runner import machine_info
+    from specdec.benchmarks.runner import machine_info
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,8 +35,8 @@ def main() -> None:
     kernels.instruction_set = lambda: args.isa  # what the loader builds for, as on a CPU with no more than that
     from alternate import alternate
     from specdec.choice import OWN_DRAFTER, PLAIN
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import machine_info
+    from specdec.benchmarks.prompts import load_prompts
+    from specdec.benchmarks.runner import machine_info
     from specdec.config import GenerationConfig
     from specdec.engine import SpecDecoder
 

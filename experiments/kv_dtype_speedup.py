@@ -85,8 +85,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from alternate import alternate
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import machine_info
+    from specdec.benchmarks.prompts import load_prompts
+    from specdec.benchmarks.runner import machine_info
     from specdec.config import GenerationConfig
     from specdec.choice import OWN_DRAFTER, PLAIN
     from specdec.engine import SpecDecoder

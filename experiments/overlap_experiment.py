@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import SpecdecMethod, machine_info, run_methods
+from specdec.benchmarks.prompts import load_prompts
+from specdec.benchmarks.runner import SpecdecMethod, machine_info, run_methods
 from specdec.config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest

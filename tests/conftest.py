@@ -82,7 +82,7 @@ def openai_server(served_folder):
     """`specdec serve` of served_folder in its own process, named "tiny", up to 16 sequences a step, its API key
     (served.KEY) taken from the environment. One for the session: the tests read its metrics as differences."""
     from served import KEY
-    from specdec.server.process import ServerProcess
+    from specdec.benchmarks.server_process import ServerProcess
 
     args = ["--model", str(served_folder), "--dtype", "float32", "--threads", "1", "--served-model-name", "tiny",
             "--max-batch", "16"]

@@ -1,13 +1,13 @@
 """Writes a transformers model and its byte-level BPE tokenizer as a GGUF file (llama.cpp's names, through the gguf
 package), for tests that load GGUF files without downloading one: float32, or with its matrices quantized to the
-types the gguf package quantizes (Q8_0, Q4_0, Q4_1, Q5_0...) and the K-quants specdec.bench.gguf_file writes (Q4_K,
+types the gguf package quantizes (Q8_0, Q4_0, Q4_1, Q5_0...) and the K-quants specdec.benchmarks.gguf_file writes (Q4_K,
 Q5_K, Q6_K); Llama's q and k rows permuted as llama.cpp's converter permutes them."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from specdec.bench.gguf_file import quantize_tensor
+from specdec.benchmarks.gguf_file import quantize_tensor
 
 ARCHES = {"qwen3": "QWEN3", "phi3": "PHI3", "gemma2": "GEMMA2", "llama": "LLAMA", "qwen2": "QWEN2"}
 

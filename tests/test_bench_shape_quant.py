@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from cli_runner import run_cli
-from specdec.bench.gguf_file import write_gguf_model
-from specdec.bench.llama_bench import SIGILL_LINE, parse
-from specdec.bench.llamacpp import LlamaCppError
-from specdec.bench import shape_gguf
-from specdec.bench.shape_gguf import file_weights
+from specdec.benchmarks.gguf_file import write_gguf_model
+from specdec.benchmarks.llama_bench import SIGILL_LINE, parse
+from specdec.benchmarks.llamacpp import LlamaCppError
+from specdec.benchmarks import shape_gguf
+from specdec.benchmarks.shape_gguf import file_weights
 from specdec.models.shapes import SHAPES, ModelShape, build_shape_model
 
 pytest.importorskip("gguf")

@@ -11,10 +11,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("hypothesis")
 httpx = pytest.importorskip("httpx")
 
-from specdec.bench.fuzz import FuzzRequest, digest, drawn, fuzz, problem  # noqa: E402
+from specdec.benchmarks.fuzz import FuzzRequest, digest, drawn, fuzz, problem  # noqa: E402
 from specdec.server.openapi import document  # noqa: E402
 from specdec.server.schemas import Limits  # noqa: E402
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 from tiny import write_tiny_model_folder  # noqa: E402
 
 
@@ -39,7 +39,7 @@ DRAW = """
 import sys
 for module in sys.argv[2:]:
     __import__(module)
-from specdec.bench.fuzz import digest, drawn
+from specdec.benchmarks.fuzz import digest, drawn
 from specdec.server.openapi import document
 from specdec.server.schemas import Limits
 limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
@@ -60,7 +60,7 @@ def test_a_seed_draws_the_same_requests_in_every_process():
     seed. Now it draws the same ones as a bare process; another seed draws others. (The fuzz test above checks that
     what a run sent is what `drawn` draws.)"""
     bare = _drawn_in_a_new_process(1)
-    assert _drawn_in_a_new_process(1, "specdec.server.app", "specdec.server.soak", "specdec.cli.train") == bare
+    assert _drawn_in_a_new_process(1, "specdec.server.app", "specdec.benchmarks.soak", "specdec.cli.train") == bare
     limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
     assert digest(drawn(document(limits, "test"), 200, 2)) != bare  # the digest tells seeds apart
 
@@ -82,7 +82,7 @@ def test_the_checks_catch_what_they_are_for():
 def test_a_stopped_run_resumes_from_its_journal_and_sends_only_the_rest(server, tmp_path):
     """A run of thousands of requests stopped at any point (a kill mid-line included) loses nothing: the journal's
     requests are counted, not sent again, and the report is the whole run's; another seed's journal is refused."""
-    from specdec.bench.fuzz_journal import FuzzJournal
+    from specdec.benchmarks.fuzz_journal import FuzzJournal
     from specdec.errors import ConfigError
 
     path = tmp_path / "fuzz.jsonl"

@@ -1,4 +1,4 @@
-"""specdec.bench.gguf_file: llama.cpp's Q4_K and Q6_K blocks as the gguf package reads them, llama-quantize's mix of
+"""specdec.benchmarks.gguf_file: llama.cpp's Q4_K and Q6_K blocks as the gguf package reads them, llama-quantize's mix of
 types, and models written in them that transformers' GGUF reader loads back (Llama's q/k permutation undone)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from specdec.bench.gguf_file import (permute, quantize_q4_k, quantize_q5_k, quantize_q6_k, tensor_type,  # noqa: E402
+from specdec.benchmarks.gguf_file import (permute, quantize_q4_k, quantize_q5_k, quantize_q6_k, tensor_type,  # noqa: E402
                                      write_gguf_model)
 
 T = gguf.GGMLQuantizationType

@@ -1,7 +1,7 @@
 """The layers of specdec's code: a lower layer never imports a higher one, and no import cycle, however indirect.
 
 Layers, lowest first (LAYERS): the base (errors, files, tokens, config); the CPU kernels; the model backends; the
-core (engine, scheduler, drafters, verification, sampling, ...); training; the tools (bench); then the front ends
+core (engine, scheduler, drafters, verification, sampling, ...); training; the tools (benchmarks); then the front ends
 (cli, server) and the package's lazy facade, `specdec` itself. Every import counts, those inside functions too: an
 import deferred into a function still ties the two modules together. Within the core, the roles stay apart:
 verification is pure (it knows no model, drafter or request), the draft-length policy knows no request, a request
@@ -21,7 +21,7 @@ LAYERS = [
     {"models"},
     {"core"},
     {"training"},
-    {"bench"},
+    {"benchmarks"},
     {"cli", "server", ""},
 ]
 

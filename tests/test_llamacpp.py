@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from specdec.bench.llamacpp import (LlamaCppError, completion_text, lookup_metrics, lookup_text, parse_lookup,
+from specdec.benchmarks.llamacpp import (LlamaCppError, completion_text, lookup_metrics, lookup_text, parse_lookup,
                                     parse_perf, until_eos)
 from specdec.cli.main import main
 

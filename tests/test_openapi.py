@@ -8,7 +8,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from specdec.bench.fuzz import fuzz_document  # noqa: E402
+from specdec.benchmarks.fuzz import fuzz_document  # noqa: E402
 from specdec.server.errors import APIError  # noqa: E402
 from specdec.server.openapi import document, request_schema  # noqa: E402
 from specdec.server.schemas import FIELDS, IGNORED, NEUTRAL, Limits, parse_request  # noqa: E402

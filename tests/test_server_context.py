@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from specdec.errors import ConfigError  # noqa: E402
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 
 CONTEXT = 256  # the tiny model's own context is 512
 WORDS = "the cat sat on a mat"

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 from tiny import write_tiny_model_folder  # noqa: E402
 
 KEY = "sk-flag-key"

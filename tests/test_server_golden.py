@@ -9,7 +9,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2-135m.json").read_text())
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 
 
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_folder):

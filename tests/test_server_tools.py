@@ -12,7 +12,7 @@ import httpx  # noqa: E402
 
 from specdec.engine import SpecDecoder  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
-from specdec.server.process import ServerProcess  # noqa: E402
+from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 from specdec.server.tools import ToolCalling, parse_tool_calling  # noqa: E402
 
 WEATHER = {"type": "function", "function": {

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from specdec.cli.main import main  # noqa: E402
-from specdec.server.soak import KINDS  # noqa: E402
+from specdec.benchmarks.soak import KINDS  # noqa: E402
 
 
 def test_a_one_minute_soak_loses_nothing(tiny_bpe_folder, tmp_path, capsys):

@@ -192,7 +192,7 @@ def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(tiny_folder):
 @pytest.fixture(scope="module")
 def server(tiny_bpe_folder):
     pytest.importorskip("fastapi")
-    from specdec.server.process import ServerProcess
+    from specdec.benchmarks.server_process import ServerProcess
 
     with ServerProcess(["--model", str(tiny_bpe_folder), "--dtype", "float32", "--threads", "1",
                         "--served-model-name", "tiny"]) as s:

@@ -1,7 +1,7 @@
-"""The figures that measure what a lossy rule costs (specdec/bench/tradeoff.py), on hand-made outputs."""
+"""The figures that measure what a lossy rule costs (specdec/benchmarks/tradeoff.py), on hand-made outputs."""
 import pytest
 
-from specdec.bench.tradeoff import differences, final_number, final_number_agreement, method_name, off_greedy_share
+from specdec.benchmarks.tradeoff import differences, final_number, final_number_agreement, method_name, off_greedy_share
 
 
 def test_differences_count_positions_and_the_common_prefix():

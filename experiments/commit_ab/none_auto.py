@@ -5,8 +5,8 @@ import hashlib
 import json
 import sys
 
-from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import SpecdecMethod, run_methods
+from specdec.benchmarks.prompts import load_prompts
+from specdec.benchmarks.runner import SpecdecMethod, run_methods
 from specdec.config import SpeculationConfig
 from specdec.costs import CostModel, measure_verify_costs
 from specdec.drafters import create_drafter

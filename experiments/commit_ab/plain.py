@@ -1,7 +1,7 @@
 """specdec:none alone on the 26 floor prompts (as `specdec bench` builds it): tokens/s and an output hash."""
 import hashlib, json, sys
-from specdec.bench.prompts import load_prompts
-from specdec.bench.runner import SpecdecMethod, run_methods
+from specdec.benchmarks.prompts import load_prompts
+from specdec.benchmarks.runner import SpecdecMethod, run_methods
 from specdec.config import SpeculationConfig
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model

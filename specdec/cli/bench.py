@@ -77,11 +77,11 @@ def run(args) -> int:
     from ..models.backend_choice import make_backend
     from ..models.loading import LoadedModel, load_model
     from ..models.registry import DEFAULT_MODEL
-    from ..bench import llamacpp
-    from ..bench.prompts import load_prompts
-    from ..bench.report import table, write_report
-    from ..bench.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
-    from ..bench.tradeoff import method_name
+    from ..benchmarks import llamacpp
+    from ..benchmarks.prompts import load_prompts
+    from ..benchmarks.report import table, write_report
+    from ..benchmarks.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
+    from ..benchmarks.tradeoff import method_name
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")

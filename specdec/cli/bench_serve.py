@@ -97,7 +97,7 @@ class _Server:
     def __init__(self, args, max_batch: int):
         import httpx
 
-        from ..server.process import ServerProcess
+        from ..benchmarks.server_process import ServerProcess
 
         self.process = None if args.url else ServerProcess(_server_args(args, max_batch)).start()
         self.url = args.url.rstrip("/") if args.url else self.process.url
@@ -120,11 +120,11 @@ def run(args) -> int:
     import asyncio
     import os
 
-    from ..bench.prompts import load_prompts
-    from ..bench.runner import machine_info
+    from ..benchmarks.prompts import load_prompts
+    from ..benchmarks.runner import machine_info
     from ..errors import ConfigError
-    from ..server.bench_report import markdown
-    from ..server.loadgen import MODES, floors, run_level, summarize
+    from ..benchmarks.serve_report import markdown
+    from ..benchmarks.loadgen import MODES, floors, run_level, summarize
 
     mode = "fuzz" if args.fuzz else "soak" if args.soak else "load"
     if args.journal and mode != "fuzz":
@@ -188,9 +188,9 @@ def _say(r: dict) -> None:
 def _fuzz(args) -> int:
     import time
 
-    from ..bench.fuzz import fuzz
-    from ..bench.fuzz_journal import FuzzJournal
-    from ..bench.runner import machine_info
+    from ..benchmarks.fuzz import fuzz
+    from ..benchmarks.fuzz_journal import FuzzJournal
+    from ..benchmarks.runner import machine_info
     from ..errors import ConfigError
     from .common import require_extra
 
@@ -225,11 +225,11 @@ def _soak(args) -> int:
     import asyncio
     import os
 
-    from ..bench.prompts import load_prompts
-    from ..bench.runner import machine_info
+    from ..benchmarks.prompts import load_prompts
+    from ..benchmarks.runner import machine_info
     from ..errors import ConfigError
-    from ..server.soak import long_prompt_words, ordinary_prompts, soak
-    from ..server.soak_report import plot, summarize
+    from ..benchmarks.soak import long_prompt_words, ordinary_prompts, soak
+    from ..benchmarks.soak_report import plot, summarize
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if args.soak <= 0 or len(levels) != 1 or levels[0] < 1 or args.max_tokens < 1:

@@ -10,7 +10,7 @@ from .common import add_graphs_option
 
 
 def register(sub) -> None:
-    from ..bench.shape_gguf import QUANTS
+    from ..benchmarks.shape_gguf import QUANTS
     from ..models.shapes import SHAPES
 
     p = sub.add_parser("bench-shape", help="speed of public model shapes with random weights: specdec's plain "
@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.shapes import ShapeBenchSettings, parse_sizes, run_shapes, table
+    from ..benchmarks.shapes import ShapeBenchSettings, parse_sizes, run_shapes, table
     from ..errors import ConfigError
 
     names = [name.strip() for name in args.shape.split(",") if name.strip()]

@@ -96,7 +96,7 @@ def run(args) -> int:
     settings = [parse_setting(s) for s in (args.setting or SETTINGS)]
     prompts = list(args.prompt)
     if args.prompts:
-        from ..bench.prompts import load_prompts
+        from ..benchmarks.prompts import load_prompts
 
         prompts += [p.text for p in load_prompts(args.prompts, args.limit)]
     prompts = prompts or list(PROMPTS)

@@ -1,1 +1,0 @@
-"""Benchmarks: specdec against transformers on the same prompts, in one process."""
