@@ -4,6 +4,7 @@ keeps serving. (`specdec bench-serve --fuzz N` runs thousands.) A seed writes th
 that a new edge case fails a change that brings it, not a later run that happens to draw it."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,15 @@ from specdec.benchmarks.fuzz import FuzzRequest, digest, drawn, fuzz, problem  #
 from specdec.server.openapi import document  # noqa: E402
 from specdec.server.schemas import Limits  # noqa: E402
 from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
+from hypothesis_constants import fixed_constants  # noqa: E402
 from tiny import write_tiny_model_folder  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def pinned_constants():
+    """Every draw in these tests from hypothesis' own constants (tests/hypothesis_constants.py)."""
+    with fixed_constants():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +46,22 @@ def test_hundreds_of_fuzzed_requests_get_only_2xx_or_4xx_answers(server):
 
 DRAW = """
 import sys
-for module in sys.argv[2:]:
+sys.path.insert(0, sys.argv[2])
+for module in sys.argv[3:]:
     __import__(module)
+from hypothesis_constants import fixed_constants
 from specdec.benchmarks.fuzz import digest, drawn
 from specdec.server.openapi import document
 from specdec.server.schemas import Limits
 limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
-print(digest(drawn(document(limits, "test"), 200, int(sys.argv[1]))))
+with fixed_constants():
+    print(digest(drawn(document(limits, "test"), 200, int(sys.argv[1]))))
 """
 
 
 def _drawn_in_a_new_process(seed: int, *imported: str) -> str:
-    out = subprocess.run([sys.executable, "-c", DRAW, str(seed), *imported], capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "-c", DRAW, str(seed), str(Path(__file__).parent), *imported],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 

@@ -1,40 +1,18 @@
-"""Hypothesis runs that draw the same examples in every process for a seed (the fuzzer's requests).
+"""Hypothesis runs that draw the same examples for a seed (the fuzzer's requests).
 
-hypothesis' @seed fixes its random stream, but not everything a draw depends on: see `fixed_constants`.
+hypothesis' @seed fixes its random stream. It also draws, now and then, constants it finds in the source of the
+"local" modules the process has loaded (not the standard library's, not site-packages', not tests'): an installed
+specdec is none of those, so a seed draws the same requests in every process. Run from a source checkout, specdec's
+own modules are local, and the draws may depend on which of them the process imported first; the fuzz journal then
+refuses to resume another process's run rather than mix them (fuzz_journal.py), and the tests pin hypothesis'
+constants themselves (tests/hypothesis_constants.py).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-
-@contextmanager
-def fixed_constants():
-    """Hypothesis (6.131 on) draws some values from the constants written in the source of the "local" modules a
-    process has loaded, here specdec's own: which those are depends on what the process imported before (a
-    pytest-xdist worker that ran other tests first, a bench run), so one seed wrote other requests in another
-    process. Within this block hypothesis draws from its own fixed constants only; the requests depend on the
-    document and the seed alone. (The patched function is hypothesis' internal one: tests/test_fuzz_server.py
-    checks that two processes draw the same requests, and fails if a hypothesis release changes this.)"""
-    try:
-        from hypothesis.internal.conjecture import providers
-        from hypothesis.internal.constants_ast import Constants
-
-        original = providers._get_local_constants
-    except (ImportError, AttributeError):  # a hypothesis without local constants
-        yield
-        return
-    providers._get_local_constants = Constants
-    providers.CONSTANTS_CACHE.cache.clear()  # pools computed with local constants, by earlier tests in this process
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-        providers.CONSTANTS_CACHE.cache.clear()
-
 
 def run_seeded(strategy, count: int, seed: int, shrink: bool, test) -> None:
-    """Calls test(example) on `count` examples of `strategy` drawn from `seed`, the same in every process; with
-    shrink, a failure is shrunk to a smallest example, then raised."""
+    """Calls test(example) on `count` examples of `strategy` drawn from `seed`; with shrink, a failure is shrunk to a
+    smallest example, then raised."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -45,5 +23,4 @@ def run_seeded(strategy, count: int, seed: int, shrink: bool, test) -> None:
     def run(example) -> None:
         test(example)
 
-    with fixed_constants():
-        run()
+    run()
