@@ -17,7 +17,8 @@ from typing import Callable, NamedTuple, Protocol
 import torch
 
 from ..config import SamplingConfig
-from ..costs import SharedPasses
+from ..costs import CostModel, SharedPasses
+from ..models.backend import SequenceCache
 from ..sampling import sample
 from ..verify import Draft  # what propose returns: defined with the rules that verify it
 
@@ -39,11 +40,11 @@ class DraftRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     generator: torch.Generator | None = None  # the drafter's own random stream (sampling requests)
     noise: Callable[[list[int]], torch.Tensor] | None = None  # coupled mode: (positions) -> (n, V) Gumbel noise
-    costs: object = None  # the engine's CostModel (measured verify costs), for drafters that size trees
+    costs: CostModel | None = None  # the engine's measured verify costs, for drafters that size trees
     adaptive: bool = True  # False: draft the most allowed every step (--no-adaptive), for drafters that decide it
-    # the request's KV cache in the target (models.backend.SequenceCache), for drafters that draft on it (the
-    # quantized copy): they may write only past its length, where the verify pass writes before anything reads
-    target_cache: object = None
+    # the request's KV cache in the target, for drafters that draft on it (the quantized copy): they may write
+    # only past its length, where the verify pass writes before anything reads
+    target_cache: SequenceCache | None = None
 
     def draw(self, q: torch.Tensor, position: int) -> int:
         """A draft token from q (V,) for `position`: argmax(log q + that position's noise) in coupled mode,

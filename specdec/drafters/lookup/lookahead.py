@@ -157,7 +157,7 @@ class LookaheadDrafter(Drafter):
         super().begin(request)
         self._reset()
         self.stats = LookaheadStats()
-        self.costs = request.costs if isinstance(request.costs, CostModel) else CostModel()
+        self.costs = request.costs or CostModel()
         self.chains = DraftLengthPolicy(self.ngram - 1, self.costs)  # acceptance of the best guess, per position
 
     def end(self) -> None:

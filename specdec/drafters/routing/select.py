@@ -132,7 +132,7 @@ class SelectingDrafter(Drafter):
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
-        base = request.costs if isinstance(request.costs, CostModel) else CostModel()
+        base = request.costs or CostModel()
         self.costs = base
         self.views = {name: base.for_drafter(name) for name in self.candidates}
         for name, candidate in self.candidates.items():
