@@ -86,8 +86,7 @@ class SpecDecoder:
         OpenMP threads belong to the process and stay. `with SpecDecoder.load(...) as decoder:` closes on leaving."""
         if self._target is None:
             return
-        if self._target.backend.prefix_cache is not None:
-            self._target.backend.prefix_cache.clear()
+        self._target.backend.enable_prefix_cache(0)  # its parked caches go with it
         if self.tracer is not None:
             self.tracer.close()
         self.tracer, self.drafter, self._target = None, None, None
