@@ -2,6 +2,7 @@
 `--llama-cpp` (llama-bench on that file), on a tiny shape; llama-bench is a fake script: no test needs llama.cpp."""
 import json
 import stat
+import sys
 
 import pytest
 import torch
@@ -93,6 +94,11 @@ def test_quant_writes_a_file_that_runs_quantized_and_the_json_says_so(tmp_path, 
     assert entry["bandwidth_bound_tokens_per_s"] == pytest.approx(
         result["memory_read_bandwidth_bytes_per_s"] / entry["bytes_read_per_token"])
     assert "llama_bench" not in entry and "tiny-q: Q4_0 file" in stdout and "Q4_0, Q6_K" in stdout
+    memory = entry["memory"]  # what the load added to the process's resident set (Linux)
+    if sys.platform.startswith("linux"):
+        added = memory["resident_bytes_added_by_load"]
+        assert isinstance(added, int) and memory["over_file_bytes"] == pytest.approx(added / path.stat().st_size)
+        assert memory["max_context"] == 12 + 8 + 16 and "tiny-q: the load added" in stdout
     loaded = load_model(str(path), device="cpu", max_context=64)
     assert loaded.backend.quantized_weights and loaded.backend.weight_types == ["Q4_0", "Q6_K"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models.gguf_blocks import K4, K5, K6, Q4, READERS, read_rows
+from specdec.models.gguf_blocks import K4, K5, K6, Q4, Q40, READERS, read_rows
 from specdec.models.quantized_args import pack_rows
 
 kernels = pytest.importorskip("specdec.kernels")
@@ -87,7 +87,12 @@ def reference_product(kind: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
         m = np.repeat(w.super_m.astype(np.float64), 8, axis=1) * w.second
     else:
         d = w.first.astype(np.float64)
-        m = w.second.astype(np.float64) if w.fmt == Q4 else np.zeros_like(d)
+        if w.fmt == Q4:
+            m = w.second.astype(np.float64)
+        elif w.fmt == Q40:  # Q4_0: d * (u - 8)
+            m = -8 * d
+        else:
+            m = np.zeros_like(d)
     return (isum * d[None] * scale[:, None]).sum(-1) + (m[None] * sums[:, None]).sum(-1)
 
 
@@ -133,6 +138,18 @@ def test_a_rows_outputs_do_not_depend_on_the_other_rows_of_the_pass(module, kind
     for start, size in ((0, 4), (3, 5), (2, 7)):
         part = module.packed_matmul(x[start:start + size], packed, quantized.fmt, n, k)
         assert torch.equal(part, whole[start:start + size])
+
+
+# the packed bytes over the file's, for whole blocks of 64 rows: the file's own size, but for K-quants' 6-bit scales
+# and mins, which the kernels keep a byte each (8 + 8 bytes a super-block instead of 12)
+PACKED_OVER_FILE = {"Q4_0": 1.0, "Q4_1": 1.0, "Q8_0": 1.0, "Q4_K": 148 / 144, "Q5_K": 180 / 176, "Q6_K": 1.0}
+
+
+@pytest.mark.parametrize("kind", list(READERS))
+def test_the_packed_weight_takes_the_files_bytes(module, kind):
+    """A step reads the file's bytes: Q4_0's minimum is computed, not stored, and Q6_K's codes keep their 6 bits."""
+    raw = random_blocks(kind, 128, 512)
+    assert pack_rows(module, read_rows(kind, raw)).numel() == raw.nbytes * PACKED_OVER_FILE[kind]
 
 
 def test_q8_0_keeps_minus_128():

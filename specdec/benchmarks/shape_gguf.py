@@ -123,11 +123,15 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     from ..costs import measure_verify_costs
     from ..models.loading import load_model
     from ..models.shapes import ShapeModel, get_shape
+    from .resident import import_load_code, load_footprint, resident_bytes
     from .shape_speed import bound_figures, decode_speeds, passes_run
 
     path, written = ensure_shape_gguf(name, settings.quant, settings.seed, progress)
     weights = file_weights(path)
+    import_load_code(get_shape(name).config_class)
+    before = resident_bytes()
     loaded = load_model(str(path), device="cpu", max_context=settings.context)
+    memory = load_footprint(before, resident_bytes(), path.stat().st_size, settings.context)
     backend = loaded.backend
     if not getattr(backend, "quantized_weights", False):
         raise ConfigError(f"{path.name} did not load in its own formats on the kernels (see the line above)")
@@ -147,7 +151,7 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
         "gguf": {"path": str(path), "file_bytes": path.stat().st_size, "written_now": written,
                  "tied_embedding": weights.tied, "tensor_bytes_by_type": weights.bytes_by_type},
         "weight_bytes": weights.tensor_bytes, "bytes_read_per_token": weights.bytes_read_per_token,
-        **speeds, "hf_generate": None, "hf_generate_skipped": HF_SKIPPED,
+        "memory": memory, **speeds, "hf_generate": None, "hf_generate_skipped": HF_SKIPPED,
         "pass_seconds": {str(size): seconds for size, seconds in passes.items()},
         **bound_figures(speeds["specdec_plain"], weights.bytes_read_per_token, bandwidth),
     }
@@ -170,6 +174,10 @@ def table_lines(entry: dict) -> list[str]:
     lines = [f"  {entry['shape']}: {entry['quant']} file {g['path']} ({g['file_bytes'] / 1e6:.0f} MB), kernels read "
              f"{', '.join(entry['weight_types'])}; {entry['bytes_read_per_token'] / 1e6:.0f} MB a step; hf gen: not "
              f"run (quantized weights)"]
+    added = entry.get("memory", {}).get("resident_bytes_added_by_load")
+    if added is not None:
+        lines.append(f"  {entry['shape']}: the load added {added / 2**20:.0f} MiB resident, "
+                     f"{entry['memory']['over_file_bytes']:.2f}x the file")
     lb = entry.get("llama_bench")
     if lb:
         share, decode = entry.get("llama_bench_share_of_bound"), entry.get("specdec_decode_over_llama_bench")

@@ -17,7 +17,8 @@ from ..errors import ConfigError, SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
 HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("vec16.h", "products.h", "amx.h", "quantized_layout.h", "int8_lanes.h", "quantized.h",
+                ("vec16.h", "products.h", "amx.h", "quantized_layout.h", "int8_lanes.h", "quantized_steps.h",
+                 "quantized_rows.h", "quantized.h",
                  "drafting_head.h", "weights.h", "argmax_screen.h", "row_ops.h", "kv_cache.h", "attention.h",
                  "attention_split.h", "layers.h", "head_layer.h", "bindings.h"))
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")

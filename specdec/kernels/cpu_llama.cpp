@@ -50,6 +50,8 @@ using vec::f32x16;
 #include "amx.h"
 #include "quantized_layout.h"
 #include "int8_lanes.h"
+#include "quantized_steps.h"
+#include "quantized_rows.h"
 #include "quantized.h"
 #include "drafting_head.h"
 #include "weights.h"
@@ -108,9 +110,9 @@ class CpuLlama {
     final_norm_ = final_norm.contiguous().to(torch::kFloat32);
     cos_ = cos.contiguous().to(torch::kFloat32);
     sin_ = sin.contiguous().to(torch::kFloat32);
-    rope_dims_ = cos_.size(1);
-    TORCH_CHECK(rope_dims_ % 2 == 0 && rope_dims_ <= cfg_.head_dim && sin_.size(1) == rope_dims_,
-                "RoPE tables: an even number of columns, at most head_dim");
+    rope_dims_ = 2 * cos_.size(1);  // the tables hold each angle once: rotate-half turns dims d and d + rd / 2 by it
+    TORCH_CHECK(rope_dims_ <= cfg_.head_dim && sin_.size(1) == cos_.size(1),
+                "RoPE tables: half the rotated dims' columns, at most head_dim / 2");
     if (!local_rope.empty()) {
       cos_local_ = local_rope[0].contiguous().to(torch::kFloat32);
       sin_local_ = local_rope[1].contiguous().to(torch::kFloat32);
@@ -239,7 +241,7 @@ class CpuLlama {
         }
         const float* ct = L.local_rope ? cos_local_.data_ptr<float>() : cos;
         const float* st = L.local_rope ? sin_local_.data_ptr<float>() : sin;
-        rope_heads(row, nh + nkv, hd, rope_dims_, ct + pos[i] * rope_dims_, st + pos[i] * rope_dims_);
+        rope_heads(row, nh + nkv, hd, rope_dims_, ct + pos[i] * rope_dims_ / 2, st + pos[i] * rope_dims_ / 2);
         const int64_t s = seq_of[i];
         const int64_t at = start[s] + (i - off[s]);
         for (int64_t g = 0; g < nkv; ++g) {
@@ -313,7 +315,7 @@ class CpuLlama {
   Weight lm_head_;
   Weight lm_screen_;  // a drafting copy's 4-bit LM head, which screens the outputs its 8-bit one rescores
   ArgmaxScreen argmax_screen_;  // the target's 8-bit copy of its LM head, for passes that need argmaxes only
-  torch::Tensor final_norm_, cos_, sin_;  // cos_, sin_: (positions, rope_dims_)
+  torch::Tensor final_norm_, cos_, sin_;  // cos_, sin_: (positions, rope_dims_ / 2)
   torch::Tensor cos_local_, sin_local_;  // the windowed layers' own tables (Gemma 3), or undefined
   int64_t rope_dims_ = 0;  // the head dims RoPE turns: head_dim, or its first part
 };

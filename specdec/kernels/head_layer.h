@@ -90,12 +90,12 @@ class HeadLayer {
   void rope(float* qkv, int64_t width, const int64_t* pos, int64_t T) const {
     const int64_t half = hd_ / 2;
     const float* inv = inv_freq_.data_ptr<float>();
-    std::vector<float> cs(hd_), sn(hd_);
+    std::vector<float> cs(half), sn(half);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t d = 0; d < half; ++d) {
         const float angle = static_cast<float>(pos[t]) * inv[d];
-        cs[d] = cs[d + half] = std::cos(angle);
-        sn[d] = sn[d + half] = std::sin(angle);
+        cs[d] = std::cos(angle);
+        sn[d] = std::sin(angle);
       }
       rope_heads(qkv + t * width, nh_ + nkv_, hd_, hd_, cs.data(), sn.data());
     }

@@ -97,6 +97,17 @@ inline i32x16 fifth_bits(const uint8_t* p, int base) {
                                _mm512_set1_epi8(16));
 }
 inline i32x16 or_bits(i32x16 a, i32x16 b) { return _mm512_or_si512(a, b); }
+inline i32x16 sub8(i32x16 a, char b) { return _mm512_sub_epi8(a, _mm512_set1_epi8(b)); }
+inline i32x16 sub16(i32x16 a, i32x16 b) { return _mm512_sub_epi16(a, b); }
+inline i32x16 broadcast128(__m128i p) { return _mm512_broadcast_i32x4(p); }
+// K6's two high bits of one vector's 64 codes, at bits 4 and 5 of each byte: from the unit's 32 bytes of them, code c
+// of the vector at byte c % 32, bits BASE + 2 (c / 32) (BASE 0 for the unit's low-nibble vector, 4 for its high one)
+template <int BASE>
+inline i32x16 crumbs(const uint8_t* p) {
+  const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(BASE), _mm256_set1_epi16(BASE + 2), 1);
+  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(3)), 4);
+}
 // An empty asm that takes v's register and gives it back: GCC otherwise reassociates a row's chain of adds into a
 // tree, computing a group's every product first and spilling them to the stack (16 registers hold 4 rows' sums, not
 // 64 products). Integer sums are exact in any order, so this changes speed only.
@@ -156,7 +167,35 @@ inline i32x16 fifth_bits(const uint8_t* p, int base) {
   return {bits(first), bits(second)};
 }
 inline i32x16 or_bits(i32x16 a, i32x16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline i32x16 sub8(i32x16 a, char b) {
+  const __m256i v = _mm256_set1_epi8(b);
+  return {_mm256_sub_epi8(a.lo, v), _mm256_sub_epi8(a.hi, v)};
+}
+inline i32x16 sub16(i32x16 a, i32x16 b) { return {_mm256_sub_epi16(a.lo, b.lo), _mm256_sub_epi16(a.hi, b.hi)}; }
+inline i32x16 broadcast128(__m128i p) { const __m256i b = _mm256_broadcastsi128_si256(p); return {b, b}; }
+// K6's two high bits of one vector's 64 codes at bits 4 and 5 of each byte, as the AVX-512 crumbs above: a shift
+// within each byte's 16-bit lane (bits that cross into the next byte are masked off)
+template <int FROM>  // the pair's lowest bit, moved to bit 4
+inline __m256i crumb_half(__m256i bits) {
+  __m256i moved = bits;
+  if constexpr (FROM < 4) moved = _mm256_slli_epi16(bits, 4 - FROM);
+  else if constexpr (FROM > 4) moved = _mm256_srli_epi16(bits, FROM - 4);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(0x30));
+}
+template <int BASE>
+inline i32x16 crumbs(const uint8_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {crumb_half<BASE>(bits), crumb_half<BASE + 2>(bits)};
+}
 inline void pin(i32x16& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
 #endif
+// 32 times the pair sums of 16 activations (half a group: 4 quads of 4), as 16-bit lanes in the pattern of
+// dot2_16's: lane 2i holds 32 (x0 + x1) summed over the quads, lane 2i + 1 32 (x2 + x3) (|.| <= 32 * 4 * 254 < 2^15)
+inline i32x16 k6_offset(const int8_t* x) {
+  __m128i p = _mm_maddubs_epi16(_mm_set1_epi8(32), _mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  p = _mm_add_epi16(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+  p = _mm_add_epi16(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+  return broadcast128(p);
+}
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv

@@ -4,14 +4,18 @@
 // A block of 64 output rows is read in groups of 32 k (one d, and m for 4 bits, per row and group), each group in 8
 // quads of 4 k. A quad of a block is 64 bytes for every 16 rows at 8 bits (byte 4i + j: q of row i, k = 4quad + j)
 // and for every 32 rows at 4 bits (byte 4i + j: u of row i in its low nibble, of row 16 + i in its high one): its
-// units, 4 or 2. K5's 5-bit codes keep their low 4 bits so, and a unit's quad then 16 more bytes of their fifth
-// bits: the code at position p = 64 * (row / 16) + 4 * (row % 16) + j of the unit has its bit in byte p % 16,
-// bit p / 16, so that one 16-byte load, broadcast, gives each run of 16 positions its bit plane (qv::fifth_bits). The
-// units are split among kStreams streams, each stream a contiguous run of its units' bytes group after group (quads,
-// then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row product then reads 4
-// (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and Zen 3 reads them much
-// faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on one core from one
-// stream, 6.25 ms from four (experiments/head_products.py). AVX-512 builds keep one stream a block.
+// units, 4 or 2. K5's 5-bit and K6's 6-bit codes keep their low 4 bits so, and a unit's quad then has their high
+// bits. K5's: 16 more bytes, the code at position p = 64 * (row / 16) + 4 * (row % 16) + j of the unit has its fifth
+// bit in byte p % 16, bit p / 16, so that one 16-byte load, broadcast, gives each run of 16 positions its bit plane
+// (qv::fifth_bits). K6's: 32 more bytes, the code at position p has its two high bits in byte p % 32, bits
+// 2 (p / 32) and 2 (p / 32) + 1, so that a shift and a mask of one 32-byte load give a half-vector its bits
+// (qv::crumbs). A weight then takes the file's bits: 4.5 a weight for Q4_0, 5 for Q4_1, 6.56 for Q6_K.
+//
+// The units are split among kStreams streams, each stream a contiguous run of its units' bytes group after group
+// (quads, then its rows' d, then their m). AVX2 builds give every unit a stream of its own: a one-row product then
+// reads 4 (or 2) sequential streams at once, as the 16-bit products do (products.h's packed_at), and Zen 3 reads
+// them much faster than one: a one-row 8-bit product over Qwen3-0.6B's LM head (165 MB) took 9.35 ms on one core
+// from one stream, 6.25 ms from four (experiments/head_products.py). AVX-512 builds keep one stream a block.
 #pragma once
 
 constexpr int kQGroup = 32;  // weights sharing one d (and m)
@@ -19,18 +23,27 @@ constexpr int kQSuper = 8;  // groups of a K-quant super-block (256 weights), wh
 
 // The formats of quantized blocks. The value of the two original ones is their bit count, so that QLayout<8> and
 // linear_quantized<4> keep meaning what they always did.
-//  Q4: w = d * u + m, u in 0..15, d and m float16 per group (llama.cpp's Q4_0 and Q4_1, and the drafting copy).
+//  Q4: w = d * u + m, u in 0..15, d and m float16 per group (llama.cpp's Q4_1, and the drafting copy).
+//  Q40: w = d * u + m with m = -8 d, u in 0..15, d float16 per group (Q4_0: m is not stored, but computed in
+//       float32, exactly).
 //  Q8: w = d * q, q in -128..127, d float16 per group (Q8_0, the screen of an LM head).
 //  K4: w = (d * sc) * u + (-dmin) * mn, u in 0..15, sc and mn in 0..63 per group, d and -dmin float16 per
 //      super-block (Q4_K; d * sc and dmin * mn are exact in float32).
 //  K5: as K4 with u in 0..31, its fifth bit stored apart (Q5_K).
-//  K6: w = (d * sc) * q, q in -32..31 (stored in 8 bits), sc int8 per 16 weights, d float16 per super-block (Q6_K).
-enum QFormat : int { Q4 = 4, Q8 = 8, K4 = 40, K5 = 50, K6 = 60 };
+//  K6: w = (d * sc) * q, q = u - 32, u in 0..63 (its fifth and sixth bits stored apart), sc int8 per 16 weights, d
+//      float16 per super-block (Q6_K).
+enum QFormat : int { Q4 = 4, Q40 = 41, Q8 = 8, K4 = 40, K5 = 50, K6 = 60 };
 
-constexpr int q_bits(int fmt) { return fmt == Q8 || fmt == K6 ? 8 : 4; }
+// the bits of a code as the layout holds it: 8 (one byte a code, Q8) or 4 (nibbles, and K5's and K6's high bits
+// apart)
+constexpr int q_bits(int fmt) { return fmt == Q8 ? 8 : 4; }
+// codes held as signed numbers in the products (|w| times x with w's sign): Q8's, and K6's once 32 is taken off
+constexpr bool signed_codes(int fmt) { return fmt == Q8 || fmt == K6; }
+// bytes of a unit's quad past its codes' low nibbles: K5's fifth bits, K6's fifth and sixth
+constexpr int high_bytes(int fmt) { return fmt == K5 ? 16 : fmt == K6 ? 32 : 0; }
 constexpr bool k_quant(int fmt) { return fmt == K4 || fmt == K5 || fmt == K6; }
 // formats with a minimum per group (w = d * u + m): the products add m times the activations' sum
-constexpr bool has_min(int fmt) { return fmt == Q4 || fmt == K4 || fmt == K5; }
+constexpr bool has_min(int fmt) { return fmt == Q4 || fmt == Q40 || fmt == K4 || fmt == K5; }
 // K4 and K5: d and m of a group are the super-block's d and -dmin times the group's 6-bit sc and mn
 constexpr bool k_min(int fmt) { return fmt == K4 || fmt == K5; }
 
@@ -45,12 +58,12 @@ struct QLayout {
 #endif
   static constexpr int kUnitsPerStream = kUnits / kStreams;
   static constexpr int kRowsPerStream = kBlockCols / kStreams;
-  static constexpr int64_t kQuadBytes = FMT == K5 ? 64 + 16 : 64;  // a unit's quad: codes (and K5's fifth bits)
+  static constexpr int64_t kQuadBytes = 64 + high_bytes(FMT);  // a unit's quad: codes (and high bits)
   static constexpr int64_t kQuadStep = kQuadBytes * kUnitsPerStream;  // from a unit's quad to its next
   static constexpr int64_t kQuadsBytes = (kQGroup / 4) * kQuadStep;  // a stream's quads of one group
   // its rows' per-group numbers: d (float16), and m for Q4; sc and mn (uint8) for K4; two sc (int8) for K6
   static constexpr int64_t kScaleBytes = k_quant(FMT) ? kRowsPerStream : kRowsPerStream * 2;
-  static constexpr int kScales = FMT == Q8 ? 1 : 2;
+  static constexpr int kScales = FMT == Q8 || FMT == Q40 ? 1 : 2;
   static constexpr int64_t kChunkBytes = kQuadsBytes + kScales * kScaleBytes;  // a stream's group
   // a K-quant block ends with its super-blocks' float16 numbers, 64 rows each: d (and -dmin for K4)
   static constexpr int64_t kSuperBytes = k_min(FMT) ? 4 * kBlockCols : FMT == K6 ? 2 * kBlockCols : 0;
@@ -86,6 +99,7 @@ static_assert(QLayout<Q4>::kStreams * QLayout<Q4>::kChunkBytes == q_group_bytes(
 inline int64_t q_block_bytes(int fmt, int64_t G) {
   switch (fmt) {
     case Q4: return QLayout<Q4>::block_bytes(G);
+    case Q40: return QLayout<Q40>::block_bytes(G);
     case Q8: return QLayout<Q8>::block_bytes(G);
     case K4: return QLayout<K4>::block_bytes(G);
     case K5: return QLayout<K5>::block_bytes(G);
@@ -93,10 +107,10 @@ inline int64_t q_block_bytes(int fmt, int64_t G) {
   }
 }
 
-// A quantized weight as numbers, row by row, before packing: codes (N, K) uint8 (u, for Q4 and K4) or int8 (q);
-// first, second (N, G): the groups' d and m (float16) for Q4, d (float16) for Q8, sc and mn (uint8) for K4 and K5,
-// the
-// two halves' sc (int8) for K6; super_d, super_m (N, G / 8) float16: a K-quant's d, and -dmin for K4.
+// A quantized weight as numbers, row by row, before packing: codes (N, K) uint8 (u, for Q4, Q40, K4 and K5) or int8
+// (q, for Q8 and K6); first, second (N, G): the groups' d and m (float16) for Q4, d (float16) for Q40 and Q8, sc and
+// mn (uint8) for K4 and K5, the two halves' sc (int8) for K6; super_d, super_m (N, G / 8) float16: a K-quant's d,
+// and -dmin for K4 and K5.
 struct QCodes {
   int fmt;
   torch::Tensor codes, first, second, super_d, super_m;
@@ -126,7 +140,8 @@ torch::Tensor pack_codes_as(const QCodes& c) {
     return padded(t).contiguous().view({blocks, S, kBlockCols / S, G}).permute({0, 1, 3, 2}).contiguous()
         .view(torch::kUInt8).view({blocks, S, G, -1});
   };
-  const torch::Tensor codes = padded(c.codes).view(torch::kUInt8);
+  torch::Tensor codes = padded(c.codes).view(torch::kUInt8);
+  if constexpr (FMT == K6) codes = codes.add(32);  // q in -32..31 -> u = q + 32 in 0..63 (uint8 wraps)
   std::vector<torch::Tensor> pieces;
   if constexpr (L::kBits == 8) {
     // (blocks, S, units, 16 i, G, 8 quad, 4 j) -> (blocks, S, G, quad, units, i, j)
@@ -136,17 +151,21 @@ torch::Tensor pack_codes_as(const QCodes& c) {
     // (blocks, S, units, 2 half, 16 i, G, 8 quad, 4 j) -> (blocks, S, G, quad, units, half, i, j)
     const torch::Tensor q = codes.view({blocks, S, U, 2, 16, G, 8, 4}).permute({0, 1, 5, 6, 2, 3, 4, 7});
     const torch::Tensor low = q.bitwise_and(15);
-    torch::Tensor nibbles = low.select(5, 0).bitwise_or(low.select(5, 1).bitwise_left_shift(4)).contiguous()
-                                .view({blocks, S, G, 8, U, 64});
+    std::vector<torch::Tensor> quad{low.select(5, 0).bitwise_or(low.select(5, 1).bitwise_left_shift(4)).contiguous()
+                                        .view({blocks, S, G, 8, U, 64})};
+    const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
     if constexpr (FMT == K5) {
       // the fifth bits of a unit's quad: position p = 64 half + 4 i + j -> byte p % 16, bit p / 16
-      const torch::Tensor planes = q.bitwise_right_shift(4).contiguous().view({blocks, S, G, 8, U, 8, 16});
-      const torch::Tensor weights =
-          torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::TensorOptions().dtype(torch::kUInt8)).view({8, 1});
-      const torch::Tensor bits = planes.mul(weights).sum(5, false, torch::kUInt8);  // (blocks, S, G, 8, U, 16)
-      nibbles = torch::cat({nibbles, bits}, -1);
+      const torch::Tensor bit = q.bitwise_right_shift(4).contiguous().view({blocks, S, G, 8, U, 8, 16});
+      const torch::Tensor weights = torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, bytes).view({8, 1});
+      quad.push_back(bit.mul(weights).sum(5, false, torch::kUInt8));  // (blocks, S, G, 8, U, 16)
+    } else if constexpr (FMT == K6) {
+      // the two high bits of a unit's quad: position p -> byte p % 32, bits 2 (p / 32) and 2 (p / 32) + 1
+      const torch::Tensor pair = q.bitwise_right_shift(4).contiguous().view({blocks, S, G, 8, U, 4, 32});
+      const torch::Tensor weights = torch::tensor({1, 4, 16, 64}, bytes).view({4, 1});
+      quad.push_back(pair.mul(weights).sum(5, false, torch::kUInt8));  // (blocks, S, G, 8, U, 32)
     }
-    pieces.push_back(nibbles.contiguous().view({blocks, S, G, -1}));
+    pieces.push_back(torch::cat(quad, -1).contiguous().view({blocks, S, G, -1}));
   }
   pieces.push_back(per_group(c.first));
   if (L::kScales == 2) pieces.push_back(per_group(c.second));
@@ -175,6 +194,7 @@ torch::Tensor pack_codes(const QCodes& c) {
   }
   switch (c.fmt) {
     case Q4: return pack_codes_as<Q4>(c);
+    case Q40: return pack_codes_as<Q40>(c);
     case Q8: return pack_codes_as<Q8>(c);
     case K4: return pack_codes_as<K4>(c);
     case K5: return pack_codes_as<K5>(c);
@@ -245,27 +265,25 @@ void dequantized_row_as(const uint8_t* packed, int64_t n, int64_t K, float* out)
       const int quad = k / 4, j = k % 4;
       float w;
       if constexpr (L::kBits == 8) {
-        const float q = static_cast<int8_t>(block[L::unit(g, quad, v, G) + 4 * lane + j]);
-        if constexpr (FMT == K6) {
-          const int8_t sc = static_cast<int8_t>(block[(k < 16 ? L::d(g, v, G) : L::m(g, v, G)) + lane]);
-          w = half_at(L::super_d(g, v, G)) * static_cast<float>(sc) * q;
-        } else {
-          w = half_at(L::d(g, v, G)) * q;
-        }
+        const int8_t q = static_cast<int8_t>(block[L::unit(g, quad, v, G) + 4 * lane + j]);
+        w = half_at(L::d(g, v, G)) * static_cast<float>(q);
       } else {
         const int64_t unit = L::unit(g, quad, v / 2, G);
         const uint8_t byte = block[unit + 4 * lane + j];
-        float u = (v % 2) ? byte >> 4 : byte & 0x0F;
-        if constexpr (FMT == K5) {
-          const int p = 64 * (v % 2) + 4 * lane + j;
-          u += ((block[unit + 64 + p % 16] >> (p / 16)) & 1) * 16;
-        }
-        if constexpr (k_min(FMT)) {
+        int u = (v % 2) ? byte >> 4 : byte & 0x0F;
+        const int p = 64 * (v % 2) + 4 * lane + j;
+        if constexpr (FMT == K5) u += ((block[unit + 64 + p % 16] >> (p / 16)) & 1) << 4;
+        if constexpr (FMT == K6) u += ((block[unit + 64 + p % 32] >> (2 * (p / 32))) & 3) << 4;
+        if constexpr (FMT == K6) {
+          const int8_t sc = static_cast<int8_t>(block[(k < 16 ? L::d(g, v, G) : L::m(g, v, G)) + lane]);
+          w = half_at(L::super_d(g, v, G)) * static_cast<float>(sc) * static_cast<float>(u - 32);
+        } else if constexpr (k_min(FMT)) {
           const float d = half_at(L::super_d(g, v, G)) * static_cast<float>(block[L::d(g, v, G) + lane]);
           const float m = half_at(L::super_m(g, v, G)) * static_cast<float>(block[L::m(g, v, G) + lane]);
-          w = d * u + m;
+          w = d * static_cast<float>(u) + m;
         } else {
-          w = half_at(L::d(g, v, G)) * u + half_at(L::m(g, v, G));
+          const float d = half_at(L::d(g, v, G));
+          w = d * static_cast<float>(u) + (FMT == Q40 ? d * -8.0f : half_at(L::m(g, v, G)));
         }
       }
       out[g * kQGroup + k] = w;
@@ -275,6 +293,7 @@ void dequantized_row_as(const uint8_t* packed, int64_t n, int64_t K, float* out)
 void dequantized_row(int fmt, const uint8_t* packed, int64_t n, int64_t K, float* out) {
   switch (fmt) {
     case Q4: return dequantized_row_as<Q4>(packed, n, K, out);
+    case Q40: return dequantized_row_as<Q40>(packed, n, K, out);
     case Q8: return dequantized_row_as<Q8>(packed, n, K, out);
     case K4: return dequantized_row_as<K4>(packed, n, K, out);
     case K5: return dequantized_row_as<K5>(packed, n, K, out);

@@ -56,7 +56,8 @@ void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float e
 }
 
 // RoPE (rotate-half form) on the first rd (even, <= hd) of each of `heads` consecutive vectors of hd floats (rd < hd:
-// the config rotates part of each head), one row's angles cr = cos, sr = sin (rd,)
+// the config rotates part of each head), one row's angles cr = cos, sr = sin (rd / 2,): dims d and d + rd / 2 turn
+// by the same angle
 void rope_heads(float* row, int64_t heads, int64_t hd, int64_t rd, const float* cr, const float* sr) {
   const int64_t half = rd / 2;
   for (int64_t head = 0; head < heads; ++head) {
@@ -64,7 +65,7 @@ void rope_heads(float* row, int64_t heads, int64_t hd, int64_t rd, const float* 
     float rotated[256];
     for (int64_t d = 0; d < half; ++d) {
       rotated[d] = v[d] * cr[d] + (-v[d + half]) * sr[d];
-      rotated[d + half] = v[d + half] * cr[d + half] + v[d] * sr[d + half];
+      rotated[d + half] = v[d + half] * cr[d] + v[d] * sr[d];
     }
     std::copy(rotated, rotated + rd, v);
   }

@@ -89,6 +89,7 @@ void linear_quantized_any(const Q8Rows& xq, int64_t M, const Weight& w, const fl
   const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
   switch (w.qfmt) {
     case Q4: return linear_quantized<Q4>(xq, M, packed, w.N, w.K, bias, y, ldy);
+    case Q40: return linear_quantized<Q40>(xq, M, packed, w.N, w.K, bias, y, ldy);
     case Q8: return linear_quantized<Q8>(xq, M, packed, w.N, w.K, bias, y, ldy);
     case K4: return linear_quantized<K4>(xq, M, packed, w.N, w.K, bias, y, ldy);
     case K5: return linear_quantized<K5>(xq, M, packed, w.N, w.K, bias, y, ldy);

@@ -8,12 +8,12 @@ maps them, and returns `QuantizedRows`: the kernels' format and its numbers, one
 
 | GGUF type | kernels' format | weight |
 |---|---|---|
-| Q4_0 | Q4 | d * u + m, m = -8 d (so d * (u - 8)) |
+| Q4_0 | Q40 | d * u + m, m = -8 d (so d * (u - 8)), m computed, not stored |
 | Q4_1 | Q4 | d * u + m |
 | Q8_0 | Q8 | d * q |
 | Q4_K | K4 | (d * sc) * u - dmin * mn; sc, mn 6-bit per 32 weights, d, dmin per 256 |
 | Q5_K | K5 | as Q4_K, with u in 0..31 |
-| Q6_K | K6 | (d * sc) * q, q in -32..31; sc int8 per 16 weights, d per 256 |
+| Q6_K | K6 | (d * sc) * q, q in -32..31 (stored as 6 bits); sc int8 per 16 weights, d per 256 |
 """
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 
 # the kernels' formats (kernels/quantized_layout.h's QFormat)
-Q4, Q8, K4, K5, K6 = 4, 8, 40, 50, 60
+Q4, Q40, Q8, K4, K5, K6 = 4, 41, 8, 40, 50, 60
 SUPER = 256  # weights of a K-quant super-block
 
 
 @dataclass
 class QuantizedRows:
     """A weight (rows, K) as the kernels' numbers: codes (rows, K) uint8 (u) or int8 (q); first, second (rows, G or
-    2G): per group of 32 numbers (float16 d and m for Q4, d for Q8; uint8 sc and mn for K4 and K5; int8 sc of each
-    half for K6, interleaved); super_d, super_m (rows, K / 256) float16 (K-quants: d, and -dmin for K4 and K5)."""
+    2G): per group of 32 numbers (float16 d and m for Q4, d for Q40 and Q8; uint8 sc and mn for K4 and K5; int8 sc
+    of each half for K6, interleaved); super_d, super_m (rows, K / 256) float16 (K-quants: d, and -dmin for K4 and
+    K5)."""
 
     fmt: int
     codes: np.ndarray
@@ -69,10 +70,7 @@ def _nibbles_32(qs: np.ndarray) -> np.ndarray:
 
 def read_q4_0(raw: np.ndarray) -> QuantizedRows:
     blocks, rows = _blocks(raw, 18)
-    d = _half(blocks, 0)
-    with np.errstate(over="ignore"):
-        m = (d * np.float16(-8)).astype(np.float16)  # exact unless it overflows float16 (checked by the caller)
-    return QuantizedRows(Q4, _nibbles_32(blocks[..., 2:]).reshape(rows, -1), d, m)
+    return QuantizedRows(Q40, _nibbles_32(blocks[..., 2:]).reshape(rows, -1), _half(blocks, 0))
 
 
 def read_q4_1(raw: np.ndarray) -> QuantizedRows:
@@ -161,7 +159,7 @@ class GGUFMatrix:
 
 
 # the kernels' format of each GGUF type the readers take
-FORMATS = {"Q4_0": Q4, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q5_K": K5, "Q6_K": K6}
+FORMATS = {"Q4_0": Q40, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q5_K": K5, "Q6_K": K6}
 
 READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q5_K": read_q5_k,
            "Q6_K": read_q6_k}

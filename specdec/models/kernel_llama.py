@@ -73,8 +73,9 @@ def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> 
     embed = matrix(sd["model.embed_tokens.weight"])
     lm_head = matrix(sd["lm_head.weight"]) if "lm_head.weight" in sd else embed
     local = "sliding_attention"
-    cos, sin = rope_tables(hf_model, max_context, "full_attention" if family.rope_kinds else None)
-    local_tables = [t.cpu() for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
+    cos, sin = (first_half(t) for t in rope_tables(hf_model, max_context, "full_attention" if family.rope_kinds
+                                                    else None))
+    local_tables = [first_half(t) for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
     local_layers = [int(family.rope_kind(i) == local) for i in range(cfg.num_hidden_layers)]
     # the embeddings' scale rounded to the weights' dtype, as Gemma's embedding module rounds it
     embed_scale = float(torch.tensor(family.embed_scale).to(embed.dtype)) if family.embed_scale else 0.0
@@ -82,8 +83,14 @@ def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> 
     scalars = [embed_scale, family.attn_scale or 0.0, family.attn_softcap or 0.0, family.logit_softcap or 0.0,
                float(family.gelu)]
     dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, vocab]
-    return [dims, float(cfg.rms_norm_eps), tensors, embed, norm("model.norm"), lm_head, cos.cpu(), sin.cpu(),
+    return [dims, float(cfg.rms_norm_eps), tensors, embed, norm("model.norm"), lm_head, cos, sin,
             list(family.windows), local_tables, local_layers, scalars]
+
+
+def first_half(table: torch.Tensor) -> torch.Tensor:
+    """A RoPE table (positions, rotated dims) -> its first half of columns, on the CPU: in the rotate-half form both
+    halves hold the same angles, so the kernels keep one (a 128k-position table of a 64-dim head is 32 MB, not 64)."""
+    return table[:, : table.shape[1] // 2].cpu().contiguous()
 
 
 def four_bit_problem(config) -> str | None:
