@@ -90,30 +90,80 @@ void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K,
   }
 }
 
-// y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed in format FMT
-// (pack_codes, pack_quantized). The threads share (block, group of rows) units, or half-blocks of 32 columns where
+// One quantized product as the threads share it: (block, group of rows) units, or half-blocks of 32 columns where
 // whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a small model's
 // attention output): each output is computed the same way whichever unit holds it.
-template <int FMT>
-void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
-                      float* y, int64_t ldy) {
-  const int64_t block_bytes = QLayout<FMT>::block_bytes(K / kQGroup);
+struct QuantizedShare {
+  int fmt;
+  const uint8_t* packed;
+  int64_t M, N, K;
+  const float* bias;
+  float* y;
+  int64_t ldy, block_bytes, groups, pieces;
+  bool halves;
+  int64_t units;
+};
+
+inline QuantizedShare quantized_share(int fmt, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
+                                      const float* bias, float* y, int64_t ldy) {
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   const int64_t groups = (M + kQMaxRows - 1) / kQMaxRows;
   const bool halves = blocks * groups < kHalvedUnits * at::get_num_threads();
   const int64_t pieces = halves ? 2 : 1;
-  at::parallel_for(0, blocks * pieces * groups, 1, [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t b = u / (groups * pieces), piece = u / groups % pieces, m = u % groups * kQMaxRows;
-      const int64_t n = b * kBlockCols;
-      const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, N - n));
-      const int v0 = static_cast<int>(piece * 2);
-      if (halves && !live_lanes(valid, v0)) continue;
-      const int64_t rows = std::min<int64_t>(kQMaxRows, M - m);
-      const uint8_t* block = packed + b * block_bytes;
-      const float* block_bias = bias ? bias + n : nullptr;
-      if (halves) tile_quantized_rows<FMT, 2>(rows, xq, m, K, block, v0, valid, block_bias, y + m * ldy + n, ldy);
-      else tile_quantized_rows<FMT, kVecs>(rows, xq, m, K, block, 0, valid, block_bias, y + m * ldy + n, ldy);
-    }
+  return {fmt, packed, M, N, K, bias, y, ldy, q_block_bytes(fmt, K / kQGroup), groups, pieces, halves,
+          blocks * pieces * groups};
+}
+
+// Unit u of a product in format FMT (s.fmt)
+template <int FMT>
+void quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u) {
+  const int64_t b = u / (s.groups * s.pieces), piece = u / s.groups % s.pieces, m = u % s.groups * kQMaxRows;
+  const int64_t n = b * kBlockCols;
+  const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, s.N - n));
+  const int v0 = static_cast<int>(piece * 2);
+  if (s.halves && !live_lanes(valid, v0)) return;
+  const int64_t rows = std::min<int64_t>(kQMaxRows, s.M - m);
+  const uint8_t* block = s.packed + b * s.block_bytes;
+  const float* bias = s.bias ? s.bias + n : nullptr;
+  float* y = s.y + m * s.ldy + n;
+  if (s.halves) tile_quantized_rows<FMT, 2>(rows, xq, m, s.K, block, v0, valid, bias, y, s.ldy);
+  else tile_quantized_rows<FMT, kVecs>(rows, xq, m, s.K, block, 0, valid, bias, y, s.ldy);
+}
+
+inline void any_quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u) {
+  switch (s.fmt) {
+    case Q4: return quantized_unit<Q4>(xq, s, u);
+    case Q40: return quantized_unit<Q40>(xq, s, u);
+    case Q8: return quantized_unit<Q8>(xq, s, u);
+    case K4: return quantized_unit<K4>(xq, s, u);
+    case K5: return quantized_unit<K5>(xq, s, u);
+    default: return quantized_unit<K6>(xq, s, u);
+  }
+}
+
+// y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed in format FMT
+// (pack_codes, pack_quantized), shared among the threads as quantized_share says
+template <int FMT>
+void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
+                      float* y, int64_t ldy) {
+  const QuantizedShare share = quantized_share(FMT, M, packed, N, K, bias, y, ldy);
+  at::parallel_for(0, share.units, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) quantized_unit<FMT>(xq, share, u);
+  });
+}
+
+// Several products of the same activations at once (the parts of a fused weight in different formats, as a GGUF
+// file's q, k and v may be), in one parallel region: each thread takes its share of every part's units, the share
+// linear_quantized would give it, so that the threads stay as balanced as over one product a part, and each unit is
+// computed as linear_quantized computes it: the outputs are those of one product a part.
+void linear_quantized_parts(const Q8Rows& xq, const std::vector<QuantizedShare>& shares) {
+  const int64_t threads = at::get_num_threads();
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (const QuantizedShare& s : shares) {
+        const int64_t per_thread = (s.units + threads - 1) / threads;
+        for (int64_t u = t * per_thread; u < std::min(s.units, (t + 1) * per_thread); ++u)
+          any_quantized_unit(xq, s, u);
+      }
   });
 }

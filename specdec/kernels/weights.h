@@ -102,6 +102,18 @@ void linear_quantized_any(const Q8Rows& xq, int64_t M, const Weight& w, const fl
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy,
             bool bf16_products = false) {
   if (!w.parts.empty()) {
+    const bool quantized = std::all_of(w.parts.begin(), w.parts.end(), [](const Weight& p) { return p.qbits; });
+    if (quantized) {  // the activations rounded once, and every part's units shared among the threads in one go
+      std::vector<QuantizedShare> shares;
+      for (size_t i = 0; i < w.parts.size(); ++i) {
+        const Weight& p = w.parts[i];
+        const int64_t n0 = w.offsets[i];
+        shares.push_back(quantized_share(p.qfmt, M, reinterpret_cast<const uint8_t*>(p.data), p.N, p.K,
+                                         bias ? bias + n0 : nullptr, y + n0, ldy));
+      }
+      linear_quantized_parts(quantize_rows(x, M, w.K), shares);
+      return;
+    }
     for (size_t i = 0; i < w.parts.size(); ++i) {
       const int64_t n0 = w.offsets[i];
       linear(x, M, w.parts[i], bias ? bias + n0 : nullptr, y + n0, ldy, bf16_products && w.parts[i].pairs);
