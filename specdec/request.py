@@ -1,9 +1,10 @@
-"""One request while it decodes: its tokens, when it stops, its text, its logprobs and its metrics.
+"""One request while it decodes: its tokens, when it stops, its text, its logprobs and its metrics; and its KV
+cache and drafter from its start to its end (open_request, close_request).
 
 The scheduler (scheduler.py) runs the steps: it asks the drafter, runs the target, verifies the drafts and rolls
 the KV cache back, then hands each step's outcome here. A Request records it and never calls a model: it appends
-the tokens up to EOS, the length limit or the end of a constrained text, turns them into text when asked (the
-first stop string ends the request there), and keeps the request's logprobs and metrics.
+the tokens up to EOS, the length limit or the end of a constrained text, turns them into text when asked (text.py;
+the first stop string ends the request there), and keeps the request's logprobs and metrics.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable
 import torch
 
 from .config import EXACT, GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter, feature_columns
+from .drafters.base import Drafter, DraftRequest, feature_columns
 from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
 from .logprobs import TokenLogprob, logprob_logits, prompt_logprobs, token_logprobs
@@ -21,6 +22,7 @@ from .metrics import GenerationMetrics
 from .costs import CostModel
 from .policy import DraftLengthPolicy
 from .sampling import make_generator, position_gumbel
+from .text import TextAssembler
 from .verify import Draft
 
 
@@ -210,84 +212,63 @@ def count_step_metrics(m: GenerationMetrics, drafted: int, accepted: int, emitte
         m.accepted_per_position[i] += 1
 
 
-# ---- tokens to text ------------------------------------------------------------------------------------
-class IncrementalDetokenizer:
-    """Decodes one token at a time without splitting multi-byte characters or losing leading spaces.
-
-    Keeps a short window of earlier tokens (prefix) so that tokenizers whose pieces depend on the
-    previous token decode as they would in the full text.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        decode = self.tokenizer.decode
-        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        new_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return new_text[len(prefix_text):]
-        return ""
+# ---- a request's KV cache and drafter, from its start to its end ------------------------------------------
+def open_request(backend, request: Request) -> Request:
+    """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request
+    began as this one does, else a fresh slot; and starts its drafter."""
+    prefix = backend.prefix_cache
+    if request.needs_features and prefix is not None:
+        request.features = []  # the hidden rows, which a drafter reading features needs from a restored prefix
+    request.cache = _claim_prefix(prefix, request) or backend.new_cache()
+    request.metrics.cached_prompt_tokens = request.cache.length
+    if request.drafter is not None:
+        generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
+        request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
+                                           sampling=request.config.sampling, generator=generator,
+                                           noise=request.noise if request.coupled else None, costs=request.costs,
+                                           adaptive=request.adaptive, target_cache=request.cache))
+    return request
 
 
-class StopStrings:
-    """Finds the first stop string in growing text; tells how much text is safe to release."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
-        self.holdback = max((len(s) for s in stops), default=1) - 1
-
-    def find(self, text: str, new_from: int) -> int:
-        """Index where the earliest stop string starts, searching only matches that end after new_from; -1 if none."""
-        start = max(0, new_from - self.holdback)
-        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
-        return min(hits) if hits else -1
-
-    def safe_length(self, text: str) -> int:
-        """Characters that cannot be the start of a stop string still being completed."""
-        return len(text) - self.holdback if self.stops else len(text)
+def close_request(backend, request: Request, reason: str) -> None:
+    """Ends a request (BatchEngine._end, the one caller, ends each once): its drafter learns the output and ends,
+    its cache goes to the prefix cache or is freed, and the trace records it."""
+    request.finish(reason)
+    drafter = request.drafter
+    if drafter is not None:
+        if request.learn:
+            drafter.learn(request.generated)
+        drafter.end()
+    _park_or_release(backend, request)
+    request.cache = None
+    if request.tracer is not None and request.generated:
+        request.tracer.write(request)
 
 
-class TextAssembler:
-    """Generated tokens in, text deltas out: never splits a character, cuts at the first stop string.
+def _claim_prefix(prefix, request: Request):
+    """The cache of an earlier request that began as this prompt does, from the prefix cache (for a drafter that
+    reads features, one that kept its hidden states, handed on with the prefill's); None when there is none, or
+    when the request asks for every prompt row's logprobs."""
+    if prefix is None or request.prefill_all_logits:
+        return None
+    claimed = prefix.claim(request.tokens, request.feature_layers if request.needs_features else None)
+    if claimed is None:
+        return None
+    cache, features = claimed
+    if features is not None:
+        request.features = [features]  # the restored rows' hidden states, for the drafter at the prefill
+    return cache
 
-    add() returns the text that is safe to show now and, once a stop string appears, how many of the
-    given tokens were kept (the token that completed the stop string is the last one kept).
-    """
 
-    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
-        if tokenizer is None and stops:
-            raise ConfigError("stop strings need the model's tokenizer")
-        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-        self.stops = StopStrings(stops)
-        self.text = ""
-        self.released = 0
-        self.stopped = False
+def _park_or_release(backend, request: Request) -> None:
+    """Hands the cache to the prefix cache (its rows a later prefill would compute identically), or frees it."""
+    prefix = backend.prefix_cache
+    if prefix is not None:
+        rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
+        features = torch.cat(request.features) if request.features else None  # none: it ended before its prefill
+        if features is not None and features.shape[0] < rows:
+            features = None
+        if prefix.park(request.tokens[:rows], request.cache, features, request.feature_layers):
+            return
+    backend.release(request.cache)
 
-    def add(self, tokens: list[int]) -> tuple[str, int | None]:
-        kept = None
-        if self.detok is None:  # token-level use without a tokenizer: no text
-            return "", None
-        for i, token in enumerate(tokens):
-            before = len(self.text)
-            self.text += self.detok.add(token)
-            if self.stops.stops and (cut := self.stops.find(self.text, before)) >= 0:
-                self.text = self.text[:cut]
-                self.stopped = True
-                kept = i + 1
-                break
-        safe = len(self.text) if self.stopped else self.stops.safe_length(self.text)
-        delta = self.text[self.released:safe] if safe > self.released else ""
-        self.released = max(self.released, safe)
-        return delta, kept
-
-    def flush(self) -> str:
-        """Whatever text was held back (a possible stop-string start) once generation has ended."""
-        delta = self.text[self.released:]
-        self.released = len(self.text)
-        return delta

@@ -25,13 +25,12 @@ import torch
 
 from .choice import OWN_DRAFTER, DrafterChoice
 from .config import GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter, DraftRequest
+from .drafters.base import Drafter
 from .errors import ConstraintError
 from .costs import CostModel
 from .drafting import propose_all, shared_passes
 from .policy import plan_alone, plan_lengths
-from .request import Request, pass_feature_layers
-from .sampling import make_generator
+from .request import Request, close_request, open_request, pass_feature_layers
 from .verify import Draft, tree_mask, verify
 
 IDLE_RECHECK = 8
@@ -236,65 +235,3 @@ class BatchEngine:
         if request.finished:
             self._end(rid, request.finished)
         return StepEvent(request_id=rid, new_tokens=new, finished=request.finished, state=request, error=error)
-
-
-# ---- a request's KV cache and drafter, from its start to its end ------------------------------------------
-def open_request(backend, request: Request) -> Request:
-    """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request
-    began as this one does, else a fresh slot; and starts its drafter."""
-    prefix = backend.prefix_cache
-    if request.needs_features and prefix is not None:
-        request.features = []  # the hidden rows, which a drafter reading features needs from a restored prefix
-    request.cache = _claim_prefix(prefix, request) or backend.new_cache()
-    request.metrics.cached_prompt_tokens = request.cache.length
-    if request.drafter is not None:
-        generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
-        request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
-                                           sampling=request.config.sampling, generator=generator,
-                                           noise=request.noise if request.coupled else None, costs=request.costs,
-                                           adaptive=request.adaptive, target_cache=request.cache))
-    return request
-
-
-def close_request(backend, request: Request, reason: str) -> None:
-    """Ends a request (BatchEngine._end, the one caller, ends each once): its drafter learns the output and ends,
-    its cache goes to the prefix cache or is freed, and the trace records it."""
-    request.finish(reason)
-    drafter = request.drafter
-    if drafter is not None:
-        if request.learn:
-            drafter.learn(request.generated)
-        drafter.end()
-    _park_or_release(backend, request)
-    request.cache = None
-    if request.tracer is not None and request.generated:
-        request.tracer.write(request)
-
-
-def _claim_prefix(prefix, request: Request):
-    """The cache of an earlier request that began as this prompt does, from the prefix cache (for a drafter that
-    reads features, one that kept its hidden states, handed on with the prefill's); None when there is none, or
-    when the request asks for every prompt row's logprobs."""
-    if prefix is None or request.prefill_all_logits:
-        return None
-    claimed = prefix.claim(request.tokens, request.feature_layers if request.needs_features else None)
-    if claimed is None:
-        return None
-    cache, features = claimed
-    if features is not None:
-        request.features = [features]  # the restored rows' hidden states, for the drafter at the prefill
-    return cache
-
-
-def _park_or_release(backend, request: Request) -> None:
-    """Hands the cache to the prefix cache (its rows a later prefill would compute identically), or frees it."""
-    prefix = backend.prefix_cache
-    if prefix is not None:
-        rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
-        features = torch.cat(request.features) if request.features else None  # none: it ended before its prefill
-        if features is not None and features.shape[0] < rows:
-            features = None
-        if prefix.park(request.tokens[:rows], request.cache, features, request.feature_layers):
-            return
-    backend.release(request.cache)
-
