@@ -188,3 +188,25 @@ def test_k4_scales_and_mins_unpack_as_llama_cpp_packs_them():
     got_sc, got_mn = _k4_scales(packed)
     assert got_sc.tolist() == sc.tolist() and got_mn.tolist() == mn.tolist()
     assert K4 != Q4
+
+
+@pytest.mark.parametrize("code_byte", [0x00, 0xFF])  # every code q = -32, or every code q = 31
+def test_q6_k_at_its_extremes_is_exact_in_every_tile(module, code_byte):
+    """Q6_K's extreme codes times the largest activations: the several-row tile's 16-bit sums of the unsigned codes
+    wrap (8 × 63 × 127 > 2^15) before the offset brings them back; the outputs still equal the reference's and the
+    one-row tile's."""
+    n, k = 64, 512
+    raw = random_blocks("Q6_K", n, k).reshape(n, -1, 210)
+    raw[..., :192] = code_byte  # ql and qh: all low and high bits set, or none
+    raw = raw.reshape(n, -1)
+    x = np.ones((4, k), dtype=np.float32)
+    x[1] *= -1.0
+    x[3, ::2] = -1.0
+    quantized = read_rows("Q6_K", raw)
+    packed = pack_rows(module, quantized)
+    together = module.packed_matmul(torch.from_numpy(x), packed, quantized.fmt, n, k)
+    for m in range(4):
+        alone = module.packed_matmul(torch.from_numpy(x[m:m + 1]), packed, quantized.fmt, n, k)
+        assert torch.equal(together[m:m + 1], alone)
+    want = reference_product("Q6_K", raw, x)
+    np.testing.assert_allclose(together.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())

@@ -1,9 +1,12 @@
 """The serving benchmark's client: streamed chat requests at a fixed concurrency, measured one by one.
 
 Each run sends every prompt once, `concurrency` requests in flight at a time, and records for each
-request time to first token (first content chunk), latency (to `[DONE]`), completion tokens and the
-speculation statistics the server reports in usage. A request that gets an error status, an error
-event or an exception is *failed*; one whose stream ends without `[DONE]` and usage is *lost*.
+request time to first token (first content chunk), the gaps between its later content chunks (inter-token latency,
+a chunk carrying the tokens one step emitted), latency (to `[DONE]`), completion tokens and the speculation
+statistics the server reports in usage. A request that gets an error status, an error event or an exception is
+*failed*; one whose stream ends without `[DONE]` and usage is *lost*. A run's goodput is the requests a second
+that met the latency targets given (time to first token, time per output token after it), as vLLM's benchmark
+counts it.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import asyncio
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 MODES = {"off": {"enabled": False}, "on": None}  # speculation per request: drafting off, the server's default
 
@@ -29,6 +32,22 @@ class RequestResult:
     step_tokens: float = 0.0  # MAT x verify steps
     drafting_steps: int = 0  # verify steps that scored drafts
     error: str = ""
+    chunk_gaps_s: list[float] = field(default_factory=list)  # between consecutive content chunks after the first
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (latency - TTFT) / (completion tokens - 1)."""
+        if self.ttft_s is None or self.completion_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.completion_tokens - 1)
+
+    def meets(self, ttft_s: float | None, tpot_s: float | None) -> bool:
+        """Whether the request met the latency targets given (None: no target)."""
+        if self.status != "ok":
+            return False
+        if ttft_s is not None and (self.ttft_s is None or self.ttft_s > ttft_s):
+            return False
+        return tpot_s is None or (self.tpot_s or 0.0) <= tpot_s
 
 
 async def stream_events(response):
@@ -45,7 +64,7 @@ async def stream_events(response):
 
 async def one_request(client, url: str, body: dict) -> RequestResult:
     t0 = time.perf_counter()
-    ttft, usage, done = None, None, False
+    ttft, usage, done, last, gaps = None, None, False, None, []
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -58,8 +77,13 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
                 if "error" in obj:
                     return RequestResult("failed", time.perf_counter() - t0, error=str(obj["error"])[:200])
                 usage = obj.get("usage") or usage
-                if ttft is None and any(c.get("delta", {}).get("content") for c in obj.get("choices", [])):
-                    ttft = time.perf_counter() - t0
+                if any(c.get("delta", {}).get("content") for c in obj.get("choices", [])):
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
     except Exception as exc:  # a dropped connection, a timeout: the request failed
         return RequestResult("failed", time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:200])
     latency = time.perf_counter() - t0
@@ -69,7 +93,8 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
     steps = spec.get("verify_steps") or 0
     return RequestResult("ok", latency, ttft, usage["prompt_tokens"], usage["completion_tokens"],
                          spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0), steps,
-                         (spec.get("mean_accepted_tokens") or 0.0) * steps, spec.get("drafting_steps") or 0)
+                         (spec.get("mean_accepted_tokens") or 0.0) * steps, spec.get("drafting_steps") or 0,
+                         chunk_gaps_s=gaps)
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, speculation: dict | None,
@@ -98,9 +123,14 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
     return wall, [r or RequestResult("lost", 0.0, error="never sent") for r in results]
 
 
-def summarize(concurrency: int, mode: str, wall: float, results: list[RequestResult]) -> dict:
-    """One run's figures: aggregate tokens/s, TTFT and latency distributions, speculation, failures."""
+def summarize(concurrency: int, mode: str, wall: float, results: list[RequestResult],
+              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
+    """One run's figures: aggregate tokens/s, TTFT, inter-token latency (every gap between content chunks of
+    every request, pooled), time per output token and latency distributions, goodput under the latency targets
+    given (requests a second that met them; None without a target), speculation, failures."""
     ok = [r for r in results if r.status == "ok"]
+    targets = slo_ttft_s is not None or slo_tpot_s is not None
+    good = sum(r.meets(slo_ttft_s, slo_tpot_s) for r in results)
     tokens = sum(r.completion_tokens for r in ok)
     drafted, accepted = sum(r.drafted_tokens for r in ok), sum(r.accepted_tokens for r in ok)
     steps, drafting_steps = sum(r.verify_steps for r in ok), sum(r.drafting_steps for r in ok)
@@ -109,7 +139,11 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
             "wall_s": wall, "prompt_tokens": sum(r.prompt_tokens for r in ok), "completion_tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "ttft_s": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "itl_s": _dist([gap for r in ok for gap in r.chunk_gaps_s]),
+            "tpot_s": _dist([r.tpot_s for r in ok if r.tpot_s is not None]),
             "latency_s": _dist([r.latency_s for r in ok]),
+            "goodput": {"slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "requests_met": good if targets else None,
+                        "requests_per_s": good / wall if targets and wall > 0 else None},
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_tokens": sum(r.step_tokens for r in ok) / steps if steps else None,
             "mean_acceptance_length": 1.0 + accepted / drafting_steps if drafting_steps else None,
@@ -146,8 +180,12 @@ def floors(runs: list[dict]) -> dict:
 
 
 def _dist(xs: list[float]) -> dict:
+    """mean, p50, p90, p99 (nearest rank) and max of the values; None each where there are none."""
     if not xs:
-        return {"mean": None, "p50": None, "p90": None, "max": None}
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     xs = sorted(xs)
-    return {"mean": statistics.fmean(xs), "p50": xs[len(xs) // 2], "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
-            "max": xs[-1]}
+
+    def rank(q: float) -> float:
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    return {"mean": statistics.fmean(xs), "p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": xs[-1]}

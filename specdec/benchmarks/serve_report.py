@@ -22,13 +22,17 @@ def markdown(summary: dict) -> str:
              f"load average {_f((meta.get('load_average_before') or [None])[0])} before, "
              f"{_f((meta.get('load_average_after') or [None])[0])} after", "",
              "| concurrency | round | speculation | ok / failed / lost | prompt / completion tokens | tokens/s "
-             "| TTFT mean / p90 (s) | latency mean / p90 (s) | acceptance | MAT | MAL |",
-             "|---:|---:|---|---|---|---:|---|---|---:|---:|---:|"]
+             "| TTFT p50 / p99 (s) | ITL p50 / p99 (s) | latency mean / p90 (s) | goodput (req/s) | acceptance | MAT "
+             "| MAL |",
+             "|---:|---:|---|---|---|---:|---|---|---|---:|---:|---:|---:|"]
     for r in summary["runs"]:
         ttft, lat = r["ttft_s"], r["latency_s"]
+        itl, good = r.get("itl_s") or {}, (r.get("goodput") or {}).get("requests_per_s")
         lines.append(f"| {r['concurrency']} | {r.get('round', 1)} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
                      f"{r.get('prompt_tokens', '?')} / {r['completion_tokens']} | {r['tokens_per_s']:.1f} | "
-                     f"{_f(ttft['mean'])} / {_f(ttft['p90'])} | {_f(lat['mean'])} / {_f(lat['p90'])} | "
+                     f"{_f(ttft.get('p50'))} / {_f(ttft.get('p99'))} | "
+                     f"{_f(itl.get('p50'), 3)} / {_f(itl.get('p99'), 3)} | "
+                     f"{_f(lat['mean'])} / {_f(lat['p90'])} | {_f(good)} | "
                      f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} | "
                      f"{_f(r.get('mean_acceptance_length'))} |")
     lines += ["", "| floor | measured | required | met |", "|---|---:|---:|---|"]

@@ -62,6 +62,10 @@ def register(sub) -> None:
     p.add_argument("--journal", default=None, metavar="FILE",
                    help="--fuzz: append each request's outcome to this JSONL as it comes; the same command run again "
                         "counts the requests recorded there and sends only the rest (a stopped run resumes)")
+    p.add_argument("--slo-ttft", type=float, default=None, metavar="SECONDS",
+                   help="goodput: a request counts if its time to first token is at most this")
+    p.add_argument("--slo-tpot", type=float, default=None, metavar="SECONDS",
+                   help="goodput: a request counts if its time per output token after the first is at most this")
     p.add_argument("--out-json", default=None, help="write the results JSON here")
     p.add_argument("--report", default=None, help="write a Markdown table here (a .md file)")
     p.set_defaults(run=run)
@@ -139,6 +143,8 @@ def run(args) -> int:
     if not levels or min(levels) < 1 or any(m not in MODES for m in modes) or args.max_tokens < 1 or args.rounds < 1:
         raise ConfigError("--concurrency takes integers >= 1, --speculation off and/or on, --max-tokens and "
                           "--rounds >= 1")
+    if any(t is not None and not t > 0 for t in (args.slo_ttft, args.slo_tpot)):
+        raise ConfigError("--slo-ttft and --slo-tpot take seconds above 0")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
     server = _Server(args, args.max_batch or max(levels))
@@ -153,7 +159,7 @@ def run(args) -> int:
             for round_ in range(1, args.rounds + 1):
                 for mode in modes if round_ % 2 else modes[::-1]:  # off, on; then on, off; ...
                     wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common))
-                    runs.append({**summarize(c, mode, wall, results), "round": round_})
+                    runs.append({**summarize(c, mode, wall, results, args.slo_ttft, args.slo_tpot), "round": round_})
                     _say(runs[-1])
     finally:
         server.stop()
@@ -181,7 +187,8 @@ def run(args) -> int:
 def _say(r: dict) -> None:
     print(f"concurrency {r['concurrency']:>3} round {r['round']} speculation {r['speculation']:>3}: "
           f"{r['tokens_per_s']:7.1f} tok/s, latency {r['latency_s']['mean'] or 0:.2f}s, TTFT "
-          f"{r['ttft_s']['mean'] or 0:.2f}s, ok {r['ok']}, failed {r['failed']}, lost {r['lost']}",
+          f"{r['ttft_s']['mean'] or 0:.2f}s, ITL p50 {r['itl_s']['p50'] or 0:.3f}s, ok {r['ok']}, failed "
+          f"{r['failed']}, lost {r['lost']}",
           file=sys.stderr, flush=True)
 
 
