@@ -73,8 +73,8 @@ def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> 
     embed = matrix(sd["model.embed_tokens.weight"])
     lm_head = matrix(sd["lm_head.weight"]) if "lm_head.weight" in sd else embed
     local = "sliding_attention"
-    cos, sin = (first_half(t) for t in rope_tables(hf_model, max_context, "full_attention" if family.rope_kinds
-                                                    else None))
+    global_kind = "full_attention" if family.rope_kinds else None
+    cos, sin = (first_half(t) for t in rope_tables(hf_model, max_context, global_kind))
     local_tables = [first_half(t) for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
     local_layers = [int(family.rope_kind(i) == local) for i in range(cfg.num_hidden_layers)]
     # the embeddings' scale rounded to the weights' dtype, as Gemma's embedding module rounds it
@@ -89,7 +89,8 @@ def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> 
 
 def first_half(table: torch.Tensor) -> torch.Tensor:
     """A RoPE table (positions, rotated dims) -> its first half of columns, on the CPU: in the rotate-half form both
-    halves hold the same angles, so the kernels keep one (a 128k-position table of a 64-dim head is 32 MB, not 64)."""
+    halves hold the same angles, so the kernels keep one (cos and sin of 128k positions for a 64-dim head: 32 MB, not
+    64)."""
     return table[:, : table.shape[1] // 2].cpu().contiguous()
 
 
