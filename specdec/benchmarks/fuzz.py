@@ -9,9 +9,8 @@ each answer must keep (`problem`): a 2xx in OpenAI's shape (a stream of well-for
 serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
 
 A seed writes the same requests in every process of an installed specdec (`drawn`; the report's digest): see
-benchmarks/seeded.py. That also
-makes a long run resumable: with a journal (`FuzzJournal`), each answered request's outcome is appended as it
-comes, and a rerun replays the recorded ones instead of sending them again.
+benchmarks/seeded.py. That also makes a long run resumable: with a journal (`FuzzJournal`), each answered
+request's outcome is appended as it comes, and a rerun replays the recorded ones instead of sending them again.
 """
 from __future__ import annotations
 

@@ -129,8 +129,8 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
     every request, pooled), time per output token and latency distributions, goodput under the latency targets
     given (requests a second that met them; None without a target), speculation, failures."""
     ok = [r for r in results if r.status == "ok"]
-    targets = slo_ttft_s is not None or slo_tpot_s is not None
-    good = sum(r.meets(slo_ttft_s, slo_tpot_s) for r in results)
+    good = (sum(r.meets(slo_ttft_s, slo_tpot_s) for r in results)
+            if slo_ttft_s is not None or slo_tpot_s is not None else None)
     tokens = sum(r.completion_tokens for r in ok)
     drafted, accepted = sum(r.drafted_tokens for r in ok), sum(r.accepted_tokens for r in ok)
     steps, drafting_steps = sum(r.verify_steps for r in ok), sum(r.drafting_steps for r in ok)
@@ -142,8 +142,8 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
             "itl_s": _dist([gap for r in ok for gap in r.chunk_gaps_s]),
             "tpot_s": _dist([r.tpot_s for r in ok if r.tpot_s is not None]),
             "latency_s": _dist([r.latency_s for r in ok]),
-            "goodput": {"slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "requests_met": good if targets else None,
-                        "requests_per_s": good / wall if targets and wall > 0 else None},
+            "goodput": {"slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "requests_met": good,
+                        "requests_per_s": good / wall if good is not None and wall > 0 else None},
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_tokens": sum(r.step_tokens for r in ok) / steps if steps else None,
             "mean_acceptance_length": 1.0 + accepted / drafting_steps if drafting_steps else None,

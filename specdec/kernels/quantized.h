@@ -78,7 +78,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 }
 
 constexpr int kQMaxRows = 4;
-// units per thread below which linear_quantized shares half-blocks instead of blocks
+// units per thread below which quantized_share shares half-blocks instead of blocks
 constexpr int64_t kHalvedUnits = 16;
 
 template <int FMT, int NV, int MR = kQMaxRows>
