@@ -108,3 +108,18 @@ def local_decoders(served_folder):
 
     target = load_model(str(served_folder), dtype="float32")
     return SpecDecoder(target, None), SpecDecoder(target, None, chat=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """The CPU the tests ran on, in a line after the results (the kernels' tests run different code on AVX2,
+    AVX-512, VNNI, BF16 and AMX): a failure on a machine nobody else has is then told by its report."""
+    from specdec import kernels
+
+    flags = kernels.cpu_flags()
+    extras = [f for f in ("avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    overrides = [f"{name}={os.environ[name]}" for name in (kernels.ISA_VARIABLE, kernels.PREFILL_VARIABLE)
+                 if os.environ.get(name)]
+    terminalreporter.write_line(f"specdec kernels: the {kernels.cpu_instruction_set()} build "
+                                f"({', '.join(extras) or 'no VNNI, BF16 or AMX'}), {os.cpu_count()} CPUs"
+                                + (f"; {', '.join(overrides)}" if overrides else ""))

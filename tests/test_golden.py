@@ -39,14 +39,41 @@ def test_golden_greedy_output(target, drafter):
     assert result.text == GOLDEN["text"]
     if drafter == "draft-model":
         assert result.metrics.accepted_tokens == result.metrics.drafted_tokens > 0
-    if kind == "quantized":  # the model's layers are 4-bit groups already (a Q4_1 GGUF): its copy is nearly exact
+    if kind == "quantized":  # how often it is right: test_the_quantized_copy_guesses_the_golden_continuation
         assert result.metrics.drafted_tokens > 0
-        assert result.metrics.accepted_tokens >= 0.8 * result.metrics.drafted_tokens
     if kind in ("eagle", "medusa"):  # the shipped heads must load, draft and be right at least sometimes
         assert result.metrics.accepted_tokens > 0
     if kind == "select":  # its default candidates here: both shipped heads and both copying drafters
         assert list(made.candidates) == ["eagle", "medusa", "ngram", "suffix"]
         assert result.metrics.accepted_tokens > 0 and {"eagle", "medusa"} <= set(result.metrics.drafter_steps)
+
+
+def test_the_quantized_copy_guesses_the_golden_continuation(target):
+    """The model's layers are 4-bit groups already (a Q4_1 GGUF), so its 4-bit copy differs from it only by the
+    int8 activations and the screened head: given each prefix of the golden continuation, the copy's own next token
+    is the golden one at nearly every position. Counted position by position (one draft after the target's own
+    cache of the prefix), not from a run's accepted share, which also depends on the lengths the policy drafts:
+    one miss in a five-token draft loses up to five."""
+    import torch
+
+    from specdec.drafters.base import Budget, DraftRequest
+
+    copy = create_drafter("quantized", target)
+    backend = target.backend
+    prompt = SpecDecoder(target, None).encode(GOLDEN["prompt"])
+    tokens = prompt + GOLDEN["token_ids"]
+    right = 0
+    for position in range(len(prompt), len(tokens)):
+        cache = backend.new_cache()
+        try:
+            backend.forward(cache, torch.tensor(tokens[:position - 1]), last_only=True)
+            copy.begin(DraftRequest(prompt_ids=prompt, target_cache=cache))
+            draft = copy.propose(tokens[:position], Budget(1))
+            copy.end()
+            right += draft.tokens.tolist() == [tokens[position]]
+        finally:
+            backend.release(cache)
+    assert right >= 0.9 * len(GOLDEN["token_ids"]), right
 
 
 @pytest.mark.parametrize("drafter", ["draft-model", "eagle"])
