@@ -119,18 +119,20 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     from .family import fast_path_problem
     from .gguf_model import (architecture_problem, open_gguf, quantized_matrix_types, read_state,
                              release_freed_memory, skeleton)
+    from .gguf_parsing import fast_gguf_parsing
     from .kernel_llama import KernelLlama, four_bit_problem
 
-    reader = open_gguf(path)
-    if not quantized_matrix_types(reader):
-        return None  # a float file: transformers loads it as it is
-    _quiet_transformers()
-    kwargs = {"trust_remote_code": trust_remote_code, "gguf_file": path.name}
-    try:
-        config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-    except (OSError, ValueError, ImportError, KeyError) as exc:
-        raise _load_error(str(path.parent), path.name, exc) from None
+    with fast_gguf_parsing():
+        reader = open_gguf(path)
+        if not quantized_matrix_types(reader):
+            return None  # a float file: transformers loads it as it is
+        _quiet_transformers()
+        kwargs = {"trust_remote_code": trust_remote_code, "gguf_file": path.name}
+        try:
+            config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+        except (OSError, ValueError, ImportError, KeyError) as exc:
+            raise _load_error(str(path.parent), path.name, exc) from None
     problem = (unavailable_reason() or fast_path_problem(config) or four_bit_problem(config)
                or architecture_problem(config))
     if problem:
@@ -159,14 +161,26 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, 
     _quiet_transformers()
     kwargs = {"trust_remote_code": trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        config = AutoConfig.from_pretrained(folder, **kwargs)
+        with gguf_parsing(gguf):
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            config = AutoConfig.from_pretrained(folder, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _load_error(folder, gguf, exc) from None
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not vocab_size:
         raise ModelLoadError(f"cannot read the vocabulary size of {spec} from its config")
     return tokenizer, int(vocab_size)
+
+
+def gguf_parsing(gguf: str | None):
+    """fast_gguf_parsing() where a GGUF file is read, else nothing (gguf_parsing.py)."""
+    from contextlib import nullcontext
+
+    if not gguf:
+        return nullcontext()
+    from .gguf_parsing import fast_gguf_parsing
+
+    return fast_gguf_parsing()
 
 
 def _quiet_transformers() -> None:
@@ -199,10 +213,11 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
     if gguf:
         kwargs["gguf_file"] = gguf
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        if not gguf:
-            kwargs["use_safetensors"] = True  # never unpickle weights
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        with gguf_parsing(gguf):
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            if not gguf:
+                kwargs["use_safetensors"] = True  # never unpickle weights
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as exc:  # SafetensorError: a damaged file
         raise _load_error(folder, gguf, exc) from None
     if gguf and getattr(model, "hf_quantizer", None) is not None:
