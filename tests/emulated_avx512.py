@@ -31,18 +31,8 @@ static inline simde__m512 emulated_cvtepi32_ps(simde__m512i a) {
   for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(v[i]);  // rounded as MXCSR says, as vcvtdq2ps does
   return emulated_from<simde__m512>(f);
 }
-static inline simde__m512i emulated_cvtepi8_epi32(simde__m128i a) {
-  int8_t b[16]; int32_t o[16]; std::memcpy(b, &a, 16);
-  for (int i = 0; i < 16; ++i) o[i] = b[i];
-  return emulated_from<simde__m512i>(o);
-}
-static inline simde__m512i emulated_cvtepu8_epi32(simde__m128i a) {
-  uint8_t b[16]; int32_t o[16]; std::memcpy(b, &a, 16);
-  for (int i = 0; i < 16; ++i) o[i] = b[i];
-  return emulated_from<simde__m512i>(o);
-}
-static inline simde__m512i emulated_cvtepu16_epi32(simde__m256i a) {
-  uint16_t b[16]; int32_t o[16]; std::memcpy(b, &a, 32);
+template <class Lane, class In> static inline simde__m512i emulated_widen(In a) {  // 16 lanes to int32
+  Lane b[16]; int32_t o[16]; std::memcpy(b, &a, sizeof(b));
   for (int i = 0; i < 16; ++i) o[i] = b[i];
   return emulated_from<simde__m512i>(o);
 }
@@ -84,9 +74,9 @@ static inline simde__m256i emulated_cvtneps_pbh(simde__m512 v) {
 }
 template <class T, class V> static inline T emulated_as(const V& v) { T t; std::memcpy(&t, &v, sizeof(T)); return t; }
 #define _mm512_cvtepi32_ps(a) emulated_cvtepi32_ps(a)
-#define _mm512_cvtepi8_epi32(a) emulated_cvtepi8_epi32(a)
-#define _mm512_cvtepu8_epi32(a) emulated_cvtepu8_epi32(a)
-#define _mm512_cvtepu16_epi32(a) emulated_cvtepu16_epi32(a)
+#define _mm512_cvtepi8_epi32(a) emulated_widen<int8_t>(a)
+#define _mm512_cvtepu8_epi32(a) emulated_widen<uint8_t>(a)
+#define _mm512_cvtepu16_epi32(a) emulated_widen<uint16_t>(a)
 #define _mm512_cvtph_ps(a) emulated_cvtph_ps(a)
 #define _mm512_mask_storeu_ps(p, mask, v) emulated_mask_storeu_ps(p, mask, v)
 #define _mm512_maskz_loadu_ps(mask, p) emulated_maskz_loadu_ps(mask, p)
