@@ -53,7 +53,8 @@ def test_the_quantized_copy_guesses_the_golden_continuation(target):
     int8 activations and the screened head: given each prefix of the golden continuation, the copy's own next token
     is the golden one at nearly every position. Counted position by position (one draft after the target's own
     cache of the prefix), not from a run's accepted share, which also depends on the lengths the policy drafts:
-    one miss in a five-token draft loses up to five."""
+    one miss in a five-token draft loses up to five. The target's cache grows a token at a time: the copy drafts
+    past its length, where the target's next pass writes its own keys and values."""
     import torch
 
     from specdec.drafters.base import Budget, DraftRequest
@@ -63,16 +64,17 @@ def test_the_quantized_copy_guesses_the_golden_continuation(target):
     prompt = SpecDecoder(target, None).encode(GOLDEN["prompt"])
     tokens = prompt + GOLDEN["token_ids"]
     right = 0
-    for position in range(len(prompt), len(tokens)):
-        cache = backend.new_cache()
-        try:
-            backend.forward(cache, torch.tensor(tokens[:position - 1]), last_only=True)
-            copy.begin(DraftRequest(prompt_ids=prompt, target_cache=cache))
+    cache = backend.new_cache()
+    copy.begin(DraftRequest(prompt_ids=prompt, target_cache=cache))
+    try:
+        backend.forward(cache, torch.tensor(prompt[:-1]), last_only=True)
+        for position in range(len(prompt), len(tokens)):
             draft = copy.propose(tokens[:position], Budget(1))
-            copy.end()
             right += draft.tokens.tolist() == [tokens[position]]
-        finally:
-            backend.release(cache)
+            backend.forward(cache, torch.tensor(tokens[position - 1:position]), last_only=True)
+    finally:
+        copy.end()
+        backend.release(cache)
     assert right >= 0.9 * len(GOLDEN["token_ids"]), right
 
 

@@ -59,7 +59,7 @@ def test_float_products_are_the_avx2_builds(emulated, avx2, dtype):
 
 
 def _logits_on(module, monkeypatch, target_of):
-    """The prompt's logits, and its 4-bit copy's where the target has one, with `module` as the kernels."""
+    """(target, the logits of a fixed prompt's pass) with `module` as the kernels; target_of() loads the target."""
     monkeypatch.setattr(kernels, "load", lambda isa=None: module)
     target = target_of()
     ids = torch.randint(0, 60, (37,), generator=torch.Generator().manual_seed(1))

@@ -119,10 +119,9 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     from .family import fast_path_problem
     from .gguf_model import (architecture_problem, open_gguf, quantized_matrix_types, read_state,
                              release_freed_memory, skeleton)
-    from .gguf_parsing import fast_gguf_parsing
     from .kernel_llama import KernelLlama, four_bit_problem
 
-    with fast_gguf_parsing():
+    with gguf_parsing(path.name):
         reader = open_gguf(path)
         if not quantized_matrix_types(reader):
             return None  # a float file: transformers loads it as it is
