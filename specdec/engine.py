@@ -220,11 +220,12 @@ class SpecDecoder:
                     results[update.request_id] = GenerationResult.of(update.state)
         return [results[i] for i in range(len(prompts))]
 
-    def batch_engine(self, max_batch: int = 16) -> BatchEngine:
-        """A BatchEngine over this decoder's target, drafter (OWN_DRAFTER: one fork per request) and costs."""
+    def batch_engine(self, max_batch: int = 16, prefill_chunk: int | str | None = None) -> BatchEngine:
+        """A BatchEngine over this decoder's target, drafter (OWN_DRAFTER: one fork per request) and costs.
+        prefill_chunk: the prompt tokens a step prefills while other requests run (prefill.py; None: whole)."""
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
         return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
-                           tokenizer=self.target.tokenizer, tracer=self.tracer)
+                           tokenizer=self.target.tokenizer, tracer=self.tracer, prefill_chunk=prefill_chunk)
 
     def engine_for_one(self, learn: bool = True, traced: bool = True) -> BatchEngine:
         """A BatchEngine for one request at a time, whose own drafter (OWN_DRAFTER) is this decoder's itself, not a

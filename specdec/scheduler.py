@@ -13,7 +13,8 @@ between steps (continuous batching), each with its own KV slot (a fresh one, or 
 cache; parked there or freed at its end), drafter and random streams. Above
 SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either). A batch whose
 step the policy gave no drafts asks it again only after IDLE_RECHECK steps at the same size: in large batches,
-where drafts do not pay, asking every step cost about 1% of the step.
+where drafts do not pay, asking every step cost about 1% of the step. With a prefill chunk (prefill.py), a step
+prefills at most that many prompt tokens while other requests run, so that a long prompt stalls nobody.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .errors import ConstraintError
 from .costs import CostModel
 from .drafting import propose_all, shared_passes
 from .policy import plan_alone, plan_lengths
+from .prefill import ChunkBudget, plan_prefill
 from .request import Request, close_request, open_request, pass_feature_layers
 from .verify import Draft, tree_mask, verify
 
@@ -51,10 +53,13 @@ class BatchEngine:
     """Owns a set of running requests over one backend; not thread-safe (one step at a time)."""
 
     def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
-                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None, learn: bool = True):
+                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None, learn: bool = True,
+                 prefill_chunk: int | str | None = None):
         """drafter_factory: the drafter of a request that takes the engine's own (OWN_DRAFTER). tokenizer: the
         target's, for text and constraints; tracer: a TraceWriter that records every request when it ends; learn:
-        hand each finished output to its drafter (Drafter.learn), off for warm-up runs."""
+        hand each finished output to its drafter (Drafter.learn), off for warm-up runs; prefill_chunk: the prompt
+        tokens a step prefills while others run (a number, "auto" or None: whole prompts; prefill.py), on a backend
+        whose chunks are exact (CausalLM.exact_chunks; elsewhere prompts are prefilled whole)."""
         self.learn = learn
         self.backend = backend
         self.tokenizer = tokenizer
@@ -63,7 +68,8 @@ class BatchEngine:
         self.speculation = speculation
         self.costs = costs
         self.max_batch = max_batch
-        self.waiting: list[tuple[object, Request]] = []  # admitted, not yet prefilled
+        self.waiting: list[tuple[object, Request]] = []  # admitted, not yet (wholly) prefilled
+        self.chunks = ChunkBudget(prefill_chunk) if prefill_chunk is not None and backend.exact_chunks else None
         self.running: dict[object, Request] = {}
         self._idle = (0, 0)  # (batch size, steps left) after a batched step the policy gave no drafts
 
@@ -105,7 +111,7 @@ class BatchEngine:
         """Prefills newcomers, and runs one step for every request that was running before them: a step reports
         each request once (a newcomer's first decoding step is the next one)."""
         ready = list(self.running.items())
-        events = self._prefill()
+        events = self._prefill(others_running=bool(ready))
         if not ready:
             return events
         ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
@@ -123,6 +129,8 @@ class BatchEngine:
         else:
             outputs = self.backend.forward_batch([r.cache for r in requests], inputs, **wanted)
         seconds = time.perf_counter() - t0
+        if self.chunks is not None:
+            self.chunks.observe_step(seconds)
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
         return events + [self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
@@ -171,21 +179,25 @@ class BatchEngine:
         return request.take_step(draft, path, token, logits, processed, seconds)
 
     # ---- prefill ----------------------------------------------------------------------------------
-    def _prefill(self) -> list[StepEvent]:
+    def _prefill(self, others_running: bool) -> list[StepEvent]:
+        """Prefills the waiting requests, or with a chunk budget and others running, those that fit it (and a chunk
+        of the next); each request whose prefill ends gets its first token and joins the running batch."""
         if not self.waiting:
             return []
-        batch, self.waiting = self.waiting, []
+        batch = self._prompts_due(others_running)
         events = []
         copies = self.backend.copies_caches
         for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
             groups: dict = {}  # the same prompt (n choices, repeated requests) is prefilled once, then copied
             for i, (rid, r) in enumerate(batch):
                 if r.prefill_all_logits == every_row:
-                    groups.setdefault(tuple(r.tokens) if copies else i, []).append((rid, r))
+                    same = (tuple(r.tokens), r.cache.length) if copies else i
+                    groups.setdefault(same, []).append((rid, r))
             if not groups:
                 continue
             leads = [members[0][1] for members in groups.values()]
             layers = pass_feature_layers([r for members in groups.values() for _, r in members])
+            tokens = sum(len(r.tokens) - r.cache.length for r in leads)
             t0 = time.perf_counter()
             outputs = self.backend.forward_batch([r.cache for r in leads],  # after the prefix the cache restored
                                                  [torch.tensor(r.tokens[r.cache.length:]) for r in leads],
@@ -193,6 +205,8 @@ class BatchEngine:
                                                  last_only=not every_row, argmax_only=all(
                                                      r.argmax_only for m in groups.values() for _, r in m))
             seconds = time.perf_counter() - t0
+            if self.chunks is not None:
+                self.chunks.observe_prefill(tokens, seconds)
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
                     self.backend.copy_cache(lead.cache, request.cache)
@@ -201,6 +215,25 @@ class BatchEngine:
                     events.append(self._outcome(rid, request, self._first_token, request, out.logits, out.hidden,
                                                 layers, seconds))
         return events
+
+    def _prompts_due(self, others_running: bool) -> list[tuple[object, Request]]:
+        """The waiting requests whose prefill ends this step, taken out of `waiting`; the next one in line may be
+        prefilled in part first (its cache then marked in_prompt: the next chunk goes on with its prefill)."""
+        budget = self.chunks.tokens() if self.chunks is not None and others_running else None
+        left = [len(r.tokens) - r.cache.length for _, r in self.waiting]
+        plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for _, r in self.waiting], budget)
+        if plan.chunk is not None:
+            request, n = self.waiting[plan.chunk[0]][1], plan.chunk[1]
+            start = request.cache.length
+            t0 = time.perf_counter()
+            self.backend.forward_batch([request.cache], [torch.tensor(request.tokens[start:start + n])],
+                                       last_only=True, argmax_only=True)  # only its keys and values are wanted
+            self.chunks.observe_prefill(n, time.perf_counter() - t0)
+            request.cache.in_prompt = True
+        due = set(plan.due)
+        batch = [w for i, w in enumerate(self.waiting) if i in due]
+        self.waiting = [w for i, w in enumerate(self.waiting) if i not in due]
+        return batch
 
     def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
                      layers: tuple[int, ...] | None, seconds: float) -> list[int]:

@@ -6,7 +6,9 @@ import json
 import httpx
 import pytest
 
-from specdec.benchmarks.loadgen import RequestResult, _dist, one_request, summarize
+from specdec.benchmarks.loadgen import (LONG_MAX_TOKENS, RequestResult, _dist, floors, long_prompt_texts, one_request,
+                                       run_level, summarize, summarize_long)
+from specdec.benchmarks.serve_report import markdown
 
 
 def _stream(contents: list[str]) -> bytes:
@@ -66,3 +68,58 @@ def test_a_latency_target_that_is_not_positive_is_one_line(capsys, option):
 
     rc, _, err = run_cli(capsys, "bench-serve", "--url", "http://127.0.0.1:9", option, "0")
     assert rc == 2 and "--slo-ttft and --slo-tpot take seconds above 0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_long_prompts_are_about_as_long_as_asked_and_open_differently():
+    texts = ["alpha " * 50, "beta " * 80, "gamma " * 20]
+    prompts = long_prompt_texts(texts, 3, 500)
+    assert len(prompts) == 3 and all(1900 <= len(p) <= 2100 for p in prompts)
+    assert len({p[:12] for p in prompts}) == 3  # no prefix cache serves one from another
+    assert long_prompt_texts(texts, 0, 500) == [] and long_prompt_texts([], 2, 500) == []
+
+
+def test_a_mixed_run_sends_its_long_prompts_while_the_streams_run_and_reports_them_apart():
+    """The streams' results come first, in prompt order, and the wall time is theirs; the long prompts' follow."""
+    seen = []
+
+    async def answer(request):
+        body = json.loads(request.content)
+        seen.append(body["max_tokens"])
+        await asyncio.sleep(0.2 if body["max_tokens"] == 4 else 0.01)  # the streams outlast the long prompts
+        return httpx.Response(200, content=_stream(["x"] * body["max_tokens"]))
+
+    async def go():
+        real = httpx.AsyncClient
+
+        def mocked(**kwargs):
+            return real(transport=httpx.MockTransport(answer), **kwargs)
+
+        import specdec.benchmarks.loadgen as loadgen
+
+        old, loadgen.LONG_PROMPT_DELAY_S = loadgen.LONG_PROMPT_DELAY_S, 0.0
+        httpx.AsyncClient = mocked
+        try:
+            return await run_level("http://x", "m", ["a", "b", "c"], 2, None, 4, long_prompts=["L1", "L2"])
+        finally:
+            httpx.AsyncClient, loadgen.LONG_PROMPT_DELAY_S = real, old
+
+    wall, results = asyncio.run(go())
+    streams, longs = results[:3], results[3:]
+    assert all(r.status == "ok" and r.completion_tokens == 4 for r in streams)
+    assert len(longs) == 2 and all(r.completion_tokens == LONG_MAX_TOKENS for r in longs)
+    assert summarize_long(longs)["ok"] == 2 and sorted(seen) == [4, 4, 4, LONG_MAX_TOKENS, LONG_MAX_TOKENS]
+
+
+def _run(c: int, mode: str, gaps: list[float], long: bool) -> dict:
+    run = summarize(c, mode, 1.0, [_ok(0.1, 1.0, len(gaps) + 1, gaps)])
+    return {**run, "long_prompts": summarize_long([_ok(2.0, 2.5, 8, [])])} if long else run
+
+
+def test_the_mixed_floor_is_the_p99_with_long_prompts_over_the_median_without():
+    runs = [_run(16, "off", [0.05] * 99, False), _run(16, "off", [0.05] * 90 + [0.12] * 10, True)]
+    out = floors(runs)
+    assert out["itl_p99_with_long_prompts_over_p50_without_c16_off"] == pytest.approx(0.12 / 0.05)
+    assert "speculation_on_over_off_c16" not in out and out["lost_or_failed"] == 0
+    report = markdown({"meta": {"model": "m", "prompts": 1, "prompt_file": "p", "max_tokens": 8, "temperature": 0},
+                       "runs": runs, "floors": out})
+    assert "| 2.40x | at most 3x | yes |" in report and "off, 1 long prompts" in report

@@ -38,7 +38,7 @@ def test_a_restored_prefix_scores_the_rest_of_the_prompt_as_a_fresh_prefill(back
     be.forward(earlier, torch.tensor(prompt[:cut] + _prompt(20, seed=9)))  # an earlier prompt: same beginning
     assert be.prefix_cache.park(prompt[:cut] + _prompt(20, seed=9), earlier)
     cache, features = be.prefix_cache.claim(prompt)
-    assert cache.length == cut and cache.restored and features is None
+    assert cache.length == cut and cache.in_prompt and features is None
     got = be.forward(cache, torch.tensor(prompt[cut:])).logits
     assert torch.equal(got, want[cut:])
 

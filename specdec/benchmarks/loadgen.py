@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 MODES = {"off": {"enabled": False}, "on": None}  # speculation per request: drafting off, the server's default
+LONG_MAX_TOKENS = 8  # a long prompt's answer: it is there for its prefill
+LONG_PROMPT_DELAY_S = 1.0  # the first long prompt follows the run's start by this much
 
 
 @dataclass
@@ -99,28 +101,60 @@ async def one_request(client, url: str, body: dict) -> RequestResult:
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, speculation: dict | None,
                     max_tokens: int, temperature: float = 0.0, api_key: str | None = None,
-                    timeout: float = 600.0) -> tuple[float, list[RequestResult]]:
-    """Sends every prompt once with `concurrency` in flight; returns (wall seconds, results in prompt order)."""
+                    timeout: float = 600.0, long_prompts: list[str] = ()) -> tuple[float, list[RequestResult]]:
+    """Sends every prompt once with `concurrency` in flight; returns (wall seconds, results in prompt order).
+    long_prompts (a mixed workload): sent one after another, LONG_MAX_TOKENS each, while the prompts run; their
+    results follow the prompts' and the wall time is the prompts' alone."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    results: list[RequestResult | None] = [None] * len(prompts)
+    results: list[RequestResult | None] = [None] * (len(prompts) + len(long_prompts))
     todo = iter(range(len(prompts)))
+    running = asyncio.Event()
+
+    def body(text: str, tokens: int) -> dict:
+        out = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
+               "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+        return out if speculation is None else {**out, "speculation": speculation}
 
     async def client_loop(client):
         for i in todo:
-            body = {"model": model, "messages": [{"role": "user", "content": prompts[i]}], "max_tokens": max_tokens,
-                    "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
-            if speculation is not None:
-                body["speculation"] = speculation
-            results[i] = await one_request(client, url, body)
+            results[i] = await one_request(client, url, body(prompts[i], max_tokens))
+        running.set()  # the prompts are running out: no more long prompts
+
+    async def long_loop(client):
+        await asyncio.sleep(LONG_PROMPT_DELAY_S)  # the streams run first
+        for j, text in enumerate(long_prompts):
+            if running.is_set():
+                break
+            results[len(prompts) + j] = await one_request(client, url, body(text, LONG_MAX_TOKENS))
 
     async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout), limits=limits) as client:
         t0 = time.perf_counter()
+        intruder = asyncio.ensure_future(long_loop(client)) if long_prompts else None
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return wall, [r or RequestResult("lost", 0.0, error="never sent") for r in results]
+        if intruder is not None:
+            await intruder
+    return wall, [r or RequestResult("lost", 0.0, error="never sent") for r in results[:len(prompts)]] + [
+        r for r in results[len(prompts):] if r is not None]
+
+
+def long_prompt_texts(texts: list[str], count: int, tokens: int) -> list[str]:
+    """`count` long prompts of about `tokens` tokens (4 characters a token), each a request to summarize a document
+    made of the given texts one after another, from a different one on; each opens differently, so that no prefix
+    cache serves one from another."""
+    if not texts or count < 1:
+        return []
+    out = []
+    for i in range(count):
+        document, k = [], i
+        while sum(map(len, document)) < 4 * tokens:
+            document.append(texts[k % len(texts)])
+            k += 1
+        out.append(f"Document {i + 1}. Summarize it in one sentence.\n\n" + "\n\n".join(document)[:4 * tokens])
+    return out
 
 
 def summarize(concurrency: int, mode: str, wall: float, results: list[RequestResult],
@@ -152,12 +186,21 @@ def summarize(concurrency: int, mode: str, wall: float, results: list[RequestRes
             "per_request": [asdict(r) for r in results]}
 
 
+def summarize_long(results: list[RequestResult]) -> dict:
+    """The long prompts of a mixed run: how many were sent and answered, their prompt tokens and TTFT."""
+    ok = [r for r in results if r.status == "ok"]
+    return {"sent": len(results), "ok": len(ok), "failed": sum(r.status == "failed" for r in results),
+            "lost": sum(r.status == "lost" for r in results),
+            "prompt_tokens": _dist([float(r.prompt_tokens) for r in ok]),
+            "ttft_s": _dist([r.ttft_s for r in ok if r.ttft_s is not None])}
+
+
 def floors(runs: list[dict]) -> dict:
     """The serving floors, measured: throughput scaling without speculation, failures, latency gain at c=1, and
     speculation on over off at each concurrency. Repeated runs of one (concurrency, speculation) are pooled: their
     tokens over their seconds, their latencies weighted by requests."""
     def pooled(c, mode):
-        same = [r for r in runs if r["concurrency"] == c and r["speculation"] == mode]
+        same = [r for r in runs if r["concurrency"] == c and r["speculation"] == mode and not r.get("long_prompts")]
         wall = sum(r["wall_s"] for r in same)
         if not same or wall <= 0:
             return None
@@ -168,7 +211,8 @@ def floors(runs: list[dict]) -> dict:
 
     levels = sorted({r["concurrency"] for r in runs})
     lo, hi = levels[0], levels[-1]
-    out = {"lost_or_failed": sum(r["failed"] + r["lost"] for r in runs)}
+    out = {"lost_or_failed": sum(r["failed"] + r["lost"] + (r.get("long_prompts") or {}).get("failed", 0)
+                                 + (r.get("long_prompts") or {}).get("lost", 0) for r in runs)}
     if (a := pooled(lo, "off")) and (b := pooled(hi, "off")) and a["tokens_per_s"] > 0:
         out[f"throughput_scaling_c{hi}_over_c{lo}_no_speculation"] = b["tokens_per_s"] / a["tokens_per_s"]
     if (a := pooled(lo, "off")) and (b := pooled(lo, "on")) and a["latency_s"] and b["latency_s"]:
@@ -176,7 +220,21 @@ def floors(runs: list[dict]) -> dict:
     for c in levels:
         if (a := pooled(c, "off")) and (b := pooled(c, "on")) and a["tokens_per_s"] > 0:
             out[f"speculation_on_over_off_c{c}"] = b["tokens_per_s"] / a["tokens_per_s"]
+    for c in levels:
+        for mode in MODES:
+            mixed = _gaps([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
+                           and r.get("long_prompts")])
+            plain = _gaps([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
+                           and not r.get("long_prompts")])
+            if mixed and plain and plain["p50"]:
+                out[f"itl_p99_with_long_prompts_over_p50_without_c{c}_{mode}"] = mixed["p99"] / plain["p50"]
     return out
+
+
+def _gaps(runs: list[dict]) -> dict | None:
+    """The inter-token latency distribution of the runs' requests, pooled (None: no gap)."""
+    gaps = [g for r in runs for request in r.get("per_request", []) for g in request.get("chunk_gaps_s", [])]
+    return _dist(gaps) if gaps else None
 
 
 def _dist(xs: list[float]) -> dict:

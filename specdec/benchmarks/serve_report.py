@@ -6,6 +6,10 @@ FLOORS = {  # name prefix -> (minimum, what it means)
     "latency_speedup": (2.0, "mean latency at the lowest concurrency without speculation over with it"),
     "speculation_on_over_off": (1.0, "aggregate tokens/s with speculation over without (never slower)"),
 }
+CEILINGS = {  # name prefix -> (maximum, what it means)
+    "itl_p99_with_long_prompts": (3.0, "the streams' inter-token latency p99 while long prompts arrive, over its "
+                                       "median without them"),
+}
 
 
 def _f(x, digits=2, unit=""):
@@ -27,8 +31,10 @@ def markdown(summary: dict) -> str:
              "|---:|---:|---|---|---|---:|---|---|---|---:|---:|---:|---:|"]
     for r in summary["runs"]:
         ttft, lat = r["ttft_s"], r["latency_s"]
+        mixed = r.get("long_prompts")
+        label = f"{r['speculation']}, {mixed['ok']} long prompts" if mixed else r["speculation"]
         itl, good = r.get("itl_s") or {}, (r.get("goodput") or {}).get("requests_per_s")
-        lines.append(f"| {r['concurrency']} | {r.get('round', 1)} | {r['speculation']} | {r['ok']} / {r['failed']} / {r['lost']} | "
+        lines.append(f"| {r['concurrency']} | {r.get('round', 1)} | {label} | {r['ok']} / {r['failed']} / {r['lost']} | "
                      f"{r.get('prompt_tokens', '?')} / {r['completion_tokens']} | {r['tokens_per_s']:.1f} | "
                      f"{_f(ttft.get('p50'))} / {_f(ttft.get('p99'))} | "
                      f"{_f(itl.get('p50'), 3)} / {_f(itl.get('p99'), 3)} | "
@@ -39,6 +45,12 @@ def markdown(summary: dict) -> str:
     for name, value in summary["floors"].items():
         if name == "lost_or_failed":
             lines.append(f"| requests lost or failed (all runs) | {value} | 0 | {'yes' if value == 0 else 'NO'} |")
+            continue
+        ceiling = next((v for k, v in CEILINGS.items() if name.startswith(k)), None)
+        if ceiling is not None:
+            maximum, what = ceiling
+            lines.append(f"| {name} ({what}) | {value:.2f}x | at most {maximum:g}x | "
+                         f"{'yes' if value <= maximum else 'NO'} |")
             continue
         minimum, what = next(v for k, v in FLOORS.items() if name.startswith(k))
         lines.append(f"| {name} ({what}) | {value:.2f}x | {minimum:g}x | {'yes' if value >= minimum else 'NO'} |")

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..benchmarks.bench_server import BenchServer
 from ..config import BACKENDS, DTYPES
 from .common import add_graphs_option
 
@@ -62,6 +63,14 @@ def register(sub) -> None:
     p.add_argument("--journal", default=None, metavar="FILE",
                    help="--fuzz: append each request's outcome to this JSONL as it comes; the same command run again "
                         "counts the requests recorded there and sends only the rest (a stopped run resumes)")
+    p.add_argument("--long-prompts", type=int, default=0, metavar="N",
+                   help="a mixed workload: each run at each concurrency runs again with up to N long prompts sent "
+                        "one after another while its streams run, and the floors compare the streams' inter-token "
+                        "latency p99 then with its median without them (default: 0, no mixed runs)")
+    p.add_argument("--long-prompt-tokens", type=int, default=2000, metavar="T",
+                   help="about how many tokens each long prompt holds (default: 2000)")
+    p.add_argument("--prefill-chunk", default="512", metavar="N|auto|off",
+                   help="--prefill-chunk of the server started here (default: 512)")
     p.add_argument("--slo-ttft", type=float, default=None, metavar="SECONDS",
                    help="goodput: a request counts if its time to first token is at most this")
     p.add_argument("--slo-tpot", type=float, default=None, metavar="SECONDS",
@@ -82,44 +91,6 @@ def _fill_defaults(args, mode: str) -> None:
     args.max_context = max_context if args.max_context is None else args.max_context
 
 
-def _server_args(args, max_batch: int) -> list[str]:
-    out = ["--drafter", args.drafter, "-k", str(args.num_speculative_tokens), "--dtype", args.dtype, "--device",
-           args.device, "--backend", args.backend, "--graphs", args.graphs, "--compile", args.compile,
-           "--max-batch", str(max_batch), "--prefix-cache",
-           str(args.prefix_cache), "--log-level", "warning"]
-    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model), ("--threads", args.threads),
-                        ("--max-context", args.max_context), ("--max-queue", args.max_queue)):
-        if value is not None:
-            out += [flag, str(value)]
-    return out
-
-
-class _Server:
-    """The server a run talks to: the one at --url, or `specdec serve` started here for `max_batch` requests (stop()
-    ends it and keeps its exit status); model and health are read from it at once."""
-
-    def __init__(self, args, max_batch: int):
-        import httpx
-
-        from ..benchmarks.server_process import ServerProcess
-
-        self.process = None if args.url else ServerProcess(_server_args(args, max_batch)).start()
-        self.url = args.url.rstrip("/") if args.url else self.process.url
-        self.where = self.url if args.url else "started here"
-        self.exit_status = None
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        try:
-            self.model = httpx.get(f"{self.url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-            self.health = httpx.get(f"{self.url}/health", timeout=30).json()
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.exit_status = self.process.stop()
-
-
 def run(args) -> int:
     import asyncio
     import os
@@ -128,7 +99,8 @@ def run(args) -> int:
     from ..benchmarks.runner import machine_info
     from ..errors import ConfigError
     from ..benchmarks.serve_report import markdown
-    from ..benchmarks.loadgen import MODES, floors, run_level, summarize
+    from ..benchmarks.loadgen import MODES, floors, long_prompt_texts, run_level, summarize, summarize_long
+    from ..prefill import parse_prefill_chunk
 
     mode = "fuzz" if args.fuzz else "soak" if args.soak else "load"
     if args.journal and mode != "fuzz":
@@ -145,9 +117,14 @@ def run(args) -> int:
                           "--rounds >= 1")
     if any(t is not None and not t > 0 for t in (args.slo_ttft, args.slo_tpot)):
         raise ConfigError("--slo-ttft and --slo-tpot take seconds above 0")
+    if args.long_prompts < 0 or args.long_prompt_tokens < 1:
+        raise ConfigError("--long-prompts takes a count >= 0 and --long-prompt-tokens a count >= 1")
+    parse_prefill_chunk(args.prefill_chunk)
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
+    long_prompts = long_prompt_texts([p.text for p in load_prompts(args.prompts)], args.long_prompts,
+                                     args.long_prompt_tokens)
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
-    server = _Server(args, args.max_batch or max(levels))
+    server = BenchServer(args, args.max_batch or max(levels))
     url, model, health = server.url, server.model, server.health
     try:
         common = dict(max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
@@ -158,16 +135,23 @@ def run(args) -> int:
         for c in levels:
             for round_ in range(1, args.rounds + 1):
                 for mode in modes if round_ % 2 else modes[::-1]:  # off, on; then on, off; ...
-                    wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common))
-                    runs.append({**summarize(c, mode, wall, results, args.slo_ttft, args.slo_tpot), "round": round_})
-                    _say(runs[-1])
+                    for intruders in ([[], long_prompts] if long_prompts else [[]]):
+                        wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common,
+                                                              long_prompts=intruders))
+                        run_ = summarize(c, mode, wall, results[:len(prompts)], args.slo_ttft, args.slo_tpot)
+                        if intruders:
+                            run_["long_prompts"] = summarize_long(results[len(prompts):])
+                        runs.append({**run_, "round": round_})
+                        _say(runs[-1])
     finally:
         server.stop()
     summary = {"meta": {"url": server.where, "model": model, "drafter": health.get("drafter"),
                         "max_batch": health.get("max_batch"), "prefix_cache": health.get("prefix_cache"),
                         "prompt_file": str(args.prompts), "prompts": len(prompts),
                         "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": levels,
-                        "rounds": args.rounds,
+                        "rounds": args.rounds, "long_prompts": args.long_prompts,
+                        "long_prompt_tokens": args.long_prompt_tokens if args.long_prompts else None,
+                        "prefill_chunk": args.prefill_chunk if not args.url else None,
                         "server_exit_status": server.exit_status, "client_machine": machine_info(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
                "runs": runs, "floors": floors(runs)}
@@ -187,7 +171,8 @@ def run(args) -> int:
 def _say(r: dict) -> None:
     print(f"concurrency {r['concurrency']:>3} round {r['round']} speculation {r['speculation']:>3}: "
           f"{r['tokens_per_s']:7.1f} tok/s, latency {r['latency_s']['mean'] or 0:.2f}s, TTFT "
-          f"{r['ttft_s']['mean'] or 0:.2f}s, ITL p50 {r['itl_s']['p50'] or 0:.3f}s, ok {r['ok']}, failed "
+          f"{r['ttft_s']['mean'] or 0:.2f}s, ITL p50 {r['itl_s']['p50'] or 0:.3f}s p99 {r['itl_s']['p99'] or 0:.3f}s"
+          f"{', with %d long prompts' % r['long_prompts']['ok'] if r.get('long_prompts') else ''}, ok {r['ok']}, failed "
           f"{r['failed']}, lost {r['lost']}",
           file=sys.stderr, flush=True)
 
@@ -206,7 +191,7 @@ def _fuzz(args) -> int:
     if args.fuzz < 1:
         raise ConfigError("--fuzz takes a number of requests >= 1")
     journal = FuzzJournal(args.journal) if args.journal else None
-    server = _Server(args, args.max_batch or 4)
+    server = BenchServer(args, args.max_batch or 4)
     started = time.perf_counter()
     try:
         report = fuzz(server.url, server.model, args.fuzz, seed=args.seed, api_key=args.api_key, timeout=args.timeout,
@@ -242,7 +227,7 @@ def _soak(args) -> int:
     if args.soak <= 0 or len(levels) != 1 or levels[0] < 1 or args.max_tokens < 1:
         raise ConfigError("--soak takes minutes > 0 and one --concurrency level >= 1")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
-    server = _Server(args, args.max_batch or levels[0])
+    server = BenchServer(args, args.max_batch or levels[0])
     context = server.health["max_context"]  # the server's real limit, --max-context or the model's
     try:
         long_words = asyncio.run(long_prompt_words(server.url, server.model, context, args.max_tokens, args.api_key))

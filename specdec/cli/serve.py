@@ -5,6 +5,7 @@ import os
 import sys
 
 from ..config import LOGPROBS_MODES
+from ..prefill import parse_prefill_chunk
 from .common import add_acceptance_option, add_model_options, add_speculation_options, check_minimums, drafter_options
 
 
@@ -34,6 +35,11 @@ def register(sub) -> None:
                    help="max_tokens of chat requests that give none, clipped to the context left (default: 256)")
     p.add_argument("--max-prefill-tokens", type=int, default=512,
                    help="prompt tokens that may join the batch per step, at least one request (default: 512)")
+    p.add_argument("--prefill-chunk", default="512", metavar="N|auto|off",
+                   help="prompt tokens a step prefills while other requests run, so that a long prompt stalls the "
+                        "running streams for one chunk at a time; auto: a chunk about as long as a decoding step "
+                        "(lowest latency for them, at some cost in throughput); off: whole prompts (CPU kernels "
+                        "only: output unchanged, token for token) (default: 512)")
     p.add_argument("--prefix-cache", type=int, default=16, metavar="N",
                    help="finished requests whose KV caches stay in idle batch slots, so that a prompt beginning as an "
                         "earlier one (a system prompt, a chat's earlier turns) skips that part of its prefill; "
@@ -73,6 +79,7 @@ def run(args) -> int:
     check_minimums(args, minimums)
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
+    prefill_chunk = parse_prefill_chunk(args.prefill_chunk)
     try:
         from ..server.app import create_app
         from ..server.launch import serve
@@ -102,6 +109,7 @@ def run(args) -> int:
     settings = ServerSettings(model_name=name, aliases=tuple(sorted({model, decoder.target.name} - {name})),
                               max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key or None,
                               default_max_tokens=args.default_max_tokens, max_prefill_tokens=args.max_prefill_tokens,
+                              prefill_chunk=prefill_chunk,
                               drafter_options=options, tool_parser=args.tool_call_parser,
                               logprobs_mode=args.logprobs_mode)
     drafter = decoder.drafter.name if decoder.drafter else "none"

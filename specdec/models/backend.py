@@ -28,7 +28,9 @@ class SequenceCache:
     length: int = 0
     slot: int = 0
     state: object = None
-    restored: bool = False  # holds a prefix from the prefix cache: its next pass is the prompt's prefill
+    #: part of its prompt is cached (a prefix restored from the prefix cache, or the chunks of a chunked prefill so
+    #: far): its next pass goes on with the prompt's prefill
+    in_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class CausalLM(ABC):
     screened_head: bool = False
     #: True when forward runs its first `layers` decoder layers only (early exit, for layer-skip drafting).
     early_exit: bool = False
+    #: True when a prompt prefilled in several passes (chunks, each continuing a cache marked in_prompt) gives every
+    #: row the keys, values and logits that one pass would, bit for bit: chunked prefill changes no output.
+    exact_chunks: bool = False
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend

@@ -109,6 +109,7 @@ class KernelLlama(PooledCaches, CausalLM):
 
     batched = True
     early_exit = True
+    exact_chunks = True  # batch-invariant kernels; a chunk after the first still prefills (_first_pass)
 
     def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
                  bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False,
@@ -261,7 +262,7 @@ class KernelLlama(PooledCaches, CausalLM):
             hidden = torch.cat([hidden, aux], dim=-1)
         for c, n in zip(caches, lengths):
             c.length += n
-            c.restored = False
+            c.in_prompt = False
         return logits, hidden
 
     def exact_prefix_rows(self, cache: SequenceCache, prompt_len: int) -> int:
@@ -281,5 +282,6 @@ def _head_dim(config) -> int:
 
 
 def _first_pass(cache: SequenceCache) -> bool:
-    """Whether a pass is the sequence's prefill: its first, or its first after a prefix was restored."""
-    return cache.length == 0 or cache.restored
+    """Whether a pass is (part of) the sequence's prefill: its first, or one that goes on with a prompt whose first
+    part is cached (restored from the prefix cache, or prefilled in earlier chunks)."""
+    return cache.length == 0 or cache.in_prompt

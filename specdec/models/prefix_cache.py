@@ -68,7 +68,7 @@ class PrefixCache:
         else:
             cache = best.cache
             self.backend.truncate(cache, length)
-        cache.restored = True
+        cache.in_prompt = True
         return cache, best.features[:length] if features else None
 
     def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None,

@@ -24,7 +24,8 @@ OPEN_PATHS = ("/health",)
 def create_app(decoder, settings: ServerSettings) -> FastAPI:
     """An app serving `decoder` (a loaded SpecDecoder); the worker thread runs while the app does."""
     metrics = ServerMetrics()
-    worker = EngineWorker(decoder, settings.max_batch, metrics, settings.max_prefill_tokens, settings.drafter_options)
+    worker = EngineWorker(decoder, settings.max_batch, metrics, settings.max_prefill_tokens, settings.drafter_options,
+                          prefill_chunk=settings.prefill_chunk)
     server = ServerState(settings, worker, metrics)
 
     @asynccontextmanager

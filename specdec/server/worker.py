@@ -2,9 +2,10 @@
 
 Submissions and cancellations arrive through a thread-safe inbox. A request waits in `pending` until
 the batch has a free slot, joins between steps (continuous batching) and leaves, its KV slot freed,
-as soon as it finishes or is cancelled. Newcomers are prefilled within the step they join; at most
-`max_prefill_tokens` prompt tokens join per step (at least one request), so that a burst of long
-prompts neither stalls the running streams for long nor pads one huge ragged pass. A request's
+as soon as it finishes or is cancelled. Newcomers are prefilled from the step they join; at most
+`max_prefill_tokens` prompt tokens join per step (at least one request), so that a burst of prompts does not pad
+one huge ragged pass, and the engine prefills a long prompt in chunks while others run (`prefill_chunk`,
+prefill.py), so that it stalls no running stream for long. A request's
 events (Started, Delta, Finished, Failed) leave through its own `emit` callback, which the asyncio
 side makes thread-safe (loop.call_soon_threadsafe).
 """
@@ -41,12 +42,12 @@ class EngineWorker:
     core (engine.TextSteps) and converting it to events; idle, it sleeps on the inbox."""
 
     def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512,
-                 drafter_options: dict | None = None):
+                 drafter_options: dict | None = None, prefill_chunk: int | str | None = 512):
         """drafter_options: create_drafter's options (n-gram sizes, the suffix index file) for drafters that
-        requests pick by name."""
+        requests pick by name; prefill_chunk: the prompt tokens a step prefills while others run (prefill.py)."""
         self.decoder = decoder
         self.tokenizer = decoder.target.tokenizer
-        self.steps = TextSteps(decoder.batch_engine(max_batch))
+        self.steps = TextSteps(decoder.batch_engine(max_batch, prefill_chunk=prefill_chunk))
         self.engine = self.steps.engine
         self.default_drafter = decoder.drafter.name if decoder.drafter is not None else "none"
         self.drafter_options = dict(drafter_options or {})

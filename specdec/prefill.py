@@ -1,0 +1,94 @@
+"""Chunked prefill: how much of the waiting prompts a step prefills while other requests are running.
+
+A long prompt prefilled in one pass stalls every running stream for that pass (seconds, for a few thousand tokens
+on a CPU). With a budget, a step prefills at most that many prompt tokens: the prompts that fit whole start
+decoding, and the first that does not fit is prefilled in part (a chunk), to go on at the next step. On a backend
+whose chunks compute what one pass would (CausalLM.exact_chunks: the CPU kernels, which are batch-invariant) the
+output is the same, token for token, greedy or sampled with a seed.
+
+The budget is a number of tokens, or "auto": a chunk about as long to run as the running batch's step, so that a
+step with a chunk costs about twice one without (measured as the engine runs: the step's seconds and the seconds a
+prefilled token takes, each a moving average). Where nothing else runs, nobody waits: prompts are prefilled whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUTO = "auto"
+FIRST_GUESS_TOKENS = 64  # auto's budget before a step and a prefill were timed
+MIN_CHUNK_TOKENS = 16  # smaller chunks would cost more in passes than they save in waiting
+MAX_CHUNK_TOKENS = 2048
+SMOOTHING = 0.2  # weight of the newest timing in the moving averages
+
+
+def parse_prefill_chunk(value) -> int | str | None:
+    """A budget from the command line or the API: "auto", "off" / None (prompts whole) or a number of tokens >= 1."""
+    from .errors import ConfigError
+
+    if value is None or value == "off":
+        return None
+    if value == AUTO:
+        return AUTO
+    try:
+        tokens = int(value)
+    except (TypeError, ValueError):
+        tokens = 0
+    if isinstance(value, bool) or tokens < 1 or str(tokens) != str(value).strip():
+        raise ConfigError(f"prefill chunk must be 'auto', 'off' or a number of tokens >= 1, got {value!r}")
+    return tokens
+
+
+@dataclass
+class PrefillPlan:
+    """What a step prefills of the waiting requests (indexes into them, in arrival order)."""
+
+    due: list[int]  # prefilled to their end this step: they start decoding
+    chunk: tuple[int, int] | None = None  # (index, tokens): one prompt prefilled in part
+
+
+def plan_prefill(left: list[int], chunkable: list[bool], budget: int | None) -> PrefillPlan:
+    """left: the prompt tokens each waiting request still has to prefill; chunkable: whether it may be prefilled in
+    parts (a request that wants every prompt row's logits or features is not); budget: tokens this step (None: all).
+    First come, first served: a request never waits behind one that arrived later. A request that cannot be
+    chunked and does not fit is prefilled whole, alone, at a step that has prefilled nothing else."""
+    if budget is None:
+        return PrefillPlan(due=list(range(len(left))))
+    due, room = [], budget
+    for i, (n, parts) in enumerate(zip(left, chunkable)):
+        if n <= room:
+            due.append(i)
+            room -= n
+        elif not parts:
+            if not due:
+                due.append(i)
+            break
+        else:
+            return PrefillPlan(due, (i, room) if room > 0 else None)
+    return PrefillPlan(due)
+
+
+class ChunkBudget:
+    """The tokens of prompt a step may prefill while other requests run: fixed, or auto (see the module)."""
+
+    def __init__(self, setting: int | str):
+        self.fixed = None if setting == AUTO else int(setting)
+        self.step_s: float | None = None  # a decoding step of the running batch, without prefill
+        self.token_s: float | None = None  # one prompt token of a prefill pass
+
+    def tokens(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.step_s is None or self.token_s is None or self.token_s <= 0:
+            return FIRST_GUESS_TOKENS
+        return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, int(self.step_s / self.token_s)))
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_s = _average(self.step_s, seconds)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= MIN_CHUNK_TOKENS:  # a few tokens' pass is mostly its fixed cost, not its tokens'
+            self.token_s = _average(self.token_s, seconds / tokens)
+
+
+def _average(mean: float | None, value: float) -> float:
+    return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value

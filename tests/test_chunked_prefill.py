@@ -1,0 +1,134 @@
+"""Chunked prefill: a long prompt that arrives while others run is prefilled a budget of tokens a step, every running
+request still steps each time, and no output changes (greedy, or sampled with a seed), on the CPU kernels."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.engine import SpecDecoder
+from specdec.errors import ConfigError
+from specdec.kernels import has_bf16_products
+from specdec.models import kernel_llama
+from specdec.prefill import ChunkBudget, parse_prefill_chunk, plan_prefill
+from tiny import loaded, tiny_llama
+
+VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16),
+            pytest.param("kernels-bf16", torch.bfloat16, marks=pytest.mark.skipif(
+                not has_bf16_products(), reason="the CPU lacks AVX-512 BF16"))]
+CONFIGS = {"greedy": GenerationConfig(max_new_tokens=24, ignore_eos=True),
+           "sampled": GenerationConfig.create(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=11,
+                                              ignore_eos=True)}
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 63, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _decoder(backend, dtype, drafter=None):
+    target = loaded(tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2).to(dtype), backend, dtype=dtype, slots=4)
+    coupled = SpeculationConfig(num_speculative_tokens=4, sampling_verifier="coupled")  # seed-stable samples
+    return SpecDecoder(target, drafter, coupled)
+
+
+def _serve(decoder, prompts, config, prefill_chunk, arrive_at):
+    """Runs the prompts through one engine, prompt i joining at step arrive_at[i]; returns each output and, per
+    step, (the prompt tokens it prefilled, whether every request running before it stepped, how many were)."""
+    engine = decoder.batch_engine(max_batch=4, prefill_chunk=prefill_chunk)
+    got, steps, step = {}, [], 0
+    while len(got) < len(prompts) or len(engine):
+        for i, p in enumerate(prompts):
+            if arrive_at[i] == step:
+                engine.submit(i, p, config)
+        waiting = [(r, r.cache.length) for _, r in engine.waiting]
+        running = set(engine.running)
+        events = engine.step()
+        prefilled = sum(r.cache.length - before for r, before in waiting if r.prompt_len > before)
+        stepped = {e.request_id for e in events} >= running
+        steps.append((prefilled, stepped, len(running)))
+        for e in events:
+            got.setdefault(e.request_id, []).extend(e.new_tokens)
+        step += 1
+    return [got[i] for i in range(len(prompts))], steps
+
+
+@pytest.mark.parametrize("backend,dtype", VARIANTS)
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+@pytest.mark.parametrize("drafted", [False, True])
+def test_a_long_prompt_prefilled_in_chunks_changes_no_output(backend, dtype, sampling, drafted):
+    """Two short requests run while a 150-token prompt arrives: with a budget of 16 tokens a step prefills at most
+    16 of its tokens while they run, they step at every such step, and every output equals the unchunked run's."""
+    decoder = _decoder(backend, dtype, NgramDrafter(1, 3) if drafted else None)
+    prompts, arrive_at = [_prompt(5, 1), _prompt(7, 2), _prompt(150, 3)], [0, 0, 2]
+    want, unchunked = _serve(decoder, prompts, CONFIGS[sampling], None, arrive_at)
+    got, chunked = _serve(decoder, prompts, CONFIGS[sampling], 16, arrive_at)
+    assert got == want
+    assert max(n for n, _, others in unchunked if others) == 150  # without chunks, the running ones waited for it
+    with_others = [(n, stepped) for n, stepped, others in chunked if others and n]
+    assert len(with_others) >= 3 and all(n <= 16 and stepped for n, stepped in with_others)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_chunk_of_a_prompt_is_computed_as_a_prefill(monkeypatch, dtype):
+    """Where prefills take bfloat16 products (AVX-512 BF16 or AMX CPUs), a chunk after the first must take them too:
+    the backend reads a cache marked in_prompt as the prompt's prefill. Checked on any CPU by watching that read."""
+    decoder = _decoder("kernels", dtype)
+    backend = decoder.target.backend
+    passes, real = [], backend.forward_batch
+
+    def watched(caches, input_ids, **kwargs):
+        passes.append(([int(i.numel()) for i in input_ids], [kernel_llama._first_pass(c) for c in caches]))
+        return real(caches, input_ids, **kwargs)
+
+    monkeypatch.setattr(backend, "forward_batch", watched)
+    _serve(decoder, [_prompt(5, 1), _prompt(90, 3)], CONFIGS["greedy"], 16, [0, 1])
+    long_prompt = [firsts for lengths, firsts in passes if max(lengths) >= 10]
+    assert len(long_prompt) >= 3 and all(all(firsts) for firsts in long_prompt)
+    decode = [firsts for lengths, firsts in passes if max(lengths) == 1]
+    assert decode and not any(any(firsts) for firsts in decode)
+
+
+@pytest.mark.parametrize("backend", ["torch", "hf"])
+def test_a_backend_whose_chunks_are_not_exact_prefills_prompts_whole(backend):
+    decoder = _decoder(backend, torch.float32)
+    assert decoder.batch_engine(max_batch=2, prefill_chunk=16).chunks is None
+    assert decoder.target.backend.exact_chunks is False
+
+
+@settings(max_examples=300, deadline=None)
+@given(left=st.lists(st.integers(1, 60), max_size=6), budget=st.integers(1, 80), data=st.data())
+def test_a_plan_serves_first_come_first_and_keeps_to_its_budget(left, budget, data):
+    chunkable = data.draw(st.lists(st.booleans(), min_size=len(left), max_size=len(left)))
+    plan = plan_prefill(left, chunkable, budget)
+    touched = plan.due + ([plan.chunk[0]] if plan.chunk else [])
+    assert touched == list(range(len(touched)))  # a prefix of the queue, in order
+    spent = sum(left[i] for i in plan.due) + (plan.chunk[1] if plan.chunk else 0)
+    whole_alone = len(plan.due) == 1 and not chunkable[0] and left[0] > budget
+    assert spent <= budget or whole_alone
+    if plan.chunk:
+        assert chunkable[plan.chunk[0]] and 0 < plan.chunk[1] < left[plan.chunk[0]]
+    if left:
+        assert touched  # every step makes progress
+    assert plan_prefill(left, chunkable, None).due == list(range(len(left)))
+
+
+def test_the_auto_budget_is_about_a_step_long():
+    budget = ChunkBudget("auto")
+    first = budget.tokens()
+    budget.observe_step(0.030)
+    budget.observe_prefill(100, 0.100)  # 1 ms a token
+    assert first >= 16 and budget.tokens() == 30
+    budget.observe_prefill(8, 10.0)  # a few tokens' pass says little about a token's cost: not counted
+    assert budget.tokens() == 30
+    assert ChunkBudget(48).tokens() == 48
+
+
+@pytest.mark.parametrize("value,want", [("auto", "auto"), ("off", None), (None, None), ("64", 64), (32, 32)])
+def test_prefill_chunk_settings(value, want):
+    assert parse_prefill_chunk(value) == want
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "1.5", "many", "", True])
+def test_a_bad_prefill_chunk_is_refused(value):
+    with pytest.raises(ConfigError, match="prefill chunk"):
+        parse_prefill_chunk(value)
