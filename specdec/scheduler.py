@@ -36,6 +36,7 @@ from .request import Request, close_request, open_request, pass_feature_layers
 from .verify import Draft, tree_mask, verify
 
 IDLE_RECHECK = 8
+ENGINE_PARTS = ("prefill", "draft", "pass", "verify")  # BatchEngine.seconds: where its steps' time went
 
 
 @dataclass
@@ -72,6 +73,8 @@ class BatchEngine:
         self.chunks = ChunkBudget(prefill_chunk) if prefill_chunk is not None and backend.exact_chunks else None
         self.running: dict[object, Request] = {}
         self._idle = (0, 0)  # (batch size, steps left) after a batched step the policy gave no drafts
+        self.seconds = dict.fromkeys(ENGINE_PARTS, 0.0)  # cumulative: prefill passes, drafting, the step's target
+        # pass, and verification (sampling, cache rollback, what the drafters and policies observe)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -116,8 +119,10 @@ class BatchEngine:
             return events
         ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
         solo = len(requests) == 1  # alone, a request may draft a tree (the batched pass scores chains only)
+        t0 = time.perf_counter()
         lengths = self._draft_lengths(requests, solo)
         drafts = propose_all(requests, lengths, solo) if any(lengths) else [Draft.empty()] * len(requests)
+        self.seconds["draft"] += time.perf_counter() - t0
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
         layers = pass_feature_layers(requests)
         wanted = dict(output_hidden=layers is not None, feature_layers=layers or (),
@@ -129,12 +134,16 @@ class BatchEngine:
         else:
             outputs = self.backend.forward_batch([r.cache for r in requests], inputs, **wanted)
         seconds = time.perf_counter() - t0
+        self.seconds["pass"] += seconds
         if self.chunks is not None:
             self.chunks.observe_step(seconds)
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
-        return events + [self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
-                         for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
+        t1 = time.perf_counter()
+        events += [self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
+                   for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
+        self.seconds["verify"] += time.perf_counter() - t1
+        return events
 
     def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
         """Each request's draft length this step: 0 without a drafter, and for every request when the batch is over
@@ -205,6 +214,7 @@ class BatchEngine:
                                                  last_only=not every_row, argmax_only=all(
                                                      r.argmax_only for m in groups.values() for _, r in m))
             seconds = time.perf_counter() - t0
+            self.seconds["prefill"] += seconds
             if self.chunks is not None:
                 self.chunks.observe_prefill(tokens, seconds)
             for members, lead, out in zip(groups.values(), leads, outputs):
@@ -228,6 +238,7 @@ class BatchEngine:
             t0 = time.perf_counter()
             self.backend.forward_batch([request.cache], [torch.tensor(request.tokens[start:start + n])],
                                        last_only=True, argmax_only=True)  # only its keys and values are wanted
+            self.seconds["prefill"] += time.perf_counter() - t0
             self.chunks.observe_prefill(n, time.perf_counter() - t0)
             request.cache.in_prompt = True
         due = set(plan.due)

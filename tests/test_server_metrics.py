@@ -81,7 +81,7 @@ def test_bench_serve_against_the_running_server(openai_server, tmp_path, capsys)
                                for i in range(4)))
     out, report = tmp_path / "bench.json", tmp_path / "bench.md"
     rc = main(["bench-serve", "--url", openai_server.url, "--api-key", KEY, "--prompts", str(prompts),
-               "--max-tokens", "8", "--concurrency", "1,4", "--rounds", "2", "--out-json", str(out),
+               "--max-tokens", "8", "--concurrency", "1,4", "--rounds", "2", "--profile", "--out-json", str(out),
                "--report", str(report)])
     assert rc == 0
     summary = json.loads(out.read_text())
@@ -91,6 +91,14 @@ def test_bench_serve_against_the_running_server(openai_server, tmp_path, capsys)
     assert all(r["ok"] == 4 and r["failed"] == r["lost"] == 0 and r["tokens_per_s"] > 0 for r in summary["runs"])
     assert summary["floors"]["lost_or_failed"] == 0 and "| concurrency |" in report.read_text()
     assert {"speculation_on_over_off_c1", "speculation_on_over_off_c4"} <= set(summary["floors"])
+    # --profile: the engine thread's parts cover each run (idle counted as it goes) and its passes hold most of it
+    for r in summary["runs"]:
+        p = r["profile"]
+        assert p["seconds"]["pass"] > 0 and p["seconds"]["prefill"] > 0 and p["busy_s"] > 0
+        assert 0.8 < sum(p["share"].values()) < 1.1, p["share"]
+        assert p["thread_cpu_s"]["engine"] > 0 and p["thread_cpu_s"]["http"] >= 0 and p["process_cpu_s"] > 0
+    assert 0 < summary["floors"]["engine_pass_share_c4_off"] <= 1
+    assert "| in passes |" in report.read_text()
 
 
 def test_serving_floors_pool_repeated_runs():

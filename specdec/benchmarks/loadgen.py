@@ -16,6 +16,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
+from .serve_profile import pooled_pass_share
+
 MODES = {"off": {"enabled": False}, "on": None}  # speculation per request: drafting off, the server's default
 LONG_MAX_TOKENS = 8  # a long prompt's answer: it is there for its prefill
 LONG_PROMPT_DELAY_S = 1.0  # the first long prompt follows the run's start by this much
@@ -228,6 +230,10 @@ def floors(runs: list[dict]) -> dict:
                            and not r.get("long_prompts")])
             if mixed and plain and plain["p50"]:
                 out[f"itl_p99_with_long_prompts_over_p50_without_c{c}_{mode}"] = mixed["p99"] / plain["p50"]
+            share = pooled_pass_share([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
+                                       and not r.get("long_prompts")])
+            if share is not None:
+                out[f"engine_pass_share_c{c}_{mode}"] = share
     return out
 
 

@@ -1,10 +1,15 @@
 """The serving benchmark's Markdown report: one row per (concurrency, speculation) run, then the floors."""
 from __future__ import annotations
 
+from .serve_profile import markdown_rows
+
 FLOORS = {  # name prefix -> (minimum, what it means)
     "throughput_scaling": (3.0, "aggregate tokens/s at the highest concurrency over the lowest, no speculation"),
     "latency_speedup": (2.0, "mean latency at the lowest concurrency without speculation over with it"),
     "speculation_on_over_off": (1.0, "aggregate tokens/s with speculation over without (never slower)"),
+}
+SHARES = {  # name prefix -> (minimum share, what it means)
+    "engine_pass_share": (0.75, "share of the server engine's busy time inside target passes"),
 }
 CEILINGS = {  # name prefix -> (maximum, what it means)
     "itl_p99_with_long_prompts": (3.0, "the streams' inter-token latency p99 while long prompts arrive, over its "
@@ -41,10 +46,17 @@ def markdown(summary: dict) -> str:
                      f"{_f(lat['mean'])} / {_f(lat['p90'])} | {_f(good)} | "
                      f"{_f(r['acceptance_rate'])} | {_f(r['mean_accepted_tokens'])} | "
                      f"{_f(r.get('mean_acceptance_length'))} |")
+    lines += markdown_rows(summary["runs"])
     lines += ["", "| floor | measured | required | met |", "|---|---:|---:|---|"]
     for name, value in summary["floors"].items():
         if name == "lost_or_failed":
             lines.append(f"| requests lost or failed (all runs) | {value} | 0 | {'yes' if value == 0 else 'NO'} |")
+            continue
+        share = next((v for k, v in SHARES.items() if name.startswith(k)), None)
+        if share is not None:
+            minimum, what = share
+            lines.append(f"| {name} ({what}) | {value:.0%} | at least {minimum:.0%} | "
+                         f"{'yes' if value >= minimum else 'NO'} |")
             continue
         ceiling = next((v for k, v in CEILINGS.items() if name.startswith(k)), None)
         if ceiling is not None:

@@ -69,6 +69,11 @@ def register(sub) -> None:
                         "latency p99 then with its median without them (default: 0, no mixed runs)")
     p.add_argument("--long-prompt-tokens", type=int, default=2000, metavar="T",
                    help="about how many tokens each long prompt holds (default: 2000)")
+    p.add_argument("--profile", action="store_true",
+                   help="also report where the server's time went in each run (its engine thread's parts: idle, "
+                        "admission, prefill, drafting, the target pass, verification, text, events; its threads' "
+                        "CPU), read from its /metrics before and after the run, and the floor on the share of the "
+                        "engine's busy time inside target passes")
     p.add_argument("--prefill-chunk", default="512", metavar="N|auto|off",
                    help="--prefill-chunk of the server started here (default: 512)")
     p.add_argument("--slo-ttft", type=float, default=None, metavar="SECONDS",
@@ -100,6 +105,7 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..benchmarks.serve_report import markdown
     from ..benchmarks.loadgen import MODES, floors, long_prompt_texts, run_level, summarize, summarize_long
+    from ..benchmarks.serve_profile import between, scrape
     from ..prefill import parse_prefill_chunk
 
     mode = "fuzz" if args.fuzz else "soak" if args.soak else "load"
@@ -120,6 +126,10 @@ def run(args) -> int:
     if args.long_prompts < 0 or args.long_prompt_tokens < 1:
         raise ConfigError("--long-prompts takes a count >= 0 and --long-prompt-tokens a count >= 1")
     parse_prefill_chunk(args.prefill_chunk)
+    if args.profile:
+        from .common import require_extra
+
+        require_extra("prometheus_client", "serve", "--profile")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     long_prompts = long_prompt_texts([p.text for p in load_prompts(args.prompts)], args.long_prompts,
                                      args.long_prompt_tokens)
@@ -136,9 +146,12 @@ def run(args) -> int:
             for round_ in range(1, args.rounds + 1):
                 for mode in modes if round_ % 2 else modes[::-1]:  # off, on; then on, off; ...
                     for intruders in ([[], long_prompts] if long_prompts else [[]]):
+                        before = scrape(url, args.api_key) if args.profile else None
                         wall, results = asyncio.run(run_level(url, model, prompts, c, MODES[mode], **common,
                                                               long_prompts=intruders))
                         run_ = summarize(c, mode, wall, results[:len(prompts)], args.slo_ttft, args.slo_tpot)
+                        if before is not None:
+                            run_["profile"] = between(before, scrape(url, args.api_key))
                         if intruders:
                             run_["long_prompts"] = summarize_long(results[len(prompts):])
                         runs.append({**run_, "round": round_})

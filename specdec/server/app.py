@@ -26,6 +26,7 @@ def create_app(decoder, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics()
     worker = EngineWorker(decoder, settings.max_batch, metrics, settings.max_prefill_tokens, settings.drafter_options,
                           prefill_chunk=settings.prefill_chunk)
+    metrics.watch_engine(worker.clock.totals)
     server = ServerState(settings, worker, metrics)
 
     @asynccontextmanager

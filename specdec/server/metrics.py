@@ -10,8 +10,10 @@ import threading
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
                                disable_created_metrics, generate_latest)
+from prometheus_client.core import CounterMetricFamily
 
 from ..metrics import GenerationMetrics
+from .profile import thread_cpu_seconds
 
 MAX_POSITIONS = 16  # per-position series for draft positions 0..15; later positions count under the last one
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -63,6 +65,9 @@ class ServerMetrics:
         self.batch_size = Gauge("specdec_running_batch_size", "Sequences holding a batch slot (KV cache)", registry=r)
         self.step_batch = Histogram("specdec_step_batch_size", "Sequences per engine step (one target pass)",
                                     buckets=BATCH_BUCKETS, registry=r)
+        self.thread_cpu = Gauge("specdec_thread_cpu_seconds", "CPU seconds used by the engine thread and by the HTTP "
+                                "layer's event loop thread, read from their own clocks at each scrape", ["thread"],
+                                registry=r)
         self._totals = GenerationMetrics()
         self._lock = threading.Lock()
 
@@ -101,5 +106,29 @@ class ServerMetrics:
         self.queue_depth.set(queued)
         self.batch_size.set(running)
 
-    def exposition(self) -> bytes:
+    def watch_engine(self, totals) -> None:
+        """Reports totals() (seconds of the engine thread by part: server/profile.py) at each scrape."""
+        self.registry.register(_EngineSeconds(totals))
+
+    def exposition(self, threads: dict[str, int | None] | None = None) -> bytes:
+        """The metrics in Prometheus' text format; threads: {name: thread id} whose CPU seconds to read now."""
+        for name, ident in (threads or {}).items():
+            seconds = thread_cpu_seconds(ident)
+            if seconds is not None:
+                self.thread_cpu.labels(name).set(seconds)
         return generate_latest(self.registry)
+
+
+class _EngineSeconds:
+    """specdec_engine_seconds_total{part}, read from the engine thread's clock when /metrics is scraped."""
+
+    def __init__(self, totals):
+        self.totals = totals
+
+    def collect(self):
+        family = CounterMetricFamily("specdec_engine_seconds", "Wall seconds of the engine thread by part (idle, "
+                                     "admission, prefill, draft, pass, verify, text, events: server/profile.py)",
+                                     labels=["part"])
+        for part, seconds in self.totals().items():
+            family.add_metric([part], seconds)
+        yield family

@@ -1,6 +1,8 @@
 """The HTTP endpoints: generation (completions, chat), models, health and metrics."""
 from __future__ import annotations
 
+import threading
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
@@ -39,7 +41,8 @@ async def health(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     server = request.app.state.server
-    return Response(server.metrics.exposition(), media_type=server.metrics.content_type)
+    threads = {"engine": server.worker.thread_ident, "http": threading.get_ident()}  # this handler's: the event loop
+    return Response(server.metrics.exposition(threads), media_type=server.metrics.content_type)
 
 
 @router.get("/openapi.json")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -24,8 +25,9 @@ from ..errors import ContextLengthError, SpecdecError
 from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
 from .events import Delta, Failed, Finished, Job, Started
-from .schemas import GenerationRequest, SpeculationChoice
-from .tools import as_text
+from .profile import WorkerClock
+from .prompts import prompt_ids
+from .schemas import SpeculationChoice
 
 log = logging.getLogger("specdec.server")
 
@@ -57,6 +59,8 @@ class EngineWorker:
         self.pending: deque[Job] = deque()
         self.live: dict[str, _Live] = {}
         self.queued = self.running = 0  # for /health, written by the worker thread only
+        self.clock = WorkerClock(self.engine)  # where the engine thread's time goes (profile.py)
+        self.thread_ident: int | None = None  # the thread running the step loop, once it runs
         self.accepting = True
         self.thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
         self.runs_in_caller = False  # set by whoever will call run() instead of start()
@@ -114,9 +118,12 @@ class EngineWorker:
             self.stopped.set()
 
     def _steps(self) -> None:
+        self.thread_ident = threading.get_ident()
         while self._drain(block=not (self.pending or len(self.engine))):
             try:
+                t = time.perf_counter()
                 self._admit()
+                self.clock.add("admission", t)
                 if len(self.engine):
                     self._step()
             except Exception:  # a bug or a broken backend: fail the batch, keep serving
@@ -149,12 +156,17 @@ class EngineWorker:
     def _wait(self):
         """The next command, or None once keep_running() is false. Wakes 4 times a second, so that a main
         thread waiting here still runs its signal handlers."""
-        while self.keep_running():
-            try:
-                return self.inbox.get(timeout=0.25)
-            except queue.Empty:
-                continue
-        return None
+        t = time.perf_counter()
+        self.clock.idle_from(t)
+        try:
+            while self.keep_running():
+                try:
+                    return self.inbox.get(timeout=0.25)
+                except queue.Empty:
+                    continue
+            return None
+        finally:
+            self.clock.add("idle", t)
 
     def _cancel(self, request_id: str) -> None:
         for job in self.pending:
@@ -186,7 +198,7 @@ class EngineWorker:
     def _start(self, job: Job) -> int:
         """Adds the job to the engine; returns the prompt tokens it will prefill (those the prefix cache lacks)."""
         request = job.request
-        ids = self._encode(request)
+        ids = prompt_ids(self.decoder, request)
         drafter, name = self._drafter(request.speculation)
         speculation = self.engine.speculation
         if request.speculation.num_speculative_tokens is not None:
@@ -207,24 +219,6 @@ class EngineWorker:
         job.emit(Started(len(ids)))
         return len(ids) - state.cache.length
 
-    def _encode(self, request: GenerationRequest) -> list[int]:
-        if isinstance(request.prompt, list) and request.endpoint == "completions":
-            return list(request.prompt)  # token ids
-        try:
-            if request.endpoint == "chat":  # through the chat template
-                takes_tools = "tools" in (self.tokenizer.chat_template or "")
-                if request.tool_calling is not None:
-                    messages, tools = request.tool_calling.messages(request.prompt, takes_tools)
-                    return self.decoder.encode(messages, tools=tools)
-                # earlier calls and tool results, for a template that knows nothing of them, as text
-                return self.decoder.encode(request.prompt if takes_tools else [as_text(m) for m in request.prompt])
-            return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
-        except SpecdecError:
-            raise
-        except Exception as exc:  # e.g. a chat template that refuses this conversation
-            raise bad_request(f"could not tokenize the prompt: {exc}", "messages" if request.endpoint == "chat"
-                              else "prompt") from None
-
     def _drafter(self, choice: SpeculationChoice) -> tuple[DrafterChoice, str]:
         """(the DrafterChoice BatchEngine.submit takes; its name, "none" when nothing drafts)."""
         if choice.drafter == "none" or choice.num_speculative_tokens == 0:
@@ -237,8 +231,13 @@ class EngineWorker:
     def _step(self) -> None:
         if self.metrics is not None:
             self.metrics.step_batch.observe(len(self.engine))
-        for update in self.steps.step():
+        t0 = time.perf_counter()
+        updates = self.steps.step()
+        t1 = time.perf_counter()
+        self.clock.stepped(t0, t1)
+        for update in updates:
             self._deliver(update)
+        self.clock.add("events", t1)
 
     def _deliver(self, update: TextUpdate) -> None:
         """Converts the stream core's update for one request into its events."""
