@@ -122,4 +122,4 @@ def test_the_mixed_floor_is_the_p99_with_long_prompts_over_the_median_without():
     assert "speculation_on_over_off_c16" not in out and out["lost_or_failed"] == 0
     report = markdown({"meta": {"model": "m", "prompts": 1, "prompt_file": "p", "max_tokens": 8, "temperature": 0},
                        "runs": runs, "floors": out})
-    assert "| 2.40x | at most 3x | yes |" in report and "off, 1 long prompts" in report
+    assert "| 2.40x | at most 3.00x | yes |" in report and "off, 1 long prompts" in report

@@ -3,17 +3,16 @@ from __future__ import annotations
 
 from .serve_profile import markdown_rows
 
-FLOORS = {  # name prefix -> (minimum, what it means)
-    "throughput_scaling": (3.0, "aggregate tokens/s at the highest concurrency over the lowest, no speculation"),
-    "latency_speedup": (2.0, "mean latency at the lowest concurrency without speculation over with it"),
-    "speculation_on_over_off": (1.0, "aggregate tokens/s with speculation over without (never slower)"),
-}
-SHARES = {  # name prefix -> (minimum share, what it means)
-    "engine_pass_share": (0.75, "share of the server engine's busy time inside target passes"),
-}
-CEILINGS = {  # name prefix -> (maximum, what it means)
-    "itl_p99_with_long_prompts": (3.0, "the streams' inter-token latency p99 while long prompts arrive, over its "
-                                       "median without them"),
+FLOORS = {  # name prefix -> (bound, whether the value must be at least or at most it, its format, what it means)
+    "throughput_scaling": (3.0, "at least", "{:.2f}x", "aggregate tokens/s at the highest concurrency over the "
+                                                       "lowest, no speculation"),
+    "latency_speedup": (2.0, "at least", "{:.2f}x", "mean latency at the lowest concurrency without speculation "
+                                                    "over with it"),
+    "speculation_on_over_off": (1.0, "at least", "{:.2f}x", "aggregate tokens/s with speculation over without "
+                                                            "(never slower)"),
+    "engine_pass_share": (0.75, "at least", "{:.0%}", "share of the server engine's busy time inside target passes"),
+    "itl_p99_with_long_prompts": (3.0, "at most", "{:.2f}x", "the streams' inter-token latency p99 while long "
+                                                             "prompts arrive, over its median without them"),
 }
 
 
@@ -52,18 +51,8 @@ def markdown(summary: dict) -> str:
         if name == "lost_or_failed":
             lines.append(f"| requests lost or failed (all runs) | {value} | 0 | {'yes' if value == 0 else 'NO'} |")
             continue
-        share = next((v for k, v in SHARES.items() if name.startswith(k)), None)
-        if share is not None:
-            minimum, what = share
-            lines.append(f"| {name} ({what}) | {value:.0%} | at least {minimum:.0%} | "
-                         f"{'yes' if value >= minimum else 'NO'} |")
-            continue
-        ceiling = next((v for k, v in CEILINGS.items() if name.startswith(k)), None)
-        if ceiling is not None:
-            maximum, what = ceiling
-            lines.append(f"| {name} ({what}) | {value:.2f}x | at most {maximum:g}x | "
-                         f"{'yes' if value <= maximum else 'NO'} |")
-            continue
-        minimum, what = next(v for k, v in FLOORS.items() if name.startswith(k))
-        lines.append(f"| {name} ({what}) | {value:.2f}x | {minimum:g}x | {'yes' if value >= minimum else 'NO'} |")
+        bound, sense, form, what = next(v for k, v in FLOORS.items() if name.startswith(k))
+        met = value >= bound if sense == "at least" else value <= bound
+        lines.append(f"| {name} ({what}) | {form.format(value)} | {sense} {form.format(bound)} | "
+                     f"{'yes' if met else 'NO'} |")
     return "\n".join(lines) + "\n"
