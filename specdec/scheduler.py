@@ -229,7 +229,10 @@ class BatchEngine:
     def _prompts_due(self, others_running: bool) -> list[tuple[object, Request]]:
         """The waiting requests whose prefill ends this step, taken out of `waiting`; the next one in line may be
         prefilled in part first (its cache then marked in_prompt: the next chunk goes on with its prefill)."""
-        budget = self.chunks.tokens() if self.chunks is not None and others_running else None
+        if self.chunks is None or not others_running:  # whole prompts: nobody would wait for them
+            batch, self.waiting = self.waiting, []
+            return batch
+        budget = self.chunks.tokens()
         left = [len(r.tokens) - r.cache.length for _, r in self.waiting]
         plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for _, r in self.waiting], budget)
         if plan.chunk is not None:
