@@ -241,8 +241,9 @@ class BatchEngine:
             t0 = time.perf_counter()
             self.backend.forward_batch([request.cache], [torch.tensor(request.tokens[start:start + n])],
                                        last_only=True, argmax_only=True)  # only its keys and values are wanted
-            self.seconds["prefill"] += time.perf_counter() - t0
-            self.chunks.observe_prefill(n, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.seconds["prefill"] += seconds
+            self.chunks.observe_prefill(n, seconds)
             request.cache.in_prompt = True
         due = set(plan.due)
         batch = [w for i, w in enumerate(self.waiting) if i in due]

@@ -113,7 +113,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     results: list[RequestResult | None] = [None] * (len(prompts) + len(long_prompts))
     todo = iter(range(len(prompts)))
-    running = asyncio.Event()
+    streams_done = asyncio.Event()
 
     def body(text: str, tokens: int) -> dict:
         out = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
@@ -123,12 +123,12 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
     async def client_loop(client):
         for i in todo:
             results[i] = await one_request(client, url, body(prompts[i], max_tokens))
-        running.set()  # the prompts are running out: no more long prompts
+        streams_done.set()  # the prompts are running out: no more long prompts
 
     async def long_loop(client):
         await asyncio.sleep(LONG_PROMPT_DELAY_S)  # the streams run first
         for j, text in enumerate(long_prompts):
-            if running.is_set():
+            if streams_done.is_set():
                 break
             results[len(prompts) + j] = await one_request(client, url, body(text, LONG_MAX_TOKENS))
 
@@ -202,7 +202,7 @@ def floors(runs: list[dict]) -> dict:
     speculation on over off at each concurrency. Repeated runs of one (concurrency, speculation) are pooled: their
     tokens over their seconds, their latencies weighted by requests."""
     def pooled(c, mode):
-        same = [r for r in runs if r["concurrency"] == c and r["speculation"] == mode and not r.get("long_prompts")]
+        same = _runs(runs, c, mode, long_prompts=False)
         wall = sum(r["wall_s"] for r in same)
         if not same or wall <= 0:
             return None
@@ -224,17 +224,20 @@ def floors(runs: list[dict]) -> dict:
             out[f"speculation_on_over_off_c{c}"] = b["tokens_per_s"] / a["tokens_per_s"]
     for c in levels:
         for mode in MODES:
-            mixed = _gaps([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
-                           and r.get("long_prompts")])
-            plain = _gaps([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
-                           and not r.get("long_prompts")])
+            mixed = _gaps(_runs(runs, c, mode, long_prompts=True))
+            plain = _gaps(_runs(runs, c, mode, long_prompts=False))
             if mixed and plain and plain["p50"]:
                 out[f"itl_p99_with_long_prompts_over_p50_without_c{c}_{mode}"] = mixed["p99"] / plain["p50"]
-            share = pooled_pass_share([r for r in runs if r["concurrency"] == c and r["speculation"] == mode
-                                       and not r.get("long_prompts")])
+            share = pooled_pass_share(_runs(runs, c, mode, long_prompts=False))
             if share is not None:
                 out[f"engine_pass_share_c{c}_{mode}"] = share
     return out
+
+
+def _runs(runs: list[dict], concurrency: int, mode: str, long_prompts: bool) -> list[dict]:
+    """The runs at one concurrency and speculation mode, with long prompts arriving or without them."""
+    return [r for r in runs if r["concurrency"] == concurrency and r["speculation"] == mode
+            and bool(r.get("long_prompts")) == long_prompts]
 
 
 def _gaps(runs: list[dict]) -> dict | None:

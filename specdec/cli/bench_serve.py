@@ -132,7 +132,7 @@ def run(args) -> int:
         require_extra("prometheus_client", "serve", "--profile")
     prompts = [p.text for p in load_prompts(args.prompts, args.limit)]
     long_prompts = long_prompt_texts([p.text for p in load_prompts(args.prompts)], args.long_prompts,
-                                     args.long_prompt_tokens)
+                                     args.long_prompt_tokens) if args.long_prompts else []
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
     server = BenchServer(args, args.max_batch or max(levels))
     url, model, health = server.url, server.model, server.health
