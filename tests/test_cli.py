@@ -266,3 +266,10 @@ def test_a_missing_optional_extra_is_named_before_any_work(capsys, monkeypatch, 
                            "--report", str(tmp_path / "r"))
     lines = [l for l in err.strip().splitlines() if l.strip()]
     assert rc == 2 and len(lines) == 1 and "pip install 'specdec[bench]'" in lines[0], err
+
+
+def test_an_unknown_argument_holding_a_line_separator_still_gives_one_line(capsys, tiny_folder):
+    """str.splitlines breaks on \\x1e and \\u2028 too: such characters in a user's argument are written escaped."""
+    rc, _, err = run_cli(capsys, "generate", "the cat", "--model", str(tiny_folder), "--dtype", "float32",
+                         "--no-such-flag \x1e\u2028\n")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "\\x1e" in err

@@ -11,7 +11,13 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit status 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+
+def one_line(text: str) -> str:
+    """text with every character that breaks a line (newlines, but also the separators str.splitlines honours,
+    such as \\x1e, which a user's argument may hold) written as its escape."""
+    return "".join(ch if len(f"a{ch}a".splitlines()) == 1 else repr(ch)[1:-1] for ch in text)
 
 
 def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_note: str = "auto = bfloat16 where native") -> None:
