@@ -99,7 +99,9 @@ inline i32x16 fifth_bits(const uint8_t* p, int base) {
 inline i32x16 or_bits(i32x16 a, i32x16 b) { return _mm512_or_si512(a, b); }
 inline i32x16 sub8(i32x16 a, char b) { return _mm512_sub_epi8(a, _mm512_set1_epi8(b)); }
 inline i32x16 sub16(i32x16 a, i32x16 b) { return _mm512_sub_epi16(a, b); }
+inline i32x16 sub32(i32x16 a, i32x16 b) { return _mm512_sub_epi32(a, b); }
 inline i32x16 broadcast128(__m128i p) { return _mm512_broadcast_i32x4(p); }
+inline i32x16 broadcast32(__m128i p) { return _mm512_broadcastd_epi32(p); }
 // K6's two high bits of one vector's 64 codes, at bits 4 and 5 of each byte: from the unit's 32 bytes of them, code c
 // of the vector at byte c % 32, bits BASE + 2 (c / 32) (BASE 0 for the unit's low-nibble vector, 4 for its high one)
 template <int BASE>
@@ -172,7 +174,9 @@ inline i32x16 sub8(i32x16 a, char b) {
   return {_mm256_sub_epi8(a.lo, v), _mm256_sub_epi8(a.hi, v)};
 }
 inline i32x16 sub16(i32x16 a, i32x16 b) { return {_mm256_sub_epi16(a.lo, b.lo), _mm256_sub_epi16(a.hi, b.hi)}; }
+inline i32x16 sub32(i32x16 a, i32x16 b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
 inline i32x16 broadcast128(__m128i p) { const __m256i b = _mm256_broadcastsi128_si256(p); return {b, b}; }
+inline i32x16 broadcast32(__m128i p) { const __m256i b = _mm256_broadcastd_epi32(p); return {b, b}; }
 // K6's two high bits of one vector's 64 codes at bits 4 and 5 of each byte, as the AVX-512 crumbs above: a shift
 // within each byte's 16-bit lane (bits that cross into the next byte are masked off)
 template <int FROM>  // the pair's lowest bit, moved to bit 4
@@ -196,6 +200,14 @@ inline i32x16 k6_offset(const int8_t* x) {
   p = _mm_add_epi16(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
   p = _mm_add_epi16(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
   return broadcast128(p);
+}
+// 32 times the sum of 16 activations (half a group) in every 32-bit lane: the offset of k6_offset for sums in 32 bits
+inline i32x16 k6_offset32(const int8_t* x) {
+  __m128i p = _mm_maddubs_epi16(_mm_set1_epi8(32), _mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  p = _mm_madd_epi16(p, _mm_set1_epi16(1));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+  return broadcast32(p);
 }
 inline f32x16 load_f16(const uint8_t* p) { return vec::load_f16(reinterpret_cast<const uint16_t*>(p)); }
 }  // namespace qv

@@ -5,12 +5,22 @@
 // cpu_llama.cpp's translation unit, included after quantized_rows.h.
 #pragma once
 
+// K6's half-group that starts at activation k ends: each row's sums lose its offset (k6_half_offset)
+template <int MR, int NV, int FMT>
+inline __attribute__((always_inline)) void half_offsets(const Q8Rows& x, int64_t row0, int64_t K, int64_t k,
+                                                        qv::i32x16 (&isum)[MR][NV]) {
+  for (int j = 0; j < MR; ++j) {
+    const qv::i32x16 offset = k6_half_offset<FMT>(x.q.data() + (row0 + j) * K + k);
+    for (int v = 0; v < NV; ++v) isum[j][v] = less_offset<FMT>(isum[j][v], offset);
+  }
+}
+
 // The outputs of the block's vectors [v0, v0 + NV) (NV of 2 or 4 vectors of 16 columns, v0 even) for MR rows of x
 // (quantized): per group, integer sums of the stored integers times x's, then acc += (d * scale_x) * sum (+ m *
 // sum_x where the format has a minimum), in the format's float32 steps (QFormat). 8-bit codes are signed: |w|
-// (unsigned) times x with w's sign, so that q = -128 (Q8_0 allows it) is exact too. K6's two halves of a group have
-// their own sc: their sums are scaled in int32 (exact: |sum| < 2^16, |sc| <= 128) and added before the one
-// conversion to float (exact below 2^24).
+// (unsigned) times x with w's sign, so that q = -128 (Q8_0 allows it) is exact too; K6's are taken unsigned, less an
+// offset at each half-group's end (k6_half_offset). K6's two halves of a group have their own sc: their sums are
+// scaled in int32 (exact: |sum| < 2^16, |sc| <= 128) and added before the one conversion to float (exact below 2^24).
 template <int MR, int FMT, int NV>
 __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int64_t K,
                                               const uint8_t* __restrict block, int v0, int valid,
@@ -37,6 +47,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         for (int v = 0; v < NV; ++v) k5_middle<FMT>(quad, isum[j][v], half_sum[j][v]);
       if constexpr (FMT == K6) {
         if (quad == kQGroup / 8) {
+          half_offsets<MR, NV, FMT>(x, row0, K, g * kQGroup, isum);
           for (int v = 0; v < NV; ++v) {
             const qv::i32x16 sc = qv::widen_s8(block + L::d(g, v0 + v, G));
             for (int j = 0; j < MR; ++j) half_sum[j][v] = close_first_half<FMT>(isum[j][v], sc);
@@ -49,8 +60,8 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         for (int u = 0; u < NV / 2; ++u) {
           const uint8_t* at = units[u] + quad * L::kQuadStep;
           const qv::i32x16 both = qv::load(at);
-          w[2 * u] = signed_k6<FMT>(vector_codes<FMT, false>(at, both));
-          w[2 * u + 1] = signed_k6<FMT>(vector_codes<FMT, true>(at, both));
+          w[2 * u] = vector_codes<FMT, false>(at, both);
+          w[2 * u + 1] = vector_codes<FMT, true>(at, both);
         }
       } else {
 #pragma GCC unroll 4
@@ -60,9 +71,13 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
       for (int j = 0; j < MR; ++j) {
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb), qv::pin(isum[j][v]);
+        for (int v = 0; v < NV; ++v) {
+          isum[j][v] = add_quad<FMT, FMT != K6 && signed_codes(FMT)>(isum[j][v], w[v], xb);
+          qv::pin(isum[j][v]);
+        }
       }
     }
+    if constexpr (FMT == K6) half_offsets<MR, NV, FMT>(x, row0, K, g * kQGroup + kQGroup / 2, isum);
     for (int j = 0; j < MR; ++j)
       for (int v = 0; v < NV; ++v) isum[j][v] = widened<FMT>(isum[j][v]);
     load_super<FMT>(block, g, G, super_d, super_m);

@@ -33,7 +33,7 @@ inline __attribute__((always_inline)) void row_quad(int quad, RowSums& sums, Row
 // half's 16 activations), which become those of q = u - 32 times x
 template <int MR, int FMT, int J>
 inline __attribute__((always_inline)) void offset_row_half(RowSums& sums, const int8_t* x_half) {
-  if constexpr (J < MR && FMT == K6) row_of<J>(sums) = qv::sub16(row_of<J>(sums), qv::k6_offset(x_half));
+  if constexpr (J < MR && FMT == K6) row_of<J>(sums) = less_offset<FMT>(row_of<J>(sums), k6_half_offset<FMT>(x_half));
 }
 
 template <int MR, int FMT, int J>

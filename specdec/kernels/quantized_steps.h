@@ -42,7 +42,7 @@ inline __attribute__((always_inline)) qv::i32x16 close_first_half(qv::i32x16& is
 }
 
 // A unit's quad of 4-bit codes (`both`, loaded from `quad`) as one vector's codes: its low (HIGH false) or high
-// nibbles, with K5's fifth bits or K6's fifth and sixth (u in 0..63; q = u - 32: signed_k6)
+// nibbles, with K5's fifth bits or K6's fifth and sixth (u in 0..63, q = u - 32: k6_half_offset)
 template <int FMT, bool HIGH>
 inline __attribute__((always_inline)) qv::i32x16 vector_codes(const uint8_t* quad, qv::i32x16 both) {
   const qv::i32x16 w = HIGH ? qv::high_nibbles(both) : qv::low_nibbles(both);
@@ -52,11 +52,21 @@ inline __attribute__((always_inline)) qv::i32x16 vector_codes(const uint8_t* qua
   else return w;
 }
 
-// The codes as the products take them: K6's as signed q = u - 32, the others as they are
+// K6's codes are taken unsigned (u = q + 32, as vector_codes gives them), so that a quad's products are one
+// instruction (dpbusd, or maddubs) instead of four that would apply q's sign to x. At the end of each half-group its
+// row's sums lose 32 times the half's 16 activations' sum (x_half), which leaves those of q times x: in 16-bit lanes
+// where sums16 (the sums of u times x may wrap there, which is exact modulo 2^16, and those of q times x stay below
+// 2^15: see sums16), in 32-bit lanes otherwise. The same integers as signed codes would give, so the same outputs.
 template <int FMT>
-inline __attribute__((always_inline)) qv::i32x16 signed_k6(qv::i32x16 w) {
-  if constexpr (FMT == K6) return qv::sub8(w, 32);
-  else return w;
+inline __attribute__((always_inline)) qv::i32x16 k6_half_offset(const int8_t* x_half) {
+  if constexpr (sums16<FMT>()) return qv::k6_offset(x_half);
+  else return qv::k6_offset32(x_half);
+}
+
+template <int FMT>
+inline __attribute__((always_inline)) qv::i32x16 less_offset(qv::i32x16 isum, qv::i32x16 offset) {
+  if constexpr (sums16<FMT>()) return qv::sub16(isum, offset);
+  else return qv::sub32(isum, offset);
 }
 
 // K5's 16-bit sums restart at the middle of a group (sums16): the first half's, widened, wait in `half` until
