@@ -14,9 +14,9 @@ SIMDe's headers are looked for in SPECDEC_SIMDE_INCLUDE, else /usr/include; with
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 SHIM = r'''
@@ -101,12 +101,11 @@ def simde_include() -> Path | None:
 
 def emulated_sources(into: Path, vnni: bool) -> Path:
     """The kernels' sources, copied into `into` and made to take their AVX-512 (and VNNI) branches under SIMDe:
-    the path of the copied cpu_llama.cpp."""
+    the path of the copied cpu_llama.cpp. A file already holding its text is left as it is, so that a build made
+    from it is not redone."""
     from specdec import kernels
 
-    if into.exists():
-        shutil.rmtree(into)
-    into.mkdir(parents=True)
+    into.mkdir(parents=True, exist_ok=True)
     for path in (kernels.SOURCE, *kernels.HEADERS):
         text = path.read_text().replace("__AVX512F__", "SPECDEC_EMULATED_AVX512")
         text = text.replace("__AVX512VNNI__", "SPECDEC_EMULATED_VNNI" if vnni else "SPECDEC_NO_VNNI")
@@ -116,7 +115,9 @@ def emulated_sources(into: Path, vnni: bool) -> Path:
         if path.name == "int8_lanes.h":
             assert PIN in text, "int8_lanes.h's qv::pin changed: update tests/emulated_avx512.py"
             text = text.replace(PIN, "inline void pin(i32x16&) {}")
-        (into / path.name).write_text(text)
+        copy = into / path.name
+        if not copy.is_file() or copy.read_text() != text:
+            copy.write_text(text)
     return into / kernels.SOURCE.name
 
 
@@ -134,8 +135,12 @@ def build(vnni: bool = True):
     source = b"".join(path.read_bytes() for path in (kernels.SOURCE, *kernels.HEADERS))
     tag = hashlib.sha256(source + SHIM.encode() + f"{vnni} {include}".encode()).hexdigest()[:12]
     folder = cache_root() / "kernels" / f"emulated-avx512-{tag}"
-    main = emulated_sources(folder / "src", vnni)
+    folder.mkdir(parents=True, exist_ok=True)
     flags = ["-O2", *kernels.BUILD_FLAGS["avx2"], "-ffp-contract=off", "-fopenmp", "-w",
              "-DSPECDEC_EMULATED_AVX512", f"-I{include}"]
-    return cpp_extension.load(name=f"specdec_emulated_avx512_{tag}", sources=[str(main)],
-                              build_directory=str(folder), extra_cflags=flags, extra_ldflags=["-fopenmp"])
+    # pytest-xdist's workers each build the module: one at a time, the later ones loading the first one's build
+    with open(folder / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        main = emulated_sources(folder / "src", vnni)
+        return cpp_extension.load(name=f"specdec_emulated_avx512_{tag}", sources=[str(main)],
+                                  build_directory=str(folder), extra_cflags=flags, extra_ldflags=["-fopenmp"])

@@ -20,6 +20,7 @@ def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draf
     assert rc == 0
     result = json.loads(out_json.read_text())
     assert result["prompts"] == 4 and result["max_new_tokens"] == 12 and result["dtype"] == "float32"
+    assert result["date"].startswith("20") and "commit" in result  # the checkout's commit, None outside one
     methods = result["methods"]
     assert set(methods) == {"hf_generate", "hf_prompt_lookup", "hf_assisted", "specdec:none", "specdec:ngram",
                             "specdec:draft-model"}
