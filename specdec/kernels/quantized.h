@@ -72,7 +72,7 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
         const qv::i32x16 xb = qv::broadcast4(x.q.data() + (row0 + j) * K + g * kQGroup + quad * 4);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) {
-          isum[j][v] = add_quad<FMT, FMT != K6 && signed_codes(FMT)>(isum[j][v], w[v], xb);
+          isum[j][v] = add_quad<FMT>(isum[j][v], w[v], xb);
           qv::pin(isum[j][v]);
         }
       }

@@ -37,8 +37,9 @@ enum QFormat : int { Q4 = 4, Q40 = 41, Q8 = 8, K4 = 40, K5 = 50, K6 = 60 };
 // the bits of a code as the layout holds it: 8 (one byte a code, Q8) or 4 (nibbles, and K5's and K6's high bits
 // apart)
 constexpr int q_bits(int fmt) { return fmt == Q8 ? 8 : 4; }
-// codes held as signed numbers in the products (|w| times x with w's sign): Q8's, and K6's once 32 is taken off
-constexpr bool signed_codes(int fmt) { return fmt == Q8 || fmt == K6; }
+// codes held as signed numbers in the products (|w| times x with w's sign): Q8's. K6's q = u - 32 are multiplied as
+// u, unsigned, with an offset (quantized_steps.h's k6_half_offset)
+constexpr bool signed_codes(int fmt) { return fmt == Q8; }
 // bytes of a unit's quad past its codes' low nibbles: K5's fifth bits, K6's fifth and sixth
 constexpr int high_bytes(int fmt) { return fmt == K5 ? 16 : fmt == K6 ? 32 : 0; }
 constexpr bool k_quant(int fmt) { return fmt == K4 || fmt == K5 || fmt == K6; }

@@ -24,7 +24,7 @@ inline __attribute__((always_inline)) void row_quad(int quad, RowSums& sums, Row
                                                     const int8_t* xj) {
   if constexpr (J < MR) {
     k5_middle<FMT>(quad, row_of<J>(sums), row_of<J>(halves));
-    row_of<J>(sums) = add_quad<FMT, FMT != K6 && signed_codes(FMT)>(row_of<J>(sums), w, qv::broadcast4(xj + quad * 4));
+    row_of<J>(sums) = add_quad<FMT>(row_of<J>(sums), w, qv::broadcast4(xj + quad * 4));
     qv::pin(row_of<J>(sums));
   }
 }
@@ -48,11 +48,12 @@ inline __attribute__((always_inline)) void close_row_half(RowSums& sums, RowSums
 // One vector of 16 columns (v) for MR <= 4 rows on AVX2 (16 registers): the rows' integer sums (two registers each),
 // the quad's weights (two) and one broadcast of activations stay in registers. Each row reads its activations
 // through a pointer of its own, so every broadcast is one load at a constant offset; 4-bit weights take their low
-// or high nibbles (HIGH: v is odd), known before the loop. K6's codes stay unsigned (u = q + 32) here, and each
-// half-group's 16-bit sums lose 32 times the activations' sums as it ends (offset_row_half): two operations a row
-// and half-group instead of applying q's sign to x at every quad. The 16-bit sums of u times x may wrap, but those
-// of q times x do not (|q| <= 32: below 2^15, see sums16), and wrapping is exact modulo 2^16: the same integers. The
-// integer sums are exact in any order, and each group ends with group_step as in tile_quantized: the same outputs.
+// or high nibbles (HIGH: v is odd), known before the loop. K6's codes stay unsigned (u = q + 32), as in every
+// tile, and each half-group's 16-bit sums lose 32 times the activations' sums as it ends (offset_row_half): two
+// operations a row and half-group instead of applying q's sign to x at every quad. The 16-bit sums of u times x
+// may wrap, but those of q times x do not (|q| <= 32: below 2^15, see sums16), and wrapping is exact modulo 2^16:
+// the same integers. The integer sums are exact in any order, and each group ends with group_step as in
+// tile_quantized: the same outputs.
 template <int MR, int FMT, bool HIGH>
 inline __attribute__((always_inline)) void vector_by_rows(const Q8Rows& x, int64_t row0, int64_t K,
                                                           const uint8_t* __restrict block, int v,

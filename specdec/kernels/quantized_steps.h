@@ -7,8 +7,9 @@
 
 // 4-bit codes (u <= 15) times int8 activations (|x| <= 127) in pairs stay below 2 * 15 * 127 = 3,810, so a group's
 // 8 quads of them add up in 16 bits (|sum| <= 30,480 < 2^15) exactly; one widening a group then replaces one per
-// quad. So do K6's codes (|q| <= 32: pairs below 8,128) and K5's (u <= 31: pairs below 7,874) over the 4 quads of
-// half a group, widened at its middle. VNNI's dpbusd sums into 32 bits in one instruction already.
+// quad. So do K6's codes (|q| <= 32: pairs below 8,128, once k6_half_offset is taken off) and K5's (u <= 31: pairs
+// below 7,874) over the 4 quads of half a group, widened at its middle. VNNI's dpbusd sums into 32 bits in one
+// instruction already.
 #ifdef __AVX512VNNI__
 constexpr bool kSum16 = false;
 #else
@@ -17,7 +18,7 @@ constexpr bool kSum16 = true;
 template <int FMT>
 constexpr bool sums16() { return kSum16 && q_bits(FMT) == 4; }
 
-// One quad's products added into a row's sums: unsigned codes times x; signed ones (Q8's, K6's) as |w| (unsigned)
+// One quad's products added into a row's sums: unsigned codes times x; signed ones (Q8's) as |w| (unsigned)
 // times x with w's sign. In 16-bit lanes where sums16, in 32-bit ones otherwise.
 template <int FMT, bool SIGNED = signed_codes(FMT)>
 inline __attribute__((always_inline)) qv::i32x16 add_quad(qv::i32x16 isum, qv::i32x16 w, qv::i32x16 xb) {
