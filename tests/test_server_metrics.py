@@ -85,6 +85,7 @@ def test_bench_serve_against_the_running_server(openai_server, tmp_path, capsys)
                "--report", str(report)])
     assert rc == 0
     summary = json.loads(out.read_text())
+    assert summary["meta"]["date"].startswith("20") and "commit" in summary["meta"]
     assert [(r["concurrency"], r["round"], r["speculation"]) for r in summary["runs"]] == [
         (1, 1, "off"), (1, 1, "on"), (1, 2, "on"), (1, 2, "off"), (4, 1, "off"), (4, 1, "on"), (4, 2, "on"),
         (4, 2, "off")]

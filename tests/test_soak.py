@@ -30,3 +30,4 @@ def test_a_one_minute_soak_loses_nothing(tiny_bpe_folder, tmp_path, capsys):
     assert len(summary["memory"]) >= 5 and all(m["rss_bytes"] for m in summary["memory"])
     assert summary["windows"][0]["latency_s"]["p99"] is not None
     assert summary["meta"]["client_timeout_s"] == 120 and summary["meta"]["max_context"] == 512
+    assert summary["meta"]["date"].startswith("20") and "commit" in summary["meta"]

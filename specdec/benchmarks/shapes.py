@@ -132,11 +132,15 @@ def commit() -> str | None:
     return os.environ.get("SPECDEC_COMMIT") or None
 
 
+def stamp() -> dict:
+    """When and on which commit a result is measured: {"date": UTC, ISO 8601, "commit": commit()}."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit()}
+
+
 def environment(device: torch.device) -> dict:
     import transformers
 
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
+    return {**stamp(), "torch": torch.__version__, "transformers": transformers.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "cuda": torch.version.cuda if device.type == "cuda" else None, "machine": machine_info()}
 

@@ -1,7 +1,6 @@
 """`specdec bench`: speed and equality against transformers on Spec-Bench style prompts."""
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from dataclasses import replace
@@ -82,7 +81,7 @@ def run(args) -> int:
     from ..benchmarks.prompts import load_prompts
     from ..benchmarks.report import table, write_report
     from ..benchmarks.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
-    from ..benchmarks.shapes import commit
+    from ..benchmarks.shapes import stamp
     from ..benchmarks.tradeoff import method_name
 
     if args.max_new_tokens < 1:
@@ -159,9 +158,8 @@ def run(args) -> int:
         ref_model = load_model(model_name, device=args.device, dtype=args.reference_dtype, backend="hf")
         reference = reference_tokens(ref_model.hf_model, encoded, args.max_new_tokens, **hf_kwargs)
         del ref_model
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
-            "model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""), "device": str(target.info.device),
-            "weights": weights_format(target),
+    meta = {**stamp(), "model": model_name, "dtype": str(target.info.dtype).replace("torch.", ""),
+            "device": str(target.info.device), "weights": weights_format(target),
             "max_new_tokens": args.max_new_tokens, "prompt_file": str(args.prompts),
             "num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
             "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,

@@ -102,6 +102,7 @@ def run(args) -> int:
 
     from ..benchmarks.prompts import load_prompts
     from ..benchmarks.runner import machine_info
+    from ..benchmarks.shapes import stamp
     from ..errors import ConfigError
     from ..benchmarks.serve_report import markdown
     from ..benchmarks.loadgen import MODES, floors, long_prompt_texts, run_level, summarize, summarize_long
@@ -165,7 +166,7 @@ def run(args) -> int:
                         "rounds": args.rounds, "long_prompts": args.long_prompts,
                         "long_prompt_tokens": args.long_prompt_tokens if args.long_prompts else None,
                         "prefill_chunk": args.prefill_chunk if not args.url else None,
-                        "server_exit_status": server.exit_status, "client_machine": machine_info(),
+                        "server_exit_status": server.exit_status, "client_machine": machine_info(), **stamp(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
                "runs": runs, "floors": floors(runs)}
     report = markdown(summary)
@@ -196,6 +197,7 @@ def _fuzz(args) -> int:
     from ..benchmarks.fuzz import fuzz
     from ..benchmarks.fuzz_journal import FuzzJournal
     from ..benchmarks.runner import machine_info
+    from ..benchmarks.shapes import stamp
     from ..errors import ConfigError
     from .common import require_extra
 
@@ -215,7 +217,7 @@ def _fuzz(args) -> int:
             journal.close()
     summary = {"meta": {"url": server.where, "model": server.model, "seed": args.seed,
                         "seconds": round(time.perf_counter() - started, 1), "server_exit_status": server.exit_status,
-                        "client_machine": machine_info()}, **report.as_dict()}
+                        "client_machine": machine_info(), **stamp()}, **report.as_dict()}
     print(json.dumps({k: v for k, v in summary.items() if k != "first_problems"}, indent=1))
     for issue in report.problems:
         print(f"problem: {issue}", file=sys.stderr)
@@ -232,6 +234,7 @@ def _soak(args) -> int:
 
     from ..benchmarks.prompts import load_prompts
     from ..benchmarks.runner import machine_info
+    from ..benchmarks.shapes import stamp
     from ..errors import ConfigError
     from ..benchmarks.soak import long_prompt_words, ordinary_prompts, soak
     from ..benchmarks.soak_report import plot, summarize
@@ -257,7 +260,7 @@ def _soak(args) -> int:
                        "max_batch": server.health.get("max_batch"), "capacity": server.health.get("capacity"),
                        "prefix_cache": server.health.get("prefix_cache"), "prompts": len(ordinary),
                        "prompts_left_out_as_long": len(prompts) - len(ordinary),
-                       "server_exit_status": server.exit_status, "client_machine": machine_info(),
+                       "server_exit_status": server.exit_status, "client_machine": machine_info(), **stamp(),
                        "load_average_after": os.getloadavg()}
     totals = summary["totals"]
     print(f"soak {args.soak:g} min at concurrency {levels[0]}: {totals['requests']} requests, ok {totals['ok']}, "
