@@ -141,7 +141,9 @@ def test_key_windows_grow_with_the_context_up_to_the_whole_pool(model):
         want = static._forward([cache], ids.view(1, -1), [3], None, False, False)[0][0]  # the eager pass
         static.truncate(cache, start)
         got = static.forward(cache, ids).logits
-        torch.testing.assert_close(got, want, **CLOSE)
+        # a window longer than the context sums its products in another order: float32 noise, a few units in the
+        # last place of the largest logit (2.4e-5 against logits up to 8.7 on one thread of an AVX-512 CPU)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         static.truncate(cache, start + 2)
     assert windows == {16, 32, 64, 71}
