@@ -2,12 +2,15 @@
 methods, run greedy on the same prompts in one process, interleaved prompt by prompt."""
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 
 import torch
 
@@ -177,6 +180,23 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
                                         "tokens_per_s": throughput(result, ids_c)}
         out["methods"][name] = entry
     return out
+
+
+def commit() -> str | None:
+    """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=10)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("SPECDEC_COMMIT") or None
+
+
+def stamp() -> dict:
+    """When and on which commit a result is measured: {"date": UTC, ISO 8601, "commit": commit()}."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit()}
 
 
 def machine_info() -> dict:

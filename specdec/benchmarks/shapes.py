@@ -9,19 +9,15 @@ in it on the CPU kernels, and with `llama_cpp` llama-bench on that file too (sha
 """
 from __future__ import annotations
 
-import datetime
 import gc
-import os
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..costs import measure_verify_costs
 from ..errors import ConfigError
 from ..models.shapes import bytes_read_per_token, load_shape, weight_bytes
-from .runner import machine_info
+from .runner import machine_info, stamp
 from .shape_speed import bound_figures, decode_speeds, passes_run, timed
 
 SPEED_ONLY_NOTE = ("random weights: speed only. The outputs mean nothing, so no acceptance, MAT or drafter figure "
@@ -118,23 +114,6 @@ def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None, 
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
-
-
-def commit() -> str | None:
-    """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, timeout=10)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("SPECDEC_COMMIT") or None
-
-
-def stamp() -> dict:
-    """When and on which commit a result is measured: {"date": UTC, ISO 8601, "commit": commit()}."""
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit()}
 
 
 def environment(device: torch.device) -> dict:

@@ -80,8 +80,8 @@ def run(args) -> int:
     from ..benchmarks import llamacpp
     from ..benchmarks.prompts import load_prompts
     from ..benchmarks.report import table, write_report
-    from ..benchmarks.runner import HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, summarize
-    from ..benchmarks.shapes import stamp
+    from ..benchmarks.runner import (HFMethod, SpecdecMethod, machine_info, reference_tokens, run_methods, stamp,
+                                     summarize)
     from ..benchmarks.tradeoff import method_name
 
     if args.max_new_tokens < 1:

@@ -101,8 +101,7 @@ def run(args) -> int:
     import os
 
     from ..benchmarks.prompts import load_prompts
-    from ..benchmarks.runner import machine_info
-    from ..benchmarks.shapes import stamp
+    from ..benchmarks.runner import machine_info, stamp
     from ..errors import ConfigError
     from ..benchmarks.serve_report import markdown
     from ..benchmarks.loadgen import MODES, floors, long_prompt_texts, run_level, summarize, summarize_long
@@ -196,8 +195,7 @@ def _fuzz(args) -> int:
 
     from ..benchmarks.fuzz import fuzz
     from ..benchmarks.fuzz_journal import FuzzJournal
-    from ..benchmarks.runner import machine_info
-    from ..benchmarks.shapes import stamp
+    from ..benchmarks.runner import machine_info, stamp
     from ..errors import ConfigError
     from .common import require_extra
 
@@ -233,8 +231,7 @@ def _soak(args) -> int:
     import os
 
     from ..benchmarks.prompts import load_prompts
-    from ..benchmarks.runner import machine_info
-    from ..benchmarks.shapes import stamp
+    from ..benchmarks.runner import machine_info, stamp
     from ..errors import ConfigError
     from ..benchmarks.soak import long_prompt_words, ordinary_prompts, soak
     from ..benchmarks.soak_report import plot, summarize
