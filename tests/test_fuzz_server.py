@@ -13,7 +13,7 @@ pytest.importorskip("hypothesis")
 httpx = pytest.importorskip("httpx")
 
 from specdec.benchmarks.fuzz import FuzzRequest, digest, drawn, fuzz, problem  # noqa: E402
-from specdec.server.openapi import document  # noqa: E402
+from specdec.server.document import openapi_document  # noqa: E402
 from specdec.server.schemas import Limits  # noqa: E402
 from specdec.benchmarks.server_process import ServerProcess  # noqa: E402
 from hypothesis_constants import fixed_constants  # noqa: E402
@@ -51,11 +51,11 @@ for module in sys.argv[3:]:
     __import__(module)
 from hypothesis_constants import fixed_constants
 from specdec.benchmarks.fuzz import digest, drawn
-from specdec.server.openapi import document
+from specdec.server.document import openapi_document
 from specdec.server.schemas import Limits
 limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
 with fixed_constants():
-    print(digest(drawn(document(limits, "test"), 200, int(sys.argv[1]))))
+    print(digest(drawn(openapi_document(limits, "test"), 200, int(sys.argv[1]))))
 """
 
 
@@ -74,7 +74,7 @@ def test_a_seed_draws_the_same_requests_in_every_process():
     bare = _drawn_in_a_new_process(1)
     assert _drawn_in_a_new_process(1, "specdec.server.app", "specdec.benchmarks.soak", "specdec.cli.train") == bare
     limits = Limits(model_names=("tiny",), drafters=("none", "ngram"), default_drafter="ngram", vocab_size=64)
-    assert digest(drawn(document(limits, "test"), 200, 2)) != bare  # the digest tells seeds apart
+    assert digest(drawn(openapi_document(limits, "test"), 200, 2)) != bare  # the digest tells seeds apart
 
 
 def test_the_checks_catch_what_they_are_for():

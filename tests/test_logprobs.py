@@ -171,7 +171,8 @@ def test_processed_logprobs_follow_the_logit_bias_of_a_greedy_request(target_mod
 
 def test_the_servers_logprobs_mode_reaches_every_request():
     pytest.importorskip("fastapi")
-    from specdec.server.schemas import Limits, parse_request
+    from specdec.server.binding import parse_request
+    from specdec.server.schemas import Limits
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
     for mode in ("raw", "processed"):

@@ -1,6 +1,6 @@
 """Fuzzing an OpenAI-compatible server with requests hypothesis writes: valid, invalid and hostile ones.
 
-The requests are written from the server's own OpenAPI document (GET /openapi.json, server/openapi.py) by
+The requests are written from the server's own OpenAPI document (GET /openapi.json, server/document.py) by
 schemathesis: bodies valid by its schemas for /v1/completions and /v1/chat/completions and bodies it makes
 invalid, valid ones spoiled in one to three fields (wrong types, NaN, huge numbers, empty strings, unknown keys),
 bodies that are not JSON objects at all, every GET path it names, and paths and methods it does not name. The rule

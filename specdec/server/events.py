@@ -1,4 +1,5 @@
 """What the engine worker tells a request's handler (Started, Delta, Finished, Failed), and the Job it is handed."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

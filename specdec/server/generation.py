@@ -3,9 +3,9 @@
 A request with `n` > 1 runs as n engine requests over the same prompt (one batch slot each, seeds seed,
 seed + 1, ... when a seed is given), merged into one response whose choices carry their index.
 """
+
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 
@@ -13,9 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from . import responses
-from .errors import APIError, bad_request
+from .errors import APIError
 from .handle import ClientGone, RequestHandle
-from .schemas import GenerationRequest, parse_request
+from .protocol import ChatRequest, CompletionsRequest
+from .binding import bind
+from .schemas import GenerationRequest
 from .tools import CALL_TAG, ToolCalling, tool_call
 from .events import Delta, Finished
 
@@ -26,8 +28,9 @@ class EventStream(StreamingResponse):
     """Server-sent events that run `on_close` however the stream ends (done, error, client gone)."""
 
     def __init__(self, content, on_close):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -37,13 +40,13 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-async def generate(request: Request, endpoint: str):
-    """POST /v1/completions (endpoint "completions") or /v1/chat/completions ("chat")."""
+async def generate(request: Request, body: ChatRequest | CompletionsRequest):
+    """POST /v1/completions or /v1/chat/completions, the body validated by the protocol's models."""
     arrived = time.perf_counter()
     server = request.app.state.server
     path = request.url.path
     try:
-        parsed = parse_request(await _json(request, server.settings.max_body_bytes), endpoint, server.limits)
+        parsed = bind(body, server.limits)
         server.admit(parsed.n)
     except APIError as exc:
         server.metrics.observe_request(path, exc.status)
@@ -55,29 +58,39 @@ async def generate(request: Request, endpoint: str):
         server.metrics.observe_request(path, status, latency, handle.first_token_s)
 
     handle = RequestHandle(server.worker, request.receive, on_close, arrived, choices=parsed.n)
-    meta = responses.Meta(chat=endpoint == "chat", model=parsed.model)
+    meta = responses.Meta(chat=parsed.endpoint == "chat", model=parsed.model)
     wants_logprobs = parsed.config.logprobs is not None
-    formatters = [responses.LogprobFormatter(server.worker.tokenizer) if wants_logprobs else None
-                  for _ in range(parsed.n)]
+    formatters = [
+        responses.LogprobFormatter(server.worker.tokenizer) if wants_logprobs else None for _ in range(parsed.n)
+    ]
     echo = _echo_text(parsed, server.worker.tokenizer)
     try:
         handle.submit(_choices(parsed))
         await handle.next()  # the first Started: the request holds a batch slot (its choices share the prompt)
         if parsed.stream:
-            return EventStream(_stream(handle, meta, parsed.include_usage, formatters, echo, parsed.tool_calling),
-                               handle.close)
+            return EventStream(
+                _stream(handle, meta, parsed.include_usage, formatters, echo, parsed.tool_calling), handle.close
+            )
         deltas: list[list[Delta]] = [[] for _ in range(parsed.n)]
         async for index, event in handle.events():
             if isinstance(event, Delta):
                 deltas[index].append(event)
         handle.close(200)
         texts = [(echo or "") + "".join(d.text for d in ds) for ds in deltas]
-        logprobs = [f.format(meta.chat, (ds[0].prompt_logprobs or []) + [e for d in ds for e in d.logprobs])
-                    if f else None for f, ds in zip(formatters, deltas)]  # prompt logprobs come with echo only
+        logprobs = [
+            f.format(meta.chat, (ds[0].prompt_logprobs or []) + [e for d in ds for e in d.logprobs or []])
+            if f
+            else None
+            for f, ds in zip(formatters, deltas)
+        ]  # prompt logprobs come with echo only
         calling = parsed.tool_calling
-        answers = [calling.answer(text, fin.finish_reason) for text, fin in zip(texts, handle.finished)] \
-            if calling is not None and calling.calls else None
-        return JSONResponse(responses.response(meta, list(zip(texts, handle.finished, logprobs)), answers))
+        results = handle.results()
+        answers = (
+            [calling.answer(text, fin.finish_reason) for text, fin in zip(texts, results)]
+            if calling is not None and calling.calls
+            else None
+        )
+        return JSONResponse(responses.response(meta, list(zip(texts, results, logprobs)), answers))
     except APIError as exc:
         handle.close(exc.status)
         raise
@@ -101,13 +114,20 @@ def _choices(parsed: GenerationRequest) -> list[GenerationRequest]:
     sampling = parsed.config.sampling
     if parsed.n == 1 or sampling.seed is None:
         return [parsed] * parsed.n
-    return [replace(parsed, config=replace(parsed.config, sampling=replace(sampling, seed=(sampling.seed + i) % 2**63)))
-            for i in range(parsed.n)]
+    return [
+        replace(parsed, config=replace(parsed.config, sampling=replace(sampling, seed=(sampling.seed + i) % 2**63)))
+        for i in range(parsed.n)
+    ]
 
 
-async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bool,
-                  formatters: list[responses.LogprobFormatter | None], echo: str | None,
-                  calling: ToolCalling | None = None):
+async def _stream(
+    handle: RequestHandle,
+    meta: responses.Meta,
+    include_usage: bool,
+    formatters: list[responses.LogprobFormatter | None],
+    echo: str | None,
+    calling: ToolCalling | None = None,
+):
     if meta.chat:
         for index in range(len(formatters)):
             yield responses.sse(responses.chunk(meta, None, role=True, index=index))
@@ -122,16 +142,28 @@ async def _stream(handle: RequestHandle, meta: responses.Meta, include_usage: bo
             formatter = formatters[index]
             if isinstance(event, Delta) and echo is not None and index not in echoed:  # the prompt comes first
                 echoed.add(index)
-                yield responses.sse(responses.chunk(meta, echo, index=index, logprobs=formatter.format(
-                    meta.chat, event.prompt_logprobs) if formatter else None))
+                yield responses.sse(
+                    responses.chunk(
+                        meta,
+                        echo,
+                        index=index,
+                        logprobs=formatter.format(meta.chat, event.prompt_logprobs) if formatter else None,
+                    )
+                )
             if isinstance(event, Delta):
                 if event.text or (formatter and event.logprobs):  # tokens whose text is held back keep their logprobs
-                    yield responses.sse(responses.chunk(meta, event.text, index=index, logprobs=formatter.format(
-                        meta.chat, event.logprobs) if formatter else None))
+                    yield responses.sse(
+                        responses.chunk(
+                            meta,
+                            event.text,
+                            index=index,
+                            logprobs=formatter.format(meta.chat, event.logprobs) if formatter else None,
+                        )
+                    )
             elif isinstance(event, Finished):
                 yield responses.sse(responses.chunk(meta, None, event, index=index))
         if include_usage:
-            yield responses.sse(responses.usage_chunk(meta, handle.finished))
+            yield responses.sse(responses.usage_chunk(meta, handle.results()))
     except ClientGone:
         return  # EventStream's on_close cancels the generation
     except APIError as exc:  # failed after the stream began: an error event, as OpenAI sends one
@@ -161,25 +193,28 @@ class _ToolCallStream:
                 opened = text.find(CALL_TAG, self.sent[index])
                 safe = opened if opened >= 0 else _before_partial_tag(text)
                 if safe > self.sent[index]:
-                    yield responses.chunk(meta, text[self.sent[index]:safe], index=index)
+                    yield responses.chunk(meta, text[self.sent[index] : safe], index=index)
                     self.sent[index] = safe
             if calling.choice == "function" and event.text:
                 if index not in self.opened:  # the call opens with its id and name
                     self.opened.add(index)
-                    yield responses.chunk(meta, None, index=index,
-                                          tool_calls=[{"index": 0, **tool_call(calling.function, "")}])
-                yield responses.chunk(meta, None, index=index, tool_calls=[
-                    {"index": 0, "function": {"arguments": event.text}}])
+                    yield responses.chunk(
+                        meta, None, index=index, tool_calls=[{"index": 0, **tool_call(calling.function or "", "")}]
+                    )
+                yield responses.chunk(
+                    meta, None, index=index, tool_calls=[{"index": 0, "function": {"arguments": event.text}}]
+                )
         elif isinstance(event, Finished):
             if calling.choice == "function":
                 reason = "tool_calls" if event.finish_reason != "length" else "length"
             else:
-                content, calls, reason = calling.answer(self.texts[index][self.sent[index]:], event.finish_reason)
+                content, calls, reason = calling.answer(self.texts[index][self.sent[index] :], event.finish_reason)
                 if content:
                     yield responses.chunk(meta, content, index=index)
                 if calls:
-                    yield responses.chunk(meta, None, index=index,
-                                          tool_calls=[{"index": j, **call} for j, call in enumerate(calls)])
+                    yield responses.chunk(
+                        meta, None, index=index, tool_calls=[{"index": j, **call} for j, call in enumerate(calls)]
+                    )
             yield responses.chunk(meta, None, event, index=index, finish_reason=reason)
 
 
@@ -189,16 +224,3 @@ def _before_partial_tag(text: str) -> int:
         if text.endswith(CALL_TAG[:n]):
             return len(text) - n
     return len(text)
-
-
-async def _json(request: Request, limit: int):
-    declared = request.headers.get("content-length", "")
-    too_big = declared.isdigit() and int(declared) > limit  # refused before reading it
-    body = b"" if too_big else await request.body()
-    if too_big or len(body) > limit:
-        raise APIError(413, f"The request body is larger than {limit} bytes", code="request_too_large")
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        raise bad_request("We could not parse the JSON body of your request: it is not valid JSON",
-                          code="invalid_json") from None

@@ -1,4 +1,5 @@
 """A request's asyncio end: its choices' events in order, disconnect detection, and cancellation."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,19 +33,27 @@ class RequestHandle:
     KV slots freed) and `on_close(status, handle)` does the accounting.
     """
 
-    def __init__(self, worker, receive, on_close: Callable[[int, "RequestHandle"], None], arrived: float,
-                 choices: int = 1):
+    def __init__(
+        self, worker, receive, on_close: Callable[[int, "RequestHandle"], None], arrived: float, choices: int = 1
+    ):
         self.ids = [f"req-{uuid.uuid4().hex}" for _ in range(choices)]  # one engine request per choice
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.arrived = arrived  # perf_counter() when the request came in
         self.first_token_s: float | None = None
-        self.finished: list[Finished | None] = [None] * choices
+        self.finished: list[Finished | None] = [None] * choices  # each choice's, once it has finished
         self.failed: APIError | None = None
         self.on_close = on_close
         self._gone = asyncio.ensure_future(_disconnect(receive))
         self._closed = False
+
+    def results(self) -> list[Finished]:
+        """Every choice's Finished, once all have finished."""
+        done = [f for f in self.finished if f is not None]
+        if len(done) != len(self.finished):
+            raise RuntimeError("a request's results were read before all its choices finished")
+        return done
 
     def submit(self, requests: list) -> None:
         """One GenerationRequest per choice."""

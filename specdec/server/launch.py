@@ -7,6 +7,7 @@ exits at once.
 The engine's step loop runs in the main thread and uvicorn's event loop in a second one: OpenMP
 parallel regions start fastest from the process's initial thread (see EngineWorker.run).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from typing import Callable
 from ..errors import SpecdecError
 from .errors import shutting_down
 
-GRACE_S = 10.0  # after the deadline: for the current engine step to end and the ended requests to answer
+GRACE_S = 10  # after the deadline: for the current engine step to end and the ended requests to answer
 
 
 async def drain(state, timeout: float, forced: Callable[[], bool], poll_s: float = 0.05) -> None:
@@ -35,8 +36,9 @@ async def drain(state, timeout: float, forced: Callable[[], bool], poll_s: float
         await asyncio.sleep(poll_s)
 
 
-def serve(app, host: str, port: int, shutdown_timeout: float = 30.0, log_level: str = "info",
-          access_log: bool = False) -> None:
+def serve(
+    app, host: str, port: int, shutdown_timeout: float = 30.0, log_level: str = "info", access_log: bool = False
+) -> None:
     import uvicorn
 
     state = app.state.server
@@ -51,8 +53,15 @@ def serve(app, host: str, port: int, shutdown_timeout: float = 30.0, log_level: 
             await super().shutdown(sockets)  # closes the listener and the connections, then the lifespan
 
     # uvicorn's own deadline (after which it cancels the request tasks, answering nothing) only backs drain's up
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
-                            timeout_graceful_shutdown=GRACE_S)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACE_S,
+    )
     server = Server(config)
     http = threading.Thread(target=server.run, name="specdec-http", daemon=True)
     state.worker.runs_in_caller = True  # the lifespan's worker.start() leaves the loop to us

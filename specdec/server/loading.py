@@ -7,14 +7,30 @@ minutes of a server. The pool is zeroed when it is made, so all of it is residen
 large for the machine fails at start, and memory does not grow under load): `max_context` bounds it (32 slots of
 smollm2-135m's 8k context in float32 are 12 GB).
 """
+
 from __future__ import annotations
 
 
-def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: str | None = None,
-                 device: str = "auto", dtype: str = "auto", backend: str = "auto", num_speculative_tokens: int = 8,
-                 adaptive: bool = True, sampling_verifier: str = "auto", trust_remote_code: bool = False,
-                 max_batch_for_drafting: int | None = None, acceptance: str = "exact", max_context: int | None = None,
-                 graphs: str = "auto", compile: str = "auto", **drafter_options):
+def load_decoder(
+    model: str,
+    *,
+    slots: int,
+    drafter: str = "auto",
+    draft_model: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    backend: str = "auto",
+    num_speculative_tokens: int = 8,
+    adaptive: bool = True,
+    sampling_verifier: str = "auto",
+    trust_remote_code: bool = False,
+    max_batch_for_drafting: int | None = None,
+    acceptance: str = "exact",
+    max_context: int | None = None,
+    graphs: str = "auto",
+    compile: str = "auto",
+    **drafter_options,
+):
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
@@ -23,11 +39,25 @@ def load_decoder(model: str, *, slots: int, drafter: str = "auto", draft_model: 
     CUDA graphs, compile: those compiled by torch.compile (models/backend_choice.py make_backend)."""
     from ..engine import SpecDecoder
 
-    decoder = SpecDecoder.load(model, drafter=drafter, draft_model=draft_model, device=device, dtype=dtype,
-                               backend=backend, num_speculative_tokens=num_speculative_tokens, adaptive=adaptive,
-                               sampling_verifier=sampling_verifier, trust_remote_code=trust_remote_code,
-                               max_batch_for_drafting=max_batch_for_drafting, acceptance=acceptance, slots=slots,
-                               max_context=max_context, time_target=True, graphs=graphs, compile=compile,
-                               **drafter_options)
+    decoder = SpecDecoder.load(
+        model,
+        drafter=drafter,
+        draft_model=draft_model,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        num_speculative_tokens=num_speculative_tokens,
+        adaptive=adaptive,
+        sampling_verifier=sampling_verifier,
+        trust_remote_code=trust_remote_code,
+        max_batch_for_drafting=max_batch_for_drafting,
+        acceptance=acceptance,
+        slots=slots,
+        max_context=max_context,
+        time_target=True,
+        graphs=graphs,
+        compile=compile,
+        **drafter_options,
+    )
     decoder.drafter_options = {}  # requests' drafters by name take the server's options (EngineWorker)
     return decoder

@@ -4,12 +4,21 @@ The worker thread reports each ended sequence (observe_generation) and the load 
 the request handlers report HTTP outcomes, time to first token and latency as the client sees them
 (queueing included). prometheus_client's metrics are thread-safe.
 """
+
 from __future__ import annotations
 
 import threading
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               disable_created_metrics, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 
 from ..metrics import GenerationMetrics
@@ -29,45 +38,83 @@ class ServerMetrics:
         disable_created_metrics()  # no *_created series (process-wide)
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files (Linux)
-        self.requests = Counter("specdec_requests", "HTTP requests by endpoint and status code (499: client gone)",
-                                ["endpoint", "status"], registry=r)
-        self.finished = Counter("specdec_finished_sequences", "Ended sequences by finish reason (stop, length, "
-                                "cancelled)", ["reason"], registry=r)
+        self.requests = Counter(
+            "specdec_requests",
+            "HTTP requests by endpoint and status code (499: client gone)",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "specdec_finished_sequences",
+            "Ended sequences by finish reason (stop, length, cancelled)",
+            ["reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of ended sequences", registry=r)
-        self.cached_prompt_tokens = Counter("specdec_prefix_cache_hit_tokens", "Prompt tokens whose prefill the "
-                                            "prefix cache saved", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "specdec_prefix_cache_hit_tokens", "Prompt tokens whose prefill the prefix cache saved", registry=r
+        )
         self.generation_tokens = Counter("specdec_generation_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.steps = Counter("specdec_verify_steps", "Target verify steps (one per sequence per step)", registry=r)
-        self.drafting_steps = Counter("specdec_drafting_steps", "Verify steps that scored at least one draft token",
-                                      registry=r)
-        self.drafted_at = Counter("specdec_draft_tokens_per_position", "Draft tokens proposed at each draft position "
-                                  f"(0: the first; {MAX_POSITIONS - 1} holds the later ones too)", ["position"],
-                                  registry=r)
-        self.accepted_at = Counter("specdec_accepted_tokens_per_position", "Draft tokens accepted at each draft "
-                                   "position (acceptance at position i: accepted / drafted there)", ["position"],
-                                   registry=r)
-        self.by_acceptance = Counter("specdec_generation_tokens_by_acceptance", "Tokens generated, by the acceptance "
-                                     "rule that made them: acceptance=\"exact\" (lossless) or a lossy rule "
-                                     "(lossy=\"true\", the text may differ from the model's own)",
-                                     ["acceptance", "lossy"], registry=r)
+        self.drafting_steps = Counter(
+            "specdec_drafting_steps", "Verify steps that scored at least one draft token", registry=r
+        )
+        self.drafted_at = Counter(
+            "specdec_draft_tokens_per_position",
+            "Draft tokens proposed at each draft position "
+            f"(0: the first; {MAX_POSITIONS - 1} holds the later ones too)",
+            ["position"],
+            registry=r,
+        )
+        self.accepted_at = Counter(
+            "specdec_accepted_tokens_per_position",
+            "Draft tokens accepted at each draft position (acceptance at position i: accepted / drafted there)",
+            ["position"],
+            registry=r,
+        )
+        self.by_acceptance = Counter(
+            "specdec_generation_tokens_by_acceptance",
+            "Tokens generated, by the acceptance "
+            'rule that made them: acceptance="exact" (lossless) or a lossy rule '
+            '(lossy="true", the text may differ from the model\'s own)',
+            ["acceptance", "lossy"],
+            registry=r,
+        )
         self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
-        self.mat = Gauge("specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)",
-                         registry=r)
-        self.acceptance_length = Gauge("specdec_mean_acceptance_length", "1 + accepted draft tokens per drafting "
-                                       "step since start (vLLM's mean acceptance length)", registry=r)
-        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Request arrival to first generated token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.latency = Histogram("specdec_request_latency_seconds", "Request arrival to last byte (successful "
-                                 "generations)", buckets=LATENCY_BUCKETS, registry=r)
+        self.mat = Gauge(
+            "specdec_mean_accepted_tokens", "Tokens per verify step since start (MAT, bonus included)", registry=r
+        )
+        self.acceptance_length = Gauge(
+            "specdec_mean_acceptance_length",
+            "1 + accepted draft tokens per drafting step since start (vLLM's mean acceptance length)",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specdec_time_to_first_token_seconds",
+            "Request arrival to first generated token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "specdec_request_latency_seconds",
+            "Request arrival to last byte (successful generations)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.batch_size = Gauge("specdec_running_batch_size", "Sequences holding a batch slot (KV cache)", registry=r)
-        self.step_batch = Histogram("specdec_step_batch_size", "Sequences per engine step (one target pass)",
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.thread_cpu = Gauge("specdec_thread_cpu_seconds", "CPU seconds used by the engine thread and by the HTTP "
-                                "layer's event loop thread, read from their own clocks at each scrape", ["thread"],
-                                registry=r)
+        self.step_batch = Histogram(
+            "specdec_step_batch_size", "Sequences per engine step (one target pass)", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.thread_cpu = Gauge(
+            "specdec_thread_cpu_seconds",
+            "CPU seconds used by the engine thread and by the HTTP "
+            "layer's event loop thread, read from their own clocks at each scrape",
+            ["thread"],
+            registry=r,
+        )
         self._totals = GenerationMetrics()
         self._lock = threading.Lock()
 
@@ -94,8 +141,9 @@ class ServerMetrics:
         self.mat.set(mat or 0.0)
         self.acceptance_length.set(length or 0.0)
 
-    def observe_request(self, endpoint: str, status: int, latency_s: float | None = None,
-                        ttft_s: float | None = None) -> None:
+    def observe_request(
+        self, endpoint: str, status: int, latency_s: float | None = None, ttft_s: float | None = None
+    ) -> None:
         self.requests.labels(endpoint, str(status)).inc()
         if latency_s is not None:
             self.latency.observe(latency_s)
@@ -126,9 +174,12 @@ class _EngineSeconds:
         self.totals = totals
 
     def collect(self):
-        family = CounterMetricFamily("specdec_engine_seconds", "Wall seconds of the engine thread by part (idle, "
-                                     "admission, prefill, draft, pass, verify, text, events: server/profile.py)",
-                                     labels=["part"])
+        family = CounterMetricFamily(
+            "specdec_engine_seconds",
+            "Wall seconds of the engine thread by part (idle, "
+            "admission, prefill, draft, pass, verify, text, events: server/profile.py)",
+            labels=["part"],
+        )
         for part, seconds in self.totals().items():
             family.add_metric([part], seconds)
         yield family

@@ -8,6 +8,7 @@ between its parts) and handing the events to the HTTP side. The worker adds them
 its CPU seconds, and the engine thread's, are read from the threads' own clocks at each scrape
 (`specdec_thread_cpu_seconds{thread}`).
 """
+
 from __future__ import annotations
 
 import threading

@@ -9,6 +9,7 @@ length (1 + accepted / drafting steps, vLLM's figure) are null when nothing was 
 (the rule: "exact", or a lossy one such as "top-k:4") and "lossy" (true when a lossy rule made the text, which may
 then differ from the model's own; false for exact speculation and for requests that drafted nothing).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,26 +47,40 @@ def speculation(fins: Finished | list[Finished]) -> dict:
     """One choice's speculation statistics, or the sums over a request's choices."""
     fins = fins if isinstance(fins, list) else [fins]
     total = reduce(GenerationMetrics.merge, [f.metrics for f in fins])
-    return {"drafter": fins[0].drafter, "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
-            "drafted_tokens": total.drafted_tokens, "accepted_tokens": total.accepted_tokens,
-            "acceptance_rate": total.acceptance_rate, "mean_accepted_tokens": total.mean_accepted_tokens,
-            "verify_steps": total.steps, "drafting_steps": total.drafting_steps,
-            "mean_acceptance_length": total.mean_acceptance_length,
-            "acceptance": total.acceptance, "lossy": total.lossy,
-            # steps drafted by each drafter the select drafter chose
-            **({"drafter_steps": total.drafter_steps} if total.drafter_steps else {})}
+    return {
+        "drafter": fins[0].drafter,
+        "num_speculative_tokens": max(f.num_speculative_tokens for f in fins),
+        "drafted_tokens": total.drafted_tokens,
+        "accepted_tokens": total.accepted_tokens,
+        "acceptance_rate": total.acceptance_rate,
+        "mean_accepted_tokens": total.mean_accepted_tokens,
+        "verify_steps": total.steps,
+        "drafting_steps": total.drafting_steps,
+        "mean_acceptance_length": total.mean_acceptance_length,
+        "acceptance": total.acceptance,
+        "lossy": total.lossy,
+        # steps drafted by each drafter the select drafter chose
+        **({"drafter_steps": total.drafter_steps} if total.drafter_steps else {}),
+    }
 
 
 def usage(fins: list[Finished]) -> dict:
     """The request's usage: the prompt once, the completions of all its choices."""
     prompt, completion = fins[0].prompt_tokens, sum(f.completion_tokens for f in fins)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": fins[0].metrics.cached_prompt_tokens},
-            "speculation": speculation(fins)}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": fins[0].metrics.cached_prompt_tokens},
+        "speculation": speculation(fins),
+    }
 
 
-def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]],
-             answers: list[tuple[str | None, list[dict], str]] | None = None) -> dict:
+def response(
+    meta: Meta,
+    choices: list[tuple[str, Finished, dict | None]],
+    answers: list[tuple[str | None, list[dict], str]] | None = None,
+) -> dict:
     """A whole (non-streamed) completion or chat completion; choices: (text, Finished, logprobs from
     LogprobFormatter.format) in index order; answers: each chat choice's (content, tool calls, finish_reason)
     where the request has tools (ToolCalling.answer)."""
@@ -76,23 +91,41 @@ def response(meta: Meta, choices: list[tuple[str, Finished, dict | None]],
             choice["message"] = {"role": "assistant", "content": text}
             if answers is not None:
                 content, calls, choice["finish_reason"] = answers[index]
-                choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": content,
+                    **({"tool_calls": calls} if calls else {}),
+                }
         else:
             choice["text"] = text
         out.append(choice)
     return {**meta.head(False), "choices": out, "usage": usage([fin for _, fin, _ in choices])}
 
 
-def chunk(meta: Meta, text: str | None, fin: Finished | None = None, role: bool = False,
-          logprobs: dict | None = None, index: int = 0, tool_calls: list[dict] | None = None,
-          finish_reason: str | None = None) -> dict:
+def chunk(
+    meta: Meta,
+    text: str | None,
+    fin: Finished | None = None,
+    role: bool = False,
+    logprobs: dict | None = None,
+    index: int = 0,
+    tool_calls: list[dict] | None = None,
+    finish_reason: str | None = None,
+) -> dict:
     """One streamed chunk of choice `index`: a text delta (with its tokens' logprobs), tool call deltas, the
     opening role (chat), or the closing finish_reason (fin's, unless `finish_reason` says otherwise)."""
     reason = (finish_reason or fin.finish_reason) if fin else None
     choice = {"index": index, "logprobs": logprobs, "finish_reason": reason}
     if meta.chat:
-        choice["delta"] = ({"role": "assistant", "content": ""} if role else {"tool_calls": tool_calls} if tool_calls
-                           else {} if text is None else {"content": text})
+        choice["delta"] = (
+            {"role": "assistant", "content": ""}
+            if role
+            else {"tool_calls": tool_calls}
+            if tool_calls
+            else {}
+            if text is None
+            else {"content": text}
+        )
     else:
         choice["text"] = text or ""
     out = {**meta.head(True), "choices": [choice]}
@@ -114,12 +147,16 @@ class LogprobFormatter:
 
     def chat(self, entries: list[TokenLogprob]) -> dict:
         """{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}"""
-        def one(token_id: int, logprob: float) -> dict:
+
+        def one(token_id: int, logprob: float | None) -> dict:
             text = self._text(token_id)
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-        return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top]}
-                            for e in entries]}
+        return {
+            "content": [
+                {**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top]} for e in entries
+            ]
+        }
 
     def completion(self, entries: list[TokenLogprob]) -> dict:
         """{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}"""
@@ -128,9 +165,12 @@ class LogprobFormatter:
         for token in tokens:
             offsets.append(self.text_offset)
             self.text_offset += len(token)
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [None if e.logprob is None else {self._text(i): lp for i, lp in e.top} for e in entries],
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [None if e.logprob is None else {self._text(i): lp for i, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
 
     def format(self, chat: bool, entries: list[TokenLogprob] | None) -> dict | None:
         """None for no entries (a chunk without tokens)."""

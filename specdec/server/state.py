@@ -1,4 +1,5 @@
 """Server settings, and the state the request handlers share: admission (a bounded queue) and health."""
+
 from __future__ import annotations
 
 import math
@@ -36,17 +37,25 @@ class ServerState:
 
         decoder = worker.decoder
         drafter = worker.default_drafter
-        shipped = tuple(kind for kind in ("eagle", "eagle3", "medusa")  # heads specdec ships for this model
-                        if bundled_head(decoder.target.name, kind))
-        self.limits = Limits(model_names=(settings.model_name, *settings.aliases),
-                             drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, "select", drafter))),
-                             default_drafter=drafter,
-                             vocab_size=decoder.target.info.vocab_size,
-                             default_max_tokens=settings.default_max_tokens, max_choices=settings.max_batch,
-                             structured_error=unsupported_reason(decoder.target.tokenizer, decoder.target.info.vocab_size,
-                                                                 decoder.target.info.eos_token_ids),
-                             tool_parser=settings.tool_parser, logprobs_mode=settings.logprobs_mode,
-                             max_context=decoder.target.info.max_context)
+        shipped = tuple(
+            kind
+            for kind in ("eagle", "eagle3", "medusa")  # heads specdec ships for this model
+            if bundled_head(decoder.target.name, kind)
+        )
+        self.limits = Limits(
+            model_names=(settings.model_name, *settings.aliases),
+            drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, "select", drafter))),
+            default_drafter=drafter,
+            vocab_size=decoder.target.info.vocab_size,
+            default_max_tokens=settings.default_max_tokens,
+            max_choices=settings.max_batch,
+            structured_error=unsupported_reason(
+                decoder.target.tokenizer, decoder.target.info.vocab_size, decoder.target.info.eos_token_ids
+            ),
+            tool_parser=settings.tool_parser,
+            logprobs_mode=settings.logprobs_mode,
+            max_context=decoder.target.info.max_context,
+        )
         self.inflight = 0
         self.freed: deque[tuple[float, int]] = deque(maxlen=64)  # (monotonic time, places) of recent releases
         self.draining = False
@@ -81,9 +90,18 @@ class ServerState:
     def health(self) -> dict:
         w = self.worker
         status = "draining" if self.draining else "ok" if w.alive else "engine stopped"
-        return {"status": status, "model": self.settings.model_name,
-                "drafter": w.default_drafter, "acceptance": str(w.engine.speculation.acceptance),
-                "lossy": w.engine.speculation.acceptance.lossy, "max_batch": self.settings.max_batch,
-                "prefix_cache": w.prefix_cache_entries, "max_context": w.decoder.target.info.max_context,
-                "running": w.running, "queued": w.queued, "free_slots": self.settings.max_batch - w.running,
-                "inflight": self.inflight, "capacity": self.capacity}
+        return {
+            "status": status,
+            "model": self.settings.model_name,
+            "drafter": w.default_drafter,
+            "acceptance": str(w.engine.speculation.acceptance),
+            "lossy": w.engine.speculation.acceptance.lossy,
+            "max_batch": self.settings.max_batch,
+            "prefix_cache": w.prefix_cache_entries,
+            "max_context": w.decoder.target.info.max_context,
+            "running": w.running,
+            "queued": w.queued,
+            "free_slots": self.settings.max_batch - w.running,
+            "inflight": self.inflight,
+            "capacity": self.capacity,
+        }

@@ -16,6 +16,7 @@
 The tools reach the model through its chat template when the template takes `tools`; otherwise their
 descriptions are added to the system message, and earlier calls and tool results are written as text.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,17 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from ..config import Constraint
 from ..errors import ConfigError
 from ..structured import check
+
 from .errors import bad_request, unsupported
+from .protocol import ToolFields
+from .validation import api_error
 
 PARSERS = ("hermes",)
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CALL_TAG = "<tool_call>"  # how a hermes call opens
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -46,8 +51,10 @@ class Tool:
         return json.loads(self.parameters_json)
 
     def openai(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,17 @@ class ToolCalling:
         if self.choice == "function":
             return Constraint.json_schema(next(t for t in self.tools if t.name == self.function).parameters)
         if self.choice == "required":
-            call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                               "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]}
+            call = {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                        "required": ["name", "arguments"],
+                        "additionalProperties": False,
+                    }
+                    for t in self.tools
+                ]
+            }
             return Constraint.json_schema({"type": "array", "minItems": 1, "items": call} if self.parallel else call)
         return None
 
@@ -87,16 +103,22 @@ class ToolCalling:
             if call is None:
                 return text, [], finish_reason
             if self.choice == "function":
-                return None, [tool_call(self.function, text)], "tool_calls"
-            return None, [tool_call(c["name"], _dumps(c["arguments"])) for c in
-                          (call if isinstance(call, list) else [call])], "tool_calls"
+                return None, [tool_call(self.function or "", text)], "tool_calls"
+            return (
+                None,
+                [tool_call(c["name"], _dumps(c["arguments"])) for c in (call if isinstance(call, list) else [call])],
+                "tool_calls",
+            )
         if self.choice == "auto":
             calls = []
             for block in HERMES_CALL.findall(text):
                 try:
                     call = json.loads(block)
-                    if isinstance(call, dict) and isinstance(call.get("name"), str) \
-                            and isinstance(call.get("arguments", {}), dict):
+                    if (
+                        isinstance(call, dict)
+                        and isinstance(call.get("name"), str)
+                        and isinstance(call.get("arguments", {}), dict)
+                    ):
                         calls.append(tool_call(call["name"], _dumps(call.get("arguments", {}))))
                 except ValueError:
                     pass
@@ -110,14 +132,21 @@ class ToolCalling:
         system message for one that does not (with earlier calls and results as text)."""
         if template_takes_tools:
             return messages, [t.openai() for t in self.tools]
-        described = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
-                              for t in self.tools)
-        how = {"none": "Answer in text; do not call a function.",
-               "auto": 'To call a function, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
-               "required": "Answer with a JSON array of one or more function calls." if self.parallel else
-               "Answer with a function call.", "function": f"Answer with a call to {self.function}."}
-        note = f"You can call these functions (name, description, JSON schema of the arguments):\n{described}\n" \
-               f"{how[self.choice]}"
+        described = "\n".join(
+            json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}) for t in self.tools
+        )
+        how = {
+            "none": "Answer in text; do not call a function.",
+            "auto": 'To call a function, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+            "required": "Answer with a JSON array of one or more function calls."
+            if self.parallel
+            else "Answer with a function call.",
+            "function": f"Answer with a call to {self.function}.",
+        }
+        note = (
+            f"You can call these functions (name, description, JSON schema of the arguments):\n{described}\n"
+            f"{how[self.choice]}"
+        )
         out = [as_text(m) for m in messages]
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{note}"}
@@ -126,87 +155,97 @@ class ToolCalling:
         return out, None
 
 
-def parse_tool_calling(body: dict, parser: str | None, structured_error: str | None) -> ToolCalling | None:
-    """The request's tools and tool_choice; None when it gives no tools. Raises APIError (400)."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None or tools == []:
-        if choice not in (None, "none"):
+def parse_tool_calling(
+    request: ToolFields | dict, parser: str | None, structured_error: str | None
+) -> ToolCalling | None:
+    """A chat request's tools and tool_choice (protocol.ToolFields, a ChatRequest's, or a dict of those fields
+    alone, validated here); None when it gives no tools. Raises APIError (400)."""
+    if isinstance(request, dict):
+        try:
+            request = ToolFields.model_validate(request)
+        except ValidationError as exc:
+            raise api_error(exc.errors()) from None
+    tools, given = request.tools, request.tool_choice
+    if not tools:
+        if given not in (None, "none"):
             raise bad_request("'tool_choice' is only allowed when 'tools' are given", "tool_choice", "invalid_value")
         return None
     parsed = _tools(tools)
     names = [t.name for t in parsed]
     function = None
-    if choice is None:
+    if given is None:
         choice = "auto"
-    elif isinstance(choice, dict):
-        fn = choice.get("function") if choice.get("type") == "function" else None
-        function = fn.get("name") if isinstance(fn, dict) else None
+    elif isinstance(given, str):
+        choice = given
+    else:  # a named function
+        function = given.function.name
         if function not in names:
-            raise bad_request("'tool_choice' must name one of the tools, {\"type\": \"function\", \"function\": "
-                              f"{{\"name\": ...}}}}, with a name among {', '.join(names)}", "tool_choice",
-                              "invalid_value")
+            raise bad_request(
+                '\'tool_choice\' must name one of the tools, {"type": "function", "function": '
+                f'{{"name": ...}}}}, with a name among {", ".join(names)}',
+                "tool_choice",
+                "invalid_value",
+            )
         choice = "function"
-    elif choice not in ("none", "auto", "required"):
-        raise bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                          "\"function\": {\"name\": ...}}", "tool_choice", "invalid_value")
     if choice == "auto" and parser is None:
-        raise unsupported("tool_choice", "\"auto\" (the default when tools are given) needs the server started with "
-                                         "--tool-call-parser (the format this model writes calls in); send "
-                                         "\"required\" or a named function, which specdec enforces by constrained "
-                                         "decoding, or \"none\"")
+        raise unsupported(
+            "tool_choice",
+            '"auto" (the default when tools are given) needs the server started with '
+            "--tool-call-parser (the format this model writes calls in); send "
+            '"required" or a named function, which specdec enforces by constrained '
+            'decoding, or "none"',
+        )
     if choice in ("required", "function") and structured_error:
-        raise bad_request(f"tool calls are not available for this model: {structured_error}", "tool_choice",
-                          "unsupported_parameter")
-    if choice in ("required", "function") and any(body.get(k) is not None for k in (
-            "response_format", "guided_json", "guided_regex", "guided_grammar")):
-        raise bad_request("a required or named tool call constrains the answer already: send it without "
-                          "response_format or guided_*", "tool_choice", "invalid_value")
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls", "invalid_type")
+        raise bad_request(
+            f"tool calls are not available for this model: {structured_error}", "tool_choice", "unsupported_parameter"
+        )
+    if choice in ("required", "function") and any(
+        getattr(request, k, None) is not None
+        for k in ("response_format", "guided_json", "guided_regex", "guided_grammar")
+    ):
+        raise bad_request(
+            "a required or named tool call constrains the answer already: send it without response_format or guided_*",
+            "tool_choice",
+            "invalid_value",
+        )
+    parallel = request.parallel_tool_calls is not False
     calling = ToolCalling(parsed, choice, function, parser, parallel)
     if (constraint := calling.constraint()) is not None:
         try:
             check(constraint)  # compiled here, so that a bad parameters schema is a 400
         except ConfigError as exc:
-            raise bad_request(f"a tool's parameters are not a usable JSON schema: {exc}", "tools",
-                              "invalid_value") from None
+            raise bad_request(
+                f"a tool's parameters are not a usable JSON schema: {exc}", "tools", "invalid_value"
+            ) from None
     return calling
 
 
-def _tools(value) -> tuple[Tool, ...]:
-    if not isinstance(value, list):
-        raise bad_request("'tools' must be an array of {\"type\": \"function\", \"function\": {...}}", "tools",
-                          "invalid_type")
+def _tools(tools) -> tuple[Tool, ...]:
+    """protocol.Tool definitions -> Tools; names unique, parameters a JSON schema of an object."""
     out, seen = [], set()
-    for i, tool in enumerate(value):
-        where = f"tools[{i}]"
-        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if not isinstance(fn, dict):
-            raise bad_request(f"'{where}' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", where,
-                              "invalid_value")
-        name, description = fn.get("name"), fn.get("description", "")
-        parameters = fn.get("parameters", NO_PARAMETERS)
-        if not isinstance(name, str) or not NAME.match(name):
-            raise bad_request(f"'{where}.function.name' must be 1 to 64 letters, digits, underscores or dashes",
-                              f"{where}.function.name", "invalid_value")
-        if name in seen:
-            raise bad_request(f"two tools are named {name!r}", f"{where}.function.name", "invalid_value")
-        if not isinstance(description, str):
-            raise bad_request(f"'{where}.function.description' must be a string", f"{where}.function.description",
-                              "invalid_type")
-        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise bad_request(f"'{where}.function.parameters' must be a JSON schema of an object",
-                              f"{where}.function.parameters", "invalid_value")
-        seen.add(name)
-        out.append(Tool(name, description, json.dumps(parameters, sort_keys=True)))
+    for i, tool in enumerate(tools):
+        where, fn = f"tools[{i}]", tool.function
+        parameters = fn.parameters if fn.parameters is not None else NO_PARAMETERS
+        if fn.name in seen:
+            raise bad_request(f"two tools are named {fn.name!r}", f"{where}.function.name", "invalid_value")
+        if parameters.get("type", "object") != "object":
+            raise bad_request(
+                f"'{where}.function.parameters' must be a JSON schema of an object",
+                f"{where}.function.parameters",
+                "invalid_value",
+            )
+        seen.add(fn.name)
+        out.append(Tool(fn.name, fn.description, json.dumps(parameters, sort_keys=True)))
     return tuple(out)
 
 
 def tool_call(name: str, arguments: str) -> dict:
     """A call in OpenAI's format, with a fresh id."""
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _dumps(arguments) -> str:

@@ -9,6 +9,7 @@ prefill.py), so that it stalls no running stream for long. A request's
 events (Started, Delta, Finished, Failed) leave through its own `emit` callback, which the asyncio
 side makes thread-safe (loop.call_soon_threadsafe).
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..choice import OWN_DRAFTER, PLAIN, DrafterChoice
+from ..config import Acceptance
 from ..stream_core import TextSteps, TextUpdate
 from ..errors import ContextLengthError, SpecdecError
 from ..request import Request
@@ -43,8 +45,15 @@ class EngineWorker:
     """Owns a BatchEngine and runs its steps while there is work, reading each request's text from the one stream
     core (engine.TextSteps) and converting it to events; idle, it sleeps on the inbox."""
 
-    def __init__(self, decoder, max_batch: int, metrics=None, max_prefill_tokens: int = 512,
-                 drafter_options: dict | None = None, prefill_chunk: int | str | None = 512):
+    def __init__(
+        self,
+        decoder,
+        max_batch: int,
+        metrics=None,
+        max_prefill_tokens: int = 512,
+        drafter_options: dict | None = None,
+        prefill_chunk: int | str | None = 512,
+    ):
         """drafter_options: create_drafter's options (n-gram sizes, the suffix index file) for drafters that
         requests pick by name; prefill_chunk: the prompt tokens a step prefills while others run (prefill.py)."""
         self.decoder = decoder
@@ -57,7 +66,7 @@ class EngineWorker:
         self.max_prefill_tokens = max_prefill_tokens
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: deque[Job] = deque()
-        self.live: dict[str, _Live] = {}
+        self.live: dict[object, _Live] = {}  # by request id (TextUpdate.request_id)
         self.queued = self.running = 0  # for /health, written by the worker thread only
         self.clock = WorkerClock(self.engine)  # where the engine thread's time goes (profile.py)
         self.thread_ident: int | None = None  # the thread running the step loop, once it runs
@@ -208,7 +217,7 @@ class EngineWorker:
         if request.speculation.adaptive is not None:
             speculation = replace(speculation, adaptive=request.speculation.adaptive)
         if request.speculation.acceptance is not None:  # a lossy one labels the response (usage.speculation)
-            speculation = replace(speculation, acceptance=request.speculation.acceptance)
+            speculation = replace(speculation, acceptance=Acceptance.parse(request.speculation.acceptance))
         config = request.config
         if not request.max_tokens_given:  # a default length: clip it to the context left
             k = 0 if drafter.plain else speculation.num_speculative_tokens
@@ -217,7 +226,7 @@ class EngineWorker:
         state = self.steps.submit(job.request_id, ids, config, drafter, speculation)
         self.live[job.request_id] = _Live(job, state, name)
         job.emit(Started(len(ids)))
-        return len(ids) - state.cache.length
+        return len(ids) - (state.cache.length if state.cache is not None else 0)
 
     def _drafter(self, choice: SpeculationChoice) -> tuple[DrafterChoice, str]:
         """(the DrafterChoice BatchEngine.submit takes; its name, "none" when nothing drafts)."""
@@ -255,8 +264,11 @@ class EngineWorker:
             state = update.state
             del self.live[update.request_id]
             self._observe(state)
-            live.job.emit(Finished(state.finished, state.prompt_len, len(state.generated), state.metrics, live.drafter,
-                                   state.k_max))
+            live.job.emit(
+                Finished(
+                    state.finished, state.prompt_len, len(state.generated), state.metrics, live.drafter, state.k_max
+                )
+            )
 
     def _fail_all(self, error: APIError) -> None:
         self._fail_live(error)
