@@ -24,10 +24,10 @@ from pathlib import Path
 from specdec.drafters.heads.eagle_loading import load_head
 from specdec.models.loading import load_model
 from specdec.models.registry import DEFAULT_MODEL
-from specdec.training.batching import TrainSettings
+from specdec.training.batching import TrainSettings, windows
 from specdec.training.datamix import source_family, without_families
+from specdec.training.heldout import heldout_agreement, scorable, split_heldout
 from specdec.training.shards import read_data
-from specdec.training.trainer import heldout_agreement, scorable, split_heldout, windows
 
 
 def main() -> int:

@@ -8,8 +8,8 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from specdec.benchmarks.gguf_file import (permute, quantize_q4_k, quantize_q5_k, quantize_q6_k, tensor_type,  # noqa: E402
-                                     write_gguf_model)
+from specdec.benchmarks.gguf_file import permute, tensor_type, write_gguf_model  # noqa: E402
+from specdec.benchmarks.k_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 

@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from specdec.benchmarks.loadgen import (LONG_MAX_TOKENS, RequestResult, _dist, floors, long_prompt_texts, one_request,
-                                       run_level, summarize, summarize_long)
+from specdec.benchmarks.load_summary import _dist, floors, summarize, summarize_long
+from specdec.benchmarks.loadgen import LONG_MAX_TOKENS, RequestResult, long_prompt_texts, one_request, run_level
 from specdec.benchmarks.serve_report import markdown
 
 

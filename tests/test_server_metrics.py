@@ -104,7 +104,7 @@ def test_bench_serve_against_the_running_server(openai_server, tmp_path, capsys)
 
 def test_serving_floors_pool_repeated_runs():
     """Rounds of one (concurrency, speculation) count as one run: their tokens over their seconds."""
-    from specdec.benchmarks.loadgen import floors
+    from specdec.benchmarks.load_summary import floors
 
     def run(c, mode, tokens, wall, latency):
         return {"concurrency": c, "speculation": mode, "completion_tokens": tokens, "wall_s": wall, "ok": 4,

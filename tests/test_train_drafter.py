@@ -13,7 +13,8 @@ from specdec.training.batching import TrainSettings, choose_draft_vocab, collate
 from specdec.training.eagle_trainer import unrolled_losses, unrolled_mask
 from specdec.training.extract import generate_training_data
 from specdec.training.shards import read_data, read_shards
-from specdec.training.trainer import Trainer, heldout_agreement, split_heldout
+from specdec.training.heldout import heldout_agreement, split_heldout
+from specdec.training.trainer import Trainer
 from tiny import loss_after_training
 
 PROMPTS = ["the cat sat on the mat", "a big red dog ran to the house", "the sun and the moon", "she was in the tree",
@@ -48,7 +49,7 @@ def test_self_distillation_records_features_and_choices(data):
 
 def test_sampled_answers_at_a_tiny_temperature_are_the_greedy_ones(data):
     """Sampling at a temperature far below float32's range is greedy decoding, not NaN probabilities."""
-    from specdec.training.extract import decode_batch
+    from specdec.training.teacher import decode_batch
     target = data[0]
     prompts = [target.tokenizer.encode(p) for p in PROMPTS[:2]]
     eos = (target.tokenizer.eos_token_id,)

@@ -4,25 +4,26 @@ The requests are written from the server's own OpenAPI document (GET /openapi.js
 schemathesis: bodies valid by its schemas for /v1/completions and /v1/chat/completions and bodies it makes
 invalid, valid ones spoiled in one to three fields (wrong types, NaN, huge numbers, empty strings, unknown keys),
 bodies that are not JSON objects at all, every GET path it names, and paths and methods it does not name. The rule
-each answer must keep (`problem`): a 2xx in OpenAI's shape (a stream of well-formed events ending in [DONE]), or a
-4xx with an OpenAI error object; never a 5xx, a malformed body, or no answer within the timeout; and the server
-serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
+each answer must keep (`problem`, fuzz_answers.py): a 2xx in OpenAI's shape (a stream of well-formed events ending
+in [DONE]), or a 4xx with an OpenAI error object; never a 5xx, a malformed body, or no answer within the timeout;
+and the server serves the next request. schemathesis (with hypothesis) and httpx are the `dev` extra's.
 
 A seed writes the same requests in every process of an installed specdec (`drawn`; the report's digest): see
 benchmarks/seeded.py. That also makes a long run resumable: with a journal (`FuzzJournal`), each answered
 request's outcome is appended as it comes, and a rerun replays the recorded ones instead of sending them again.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ConfigError
+from .fuzz_answers import GENERATION, problem
 from .fuzz_journal import FuzzJournal
 from .seeded import run_seeded
-
-GENERATION = ("/v1/completions", "/v1/chat/completions")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class FuzzReport:
     replayed: int = 0  # of `requests`, those read from a journal instead of sent
     by_status: dict[str, int] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)  # the first ones, with their requests
-    hash: object = field(default_factory=hashlib.sha256, repr=False)  # of every request sent, in order
+    hash: Any = field(default_factory=hashlib.sha256, repr=False)  # of every request sent, in order
 
     def add(self, request: FuzzRequest, status: int | None, issue: str | None) -> None:
         self.requests += 1
@@ -46,13 +47,24 @@ class FuzzReport:
         key = "no answer" if status is None else f"{status // 100}xx"
         self.by_status[key] = self.by_status.get(key, 0) + 1
         if issue and len(self.problems) < 20:
-            self.problems.append({"method": request.method, "path": request.path, "problem": issue,
-                                  "body": (request.body or b"")[:500].decode("utf-8", "replace")})
+            self.problems.append(
+                {
+                    "method": request.method,
+                    "path": request.path,
+                    "problem": issue,
+                    "body": (request.body or b"")[:500].decode("utf-8", "replace"),
+                }
+            )
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "replayed_from_journal": self.replayed,
-                "requests_digest": self.hash.hexdigest()[:16], "by_status": self.by_status,
-                "problems": len(self.problems), "first_problems": self.problems}
+        return {
+            "requests": self.requests,
+            "replayed_from_journal": self.replayed,
+            "requests_digest": self.hash.hexdigest()[:16],
+            "by_status": self.by_status,
+            "problems": len(self.problems),
+            "first_problems": self.problems,
+        }
 
 
 def _short_digest(request: FuzzRequest) -> str:
@@ -72,9 +84,17 @@ def digest(requests: list[FuzzRequest]) -> str:
 
 
 # the fuzzer keeps generations short and bodies small: the schema's ranges are the server's, these are the run's
-TIGHTER = {"max_tokens": {"maximum": 6}, "max_completion_tokens": {"maximum": 6}, "n": {"maximum": 3},
-           "top_logprobs": {"maximum": 5}, "logprobs": {"maximum": 5}, "messages": {"maxItems": 3},
-           "stop": {"maxItems": 4}, "tools": {"maxItems": 2}, "logit_bias": {"maxProperties": 3}}
+TIGHTER = {
+    "max_tokens": {"maximum": 6},
+    "max_completion_tokens": {"maximum": 6},
+    "n": {"maximum": 3},
+    "top_logprobs": {"maximum": 5},
+    "logprobs": {"maximum": 5},
+    "messages": {"maxItems": 3},
+    "stop": {"maxItems": 4},
+    "tools": {"maxItems": 2},
+    "logit_bias": {"maxProperties": 3},
+}
 
 
 def fuzz_document(document: dict) -> dict:
@@ -82,20 +102,22 @@ def fuzz_document(document: dict) -> dict:
     most 40 characters, arrays of at most 8 items), for schemathesis to write requests from."""
     schemas = document["components"]["schemas"]
 
-    def resolve(node, name: str | None = None):
+    def resolve(node: Any, name: str | None = None) -> Any:
         if isinstance(node, list):
             return [resolve(x) for x in node]
         if not isinstance(node, dict):
             return node
         if "$ref" in node:
             return resolve(schemas[node["$ref"].rsplit("/", 1)[1]], name)
-        out = {k: {n: resolve(sub, n) for n, sub in v.items()} if k == "properties" else resolve(v)
-               for k, v in node.items()}
+        out: dict[str, Any] = {
+            k: {n: resolve(sub, n) for n, sub in v.items()} if k == "properties" else resolve(v)
+            for k, v in node.items()
+        }
         if out.get("type") == "string" and "enum" not in out:
             out["maxLength"] = min(out.get("maxLength", 40), 40)
         if out.get("type") == "array":
             out["maxItems"] = min(out.get("maxItems", 8), 8)
-        return {**out, **TIGHTER.get(name, {})}  # size keywords bind only values of their type: safe on any node
+        return {**out, **TIGHTER.get(name or "", {})}  # size keywords bind only values of their type: safe on any node
 
     cut = {name: resolve(schema) if name.endswith("Request") else schema for name, schema in schemas.items()}
     return {**document, "components": {**document["components"], "schemas": cut}}
@@ -110,9 +132,15 @@ def requests(document: dict):
     from hypothesis import strategies as st
     from schemathesis import GenerationMode
 
-    junk = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=12),
-                     st.lists(st.integers(-3, 5), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(),
-                                                                              max_size=2))
+    junk = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.text(max_size=12),
+        st.lists(st.integers(-3, 5), max_size=3),
+        st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    )
 
     def spoiled(bodies, fields):
         """Bodies with one to three fields (or an unknown one) set to junk."""
@@ -129,18 +157,26 @@ def requests(document: dict):
             continue
         ref = operations["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         fields = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
-        valid = schema[path]["POST"].as_strategy(GenerationMode.POSITIVE).map(lambda case: case.body)
-        invalid = schema[path]["POST"].as_strategy(GenerationMode.NEGATIVE).map(lambda case: case.body)
+        operation = schema[path]["POST"]
+        # schemathesis' GenerationMode members read as plain strings to mypy
+        valid = operation.as_strategy(GenerationMode.POSITIVE).map(lambda case: case.body)  # type: ignore[arg-type]
+        invalid = operation.as_strategy(GenerationMode.NEGATIVE).map(lambda case: case.body)  # type: ignore[arg-type]
         bodies = st.one_of(valid, valid, invalid, spoiled(valid, fields["properties"]))
         posts.append(st.builds(FuzzRequest, st.just("POST"), st.just(path), bodies.map(_encoded)))
     gets = sorted(p for p, ops in document["paths"].items() if "get" in ops)
-    raw = st.one_of(st.binary(max_size=40), st.sampled_from([b"", b"{", b"[]", b"null", b'"x"', b"{\"a\": 1}",
-                                                             b'{"prompt": "x", "model": NaN}']))
+    raw = st.one_of(
+        st.binary(max_size=40),
+        st.sampled_from([b"", b"{", b"[]", b"null", b'"x"', b'{"a": 1}', b'{"prompt": "x", "model": NaN}']),
+    )
     generation = st.one_of(*posts, st.builds(FuzzRequest, st.just("POST"), st.sampled_from(GENERATION), raw))
     other = st.one_of(
-        st.builds(FuzzRequest, st.sampled_from(["GET", "POST", "DELETE"]),
-                  st.sampled_from(gets + ["/v1/nothing", "/", "/v1/completions/x"])),
-        st.builds(FuzzRequest, st.just("GET"), st.sampled_from(GENERATION)))
+        st.builds(
+            FuzzRequest,
+            st.sampled_from(["GET", "POST", "DELETE"]),
+            st.sampled_from(gets + ["/v1/nothing", "/", "/v1/completions/x"]),
+        ),
+        st.builds(FuzzRequest, st.just("GET"), st.sampled_from(GENERATION)),
+    )
     return st.one_of(generation, generation, generation, other)
 
 
@@ -151,63 +187,6 @@ def _encoded(body) -> bytes:
     return json.dumps(body, allow_nan=True, default=str).encode()
 
 
-def problem(request: FuzzRequest, status: int | None, content_type: str, body: bytes) -> str | None:
-    """What is wrong with an answer to `request`, or None."""
-    if status is None:
-        return "no answer within the timeout"
-    if status >= 500:
-        return f"status {status}"
-    if status >= 400:
-        return _error_problem(body)
-    if request.path == "/metrics":
-        return None if body.startswith(b"#") else "metrics are not in Prometheus' text format"
-    if "text/event-stream" in content_type:
-        return _stream_problem(body)
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return "a 2xx answer is not JSON"
-    if request.path in GENERATION:
-        return _completion_problem(answer)
-    if request.path == "/v1/models":
-        return None if answer.get("object") == "list" and answer.get("data") else "bad /v1/models answer"
-    return None
-
-
-def _error_problem(body: bytes) -> str | None:
-    try:
-        error = json.loads(body)["error"]
-        ok = isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    return None if ok else f"a 4xx answer without an OpenAI error object: {body[:200]!r}"
-
-
-def _completion_problem(answer) -> str | None:
-    if not isinstance(answer, dict) or answer.get("object") not in ("text_completion", "chat.completion"):
-        return "a 2xx generation answer without its object type"
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not all("finish_reason" in c for c in choices):
-        return "a 2xx generation answer without choices"
-    if not isinstance(answer.get("usage"), dict):
-        return "a 2xx generation answer without usage"
-    return None
-
-
-def _stream_problem(body: bytes) -> str | None:
-    events = [line[6:] for line in body.decode("utf-8", "replace").split("\n") if line.startswith("data: ")]
-    if not events or events[-1].strip() != "[DONE]":
-        return "a stream that does not end with [DONE]"
-    for event in events[:-1]:
-        try:
-            data = json.loads(event)
-        except ValueError:
-            return f"a stream event that is not JSON: {event[:100]!r}"
-        if "error" in data and data["error"].get("type") == "server_error":
-            return f"a server error in a stream: {data['error'].get('message')}"
-    return None
-
-
 def drawn(document: dict, count: int, seed: int = 0) -> list[FuzzRequest]:
     """The `count` requests that fuzz() sends a server with this OpenAPI document for `seed` (without one)."""
     out: list[FuzzRequest] = []
@@ -215,8 +194,16 @@ def drawn(document: dict, count: int, seed: int = 0) -> list[FuzzRequest]:
     return out
 
 
-def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = None, timeout: float = 60.0,
-         stop_at_first: bool = False, journal: FuzzJournal | None = None) -> FuzzReport:
+def fuzz(
+    url: str,
+    model: str,
+    count: int,
+    seed: int = 0,
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    stop_at_first: bool = False,
+    journal: FuzzJournal | None = None,
+) -> FuzzReport:
     """Sends `count` requests hypothesis writes (seeded: the same in every run) to the server at `url`, one at a
     time; with stop_at_first, the first problem raises AssertionError (hypothesis then shrinks it to a smallest
     request). With a journal, requests it holds are not sent again (report.replayed counts them)."""
@@ -229,8 +216,10 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
     document = client.get("/openapi.json")
     if document.status_code != 200:
         client.close()
-        raise ConfigError(f"{url}/openapi.json answered {document.status_code}: the fuzzer writes its requests "
-                           "from the server's OpenAPI document")
+        raise ConfigError(
+            f"{url}/openapi.json answered {document.status_code}: the fuzzer writes its requests "
+            "from the server's OpenAPI document"
+        )
 
     def one(request: FuzzRequest) -> None:
         past = journal.recorded(report.requests, _short_digest(request)) if journal else None
@@ -239,8 +228,12 @@ def fuzz(url: str, model: str, count: int, seed: int = 0, api_key: str | None = 
             report.add(request, past["status"], past["problem"])
             return
         try:
-            answer = client.request(request.method, request.path, content=request.body,
-                                    headers={"Content-Type": "application/json"} if request.body is not None else {})
+            answer = client.request(
+                request.method,
+                request.path,
+                content=request.body,
+                headers={"Content-Type": "application/json"} if request.body is not None else {},
+            )
             status, content_type, body = answer.status_code, answer.headers.get("content-type", ""), answer.content
         except httpx.TimeoutException:
             status, content_type, body = None, "", b""

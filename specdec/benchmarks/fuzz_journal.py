@@ -1,4 +1,5 @@
 """A fuzz run's journal, so that a run of thousands of requests stopped at any point resumes (bench/fuzz.py)."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ class FuzzJournal:
                     self.done.append(json.loads(line))
                 except ValueError:
                     break  # the last line, half-written when the run was stopped
-            keep = b"".join(line + b"\n" for line in lines[:len(self.done)])
+            keep = b"".join(line + b"\n" for line in lines[: len(self.done)])
             if len(keep) != self.path.stat().st_size:
                 self.path.write_bytes(keep)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,8 +37,10 @@ class FuzzJournal:
             return None
         entry = self.done[index]
         if not isinstance(entry, dict) or entry.get("request") != digest:
-            raise ConfigError(f"fuzz journal {self.path} was written for other requests (another --seed, or another "
-                              f"server document) at request {index}: give a new journal file, or remove this one")
+            raise ConfigError(
+                f"fuzz journal {self.path} was written for other requests (another --seed, or another "
+                f"server document) at request {index}: give a new journal file, or remove this one"
+            )
         return entry
 
     def record(self, digest: str, status: int | None, issue: str | None) -> None:

@@ -10,6 +10,7 @@ A llama.cpp built with GGML_NATIVE=ON on a CPU with AMX uses AMX's tile instruct
 run only once it has asked for the tile state; where that is not granted the tool dies of SIGILL, which is said
 in one line with the build that avoids it.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,47 @@ from .llamacpp import LlamaCppError, find_tool
 TOOL = "llama-bench"
 # killed by SIGILL (-4), or a wrapper shell's report of it (128 + 4)
 SIGILL_CODES = (-signal.SIGILL, 128 + signal.SIGILL)
-SIGILL_LINE = ("llama-bench died of SIGILL: llama.cpp was built for instructions this process may not use (on CPUs "
-               "with AMX: build it with -DGGML_NATIVE=OFF and the AVX-512 options, AMX off; see docs/llamacpp.md)")
-KEPT = ("build_commit", "build_number", "cpu_info", "backends", "model_type", "model_size", "model_n_params",
-        "n_threads", "n_prompt", "n_gen", "n_depth", "type_k", "type_v", "flash_attn", "repack")  # of its JSON's fields
+SIGILL_LINE = (
+    "llama-bench died of SIGILL: llama.cpp was built for instructions this process may not use (on CPUs "
+    "with AMX: build it with -DGGML_NATIVE=OFF and the AVX-512 options, AMX off; see docs/llamacpp.md)"
+)
+KEPT = (
+    "build_commit",
+    "build_number",
+    "cpu_info",
+    "backends",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_threads",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "type_k",
+    "type_v",
+    "flash_attn",
+    "repack",
+)  # of its JSON's fields
 
 
 def command(binary: Path, gguf: Path, new_tokens: int, depth: int, threads: int, repeats: int) -> list[str]:
-    return [str(binary), "-m", str(gguf), "-p", "0", "-n", str(new_tokens), "-d", str(depth), "-t", str(threads),
-            "-r", str(repeats), "-o", "json"]
+    return [
+        str(binary),
+        "-m",
+        str(gguf),
+        "-p",
+        "0",
+        "-n",
+        str(new_tokens),
+        "-d",
+        str(depth),
+        "-t",
+        str(threads),
+        "-r",
+        str(repeats),
+        "-o",
+        "json",
+    ]
 
 
 def parse(stdout: str, new_tokens: int) -> dict:
@@ -46,13 +79,15 @@ def parse(stdout: str, new_tokens: int) -> dict:
     if not found:
         raise LlamaCppError(f"llama-bench's JSON has no test of {new_tokens} generated tokens")
     test = found[0]
-    return {"tokens_per_s": float(test["avg_ts"]), "stddev_tokens_per_s": float(test.get("stddev_ts", 0.0)),
-            "samples_tokens_per_s": [float(x) for x in test.get("samples_ts", [])],
-            **{key: test[key] for key in KEPT if key in test}}
+    return {
+        "tokens_per_s": float(test["avg_ts"]),
+        "stddev_tokens_per_s": float(test.get("stddev_ts", 0.0)),
+        "samples_tokens_per_s": [float(x) for x in test.get("samples_ts", [])],
+        **{key: test[key] for key in KEPT if key in test},
+    }
 
 
-def run_llama_bench(folder: str | Path, gguf: Path, new_tokens: int, depth: int, threads: int,
-                    repeats: int) -> dict:
+def run_llama_bench(folder: str | Path, gguf: Path, new_tokens: int, depth: int, threads: int, repeats: int) -> dict:
     """llama-bench's decoding figures on `gguf` (parse's dict, with the command it ran), or a one-line error:
     SIGILL_LINE for a build this process may not run, else the tool's exit code and last line of stderr."""
     cmd = command(find_tool(folder, TOOL), gguf, new_tokens, depth, threads, repeats)
@@ -71,8 +106,11 @@ def compare(result: dict, entry: dict) -> dict:
     theirs = result["tokens_per_s"]
     plain = entry["specdec_plain"]
     bound = entry.get("bandwidth_bound_tokens_per_s")
-    return {"llama_bench": result,
-            "specdec_plain_over_llama_bench": plain["tokens_per_s"] / theirs,
-            "specdec_decode_over_llama_bench": (plain["decode_tokens_per_s"] / theirs
-                                                if plain.get("decode_tokens_per_s") else None),
-            "llama_bench_share_of_bound": theirs / bound if bound else None}
+    return {
+        "llama_bench": result,
+        "specdec_plain_over_llama_bench": plain["tokens_per_s"] / theirs,
+        "specdec_decode_over_llama_bench": (
+            plain["decode_tokens_per_s"] / theirs if plain.get("decode_tokens_per_s") else None
+        ),
+        "llama_bench_share_of_bound": theirs / bound if bound else None,
+    }

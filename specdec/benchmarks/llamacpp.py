@@ -23,6 +23,7 @@ What is measured, and how it differs from specdec's methods:
   accepted drafts plus one token, the first round comes from the prompt's pass, so verify steps = n_predict -
   n_accept - 1. It does not report drafting steps or per-position counts, so MAL and those stay empty.
 """
+
 from __future__ import annotations
 
 import re
@@ -85,24 +86,32 @@ def _number(pattern: str, text: str, name: str) -> float:
 
 def parse_perf(stderr: str) -> Perf:
     """Reads common_perf_print's lines, e.g. `common_perf_print: prompt eval time =  52.07 ms /  53 tokens (...)`."""
-    return Perf(prompt_eval_s=_number(r"prompt eval time =\s*([\d.]+) ms", stderr, "prompt eval time") / 1e3,
-                prompt_eval_tokens=int(_number(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens", stderr,
-                                               "prompt eval token count")),
-                eval_s=_number(r"\beval time =\s*([\d.]+) ms /\s*\d+ runs", stderr, "eval time") / 1e3,
-                eval_runs=int(_number(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs", stderr, "eval run count")),
-                sampling_s=_number(r"sampling time =\s*([\d.]+) ms", stderr, "sampling time") / 1e3)
+    return Perf(
+        prompt_eval_s=_number(r"prompt eval time =\s*([\d.]+) ms", stderr, "prompt eval time") / 1e3,
+        prompt_eval_tokens=int(
+            _number(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens", stderr, "prompt eval token count")
+        ),
+        eval_s=_number(r"\beval time =\s*([\d.]+) ms /\s*\d+ runs", stderr, "eval time") / 1e3,
+        eval_runs=int(_number(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs", stderr, "eval run count")),
+        sampling_s=_number(r"sampling time =\s*([\d.]+) ms", stderr, "sampling time") / 1e3,
+    )
 
 
 def parse_lookup(stderr: str) -> LookupStats:
     """Reads llama-lookup's summary (`encoded   47 tokens in    0.601 seconds, ...`, `n_predict    = 10`, ...)."""
-    return LookupStats(encoded=int(_number(r"encoded\s+(\d+) tokens", stderr, "encoded token count")),
-                       encode_s=_number(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", stderr, "encoding time"),
-                       decode_s=_number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", stderr, "decoding time"),
-                       n_predict=int(_number(r"\bn_predict\s*=\s*(\d+)", stderr, "n_predict")),
-                       n_drafted=int(_number(r"\bn_drafted\s*=\s*(\d+)", stderr, "n_drafted")),
-                       n_accept=int(_number(r"\bn_accept\s*=\s*(\d+)", stderr, "n_accept")),
-                       draft_s=(_number(r"\bt_draft_flat\s*=\s*([\d.]+) ms", stderr, "t_draft_flat")
-                                + _number(r"\bt_draft\s*=\s*([\d.]+) ms", stderr, "t_draft")) / 1e3)
+    return LookupStats(
+        encoded=int(_number(r"encoded\s+(\d+) tokens", stderr, "encoded token count")),
+        encode_s=_number(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", stderr, "encoding time"),
+        decode_s=_number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", stderr, "decoding time"),
+        n_predict=int(_number(r"\bn_predict\s*=\s*(\d+)", stderr, "n_predict")),
+        n_drafted=int(_number(r"\bn_drafted\s*=\s*(\d+)", stderr, "n_drafted")),
+        n_accept=int(_number(r"\bn_accept\s*=\s*(\d+)", stderr, "n_accept")),
+        draft_s=(
+            _number(r"\bt_draft_flat\s*=\s*([\d.]+) ms", stderr, "t_draft_flat")
+            + _number(r"\bt_draft\s*=\s*([\d.]+) ms", stderr, "t_draft")
+        )
+        / 1e3,
+    )
 
 
 END_OF_TEXT = " [end of text]\n"
@@ -121,7 +130,7 @@ def lookup_text(stdout: str, prompt: str) -> str:
     head = "\n\n" + prompt
     if not stdout.startswith(head):
         raise LlamaCppError("llama-lookup did not echo the prompt as given (a BOS added, or a template applied?)")
-    return stdout[len(head):].removesuffix("\n\n\n\n")
+    return stdout[len(head) :].removesuffix("\n\n\n\n")
 
 
 def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -135,16 +144,24 @@ def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
 def lookup_metrics(stats: LookupStats, kept: int, prompt_tokens: int, seconds: float) -> GenerationMetrics:
     """GenerationMetrics from llama-lookup's counters (steps as the module docstring says; no MAL)."""
     steps = stats.n_predict - stats.n_accept - 1
-    return GenerationMetrics(prompt_tokens=prompt_tokens, new_tokens=kept, steps=steps,
-                             step_tokens=stats.n_predict - 1, drafted_tokens=stats.n_drafted,
-                             accepted_tokens=stats.n_accept, draft_time_s=stats.draft_s, total_time_s=seconds)
+    return GenerationMetrics(
+        prompt_tokens=prompt_tokens,
+        new_tokens=kept,
+        steps=steps,
+        step_tokens=stats.n_predict - 1,
+        drafted_tokens=stats.n_drafted,
+        accepted_tokens=stats.n_accept,
+        draft_time_s=stats.draft_s,
+        total_time_s=seconds,
+    )
 
 
 class LlamaCppMethod:
     """A llama.cpp tool as a bench method: `name`, `run(prompt_ids, max_new_tokens) -> PromptRun`."""
 
-    def __init__(self, name: str, folder: str | Path, gguf: str | Path, tokenizer, eos_ids, threads: int,
-                 draft_max: int):
+    def __init__(
+        self, name: str, folder: str | Path, gguf: str | Path, tokenizer, eos_ids, threads: int, draft_max: int
+    ):
         self.name, self.tokenizer, self.eos_ids = name, tokenizer, set(eos_ids)
         self.threads, self.draft_max = threads, draft_max
         self.binary, self.gguf, self.lookup = find_tool(folder, TOOLS[name]), Path(gguf), name == "llamacpp_lookup"
@@ -175,8 +192,9 @@ class LlamaCppMethod:
         tokens = until_eos(self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_ids)[:max_new_tokens]
         if stats is None:
             return PromptRun(tokens=tokens, seconds=seconds)
-        return PromptRun(tokens=tokens, seconds=seconds,
-                         metrics=lookup_metrics(stats, len(tokens), len(prompt_ids), seconds))
+        return PromptRun(
+            tokens=tokens, seconds=seconds, metrics=lookup_metrics(stats, len(tokens), len(prompt_ids), seconds)
+        )
 
 
 def setup(folder: str | Path, model: str) -> Path:
@@ -187,8 +205,9 @@ def setup(folder: str | Path, model: str) -> Path:
     if model.lower().endswith(".gguf") and Path(model).expanduser().is_file():
         return Path(model).expanduser()
     if model not in KNOWN_MODELS:
-        raise ConfigError(f"--llama-cpp needs a .gguf file or a built-in model, whose GGUF file it runs "
-                          f"({', '.join(KNOWN_MODELS)})")
+        raise ConfigError(
+            f"--llama-cpp needs a .gguf file or a built-in model, whose GGUF file it runs ({', '.join(KNOWN_MODELS)})"
+        )
     return ensure_gguf(model)
 
 
@@ -198,11 +217,21 @@ def methods(folder: str | Path, gguf: Path, tokenizer, eos_ids, threads: int, dr
 
 def describe(folder: str | Path, gguf: Path, threads: int, draft_max: int) -> dict:
     """The bench JSON's record of the tools (and the version they report), the GGUF file and the settings."""
-    proc = subprocess.run([str(find_tool(folder, TOOLS["llamacpp"])), "--version"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [str(find_tool(folder, TOOLS["llamacpp"])), "--version"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     version = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("version")]
-    return {"dir": str(folder), "version": version[0] if version else None, "gguf": str(gguf), "threads": threads,
-            "lookup_draft_max": draft_max, "tools": TOOLS,
-            "time": "llama.cpp's own figures: llama-completion prompt eval + eval + sampling time, llama-lookup "
-                    "encoded + decoded seconds",
-            "tokens": "output text re-tokenized with the target's tokenizer: equality only indicative"}
+    return {
+        "dir": str(folder),
+        "version": version[0] if version else None,
+        "gguf": str(gguf),
+        "threads": threads,
+        "lookup_draft_max": draft_max,
+        "tools": TOOLS,
+        "time": "llama.cpp's own figures: llama-completion prompt eval + eval + sampling time, llama-lookup "
+        "encoded + decoded seconds",
+        "tokens": "output text re-tokenized with the target's tokenizer: equality only indicative",
+    }

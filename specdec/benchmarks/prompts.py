@@ -1,4 +1,5 @@
 """Spec-Bench prompts: JSONL lines with question_id, category and turns (the first turn is the prompt)."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
             if not isinstance(text, str) or not text.strip():
                 raise ValueError("the first turn is not a non-empty string")
             later = tuple(t for t in turns[1:] if isinstance(t, str) and t.strip()) if isinstance(turns, list) else ()
-            prompts.append(BenchPrompt(str(row.get("question_id", number)), str(row.get("category", "default")), text,
-                                       later))
+            prompts.append(
+                BenchPrompt(str(row.get("question_id", number)), str(row.get("category", "default")), text, later)
+            )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f"{path}:{number}: not a Spec-Bench line ({exc})") from None
     if not prompts:
@@ -49,14 +51,16 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
     return prompts
 
 
-def round_robin(items: list[T], limit: int | None, key: Callable[[T], str] = lambda p: p.category) -> list[T]:
+def round_robin(items: list[T], limit: int | None, key: Callable[[T], str] | None = None) -> list[T]:
     """Takes the first item of each group (by `key`, default: category) in turn, then the second of each, and
     so on, up to `limit` items (None: all)."""
+    group_of = key or (lambda item: item.category)  # type: ignore[attr-defined]
     by_group: dict[str, list[T]] = {}
     for item in items:
-        by_group.setdefault(key(item), []).append(item)
+        by_group.setdefault(group_of(item), []).append(item)
     limit = len(items) if limit is None else limit
-    picked, depth = [], 0
+    picked: list[T] = []
+    depth = 0
     while len(picked) < limit and any(depth < len(v) for v in by_group.values()):
         for group in by_group.values():
             if depth < len(group) and len(picked) < limit:

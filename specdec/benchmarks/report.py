@@ -1,4 +1,5 @@
 """Readable outputs of a benchmark JSON: a console table, a Markdown summary and a PNG chart."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,13 +15,19 @@ def table(result: dict) -> str:
     head = f"{'method':<30} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=plain':>6}"
     if ref:
         head += f" {'=' + ref:>9}"
-    lines = [f"model {result['model']} | dtype {result['dtype']} | {result['prompts']} prompts | "
-             f"max_new_tokens {result['max_new_tokens']}", head, "-" * len(head)]
+    lines = [
+        f"model {result['model']} | dtype {result['dtype']} | {result['prompts']} prompts | "
+        f"max_new_tokens {result['max_new_tokens']}",
+        head,
+        "-" * len(head),
+    ]
     for name, m in result["methods"].items():
         same_none = m.get("identical_to_specdec_none")
-        line = (f"{name:<30} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
-                f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
-                f"{'-' if same_none is None else same_none:>6}")
+        line = (
+            f"{name:<30} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
+            f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
+            f"{'-' if same_none is None else same_none:>6}"
+        )
         if ref:
             line += f" {m['identical_to_reference']:>9}"
         if m.get("lossy"):  # its output may differ from the model's own: say so on its row
@@ -34,27 +41,38 @@ def table(result: dict) -> str:
 def markdown(result: dict) -> str:
     methods = result["methods"]
     categories = sorted(next(iter(methods.values()))["per_category"])
-    out = [f"# specdec bench: {result['model']} ({result['dtype']})", "",
-           f"{result['prompts']} prompts from `{result.get('prompt_file', '?')}`, greedy, max_new_tokens "
-           f"{result['max_new_tokens']}, device {result.get('device', '?')}; speedup is over `hf_generate` "
-           "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s. MAT: tokens per "
-           "verify step, plain steps included; MAL: mean acceptance length, 1 + accepted drafts per drafting step "
-           "(vLLM's figure, EAGLE's tau). = plain: identical to the same engine's plain decoding (specdec:none, or "
-           "llamacpp for llamacpp_lookup). Methods named [RULE] use a LOSSY acceptance rule: their output may differ "
-           "from the model's own (docs/acceptance.md).", "",
-           "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = plain |"
-           + (f" = {result['reference_dtype']} reference |" if result.get("reference_dtype") else ""),
-           "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else "")]
+    out = [
+        f"# specdec bench: {result['model']} ({result['dtype']})",
+        "",
+        f"{result['prompts']} prompts from `{result.get('prompt_file', '?')}`, greedy, max_new_tokens "
+        f"{result['max_new_tokens']}, device {result.get('device', '?')}; speedup is over `hf_generate` "
+        "measured in the same run; `identical` counts prompts whose tokens equal `hf_generate`'s. MAT: tokens per "
+        "verify step, plain steps included; MAL: mean acceptance length, 1 + accepted drafts per drafting step "
+        "(vLLM's figure, EAGLE's tau). = plain: identical to the same engine's plain decoding (specdec:none, or "
+        "llamacpp for llamacpp_lookup). Methods named [RULE] use a LOSSY acceptance rule: their output may differ "
+        "from the model's own (docs/acceptance.md).",
+        "",
+        "| method | tok/s | speedup | MAT | MAL | acceptance | identical | = plain |"
+        + (f" = {result['reference_dtype']} reference |" if result.get("reference_dtype") else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("reference_dtype") else ""),
+    ]
     for name, m in methods.items():
         same_none = m.get("identical_to_specdec_none")
         same_none = "-" if same_none is None else f"{same_none}/{m['total']}"
-        row = (f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {_fmt(m['mean_accepted_tokens'])} | "
-               f"{_fmt(m.get('mean_acceptance_length'))} | {_fmt(m.get('acceptance_rate'), '.0%')} | {m['identical']}/{m['total']} | {same_none} |")
+        row = (
+            f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {_fmt(m['mean_accepted_tokens'])} | "
+            f"{_fmt(m.get('mean_acceptance_length'))} | {_fmt(m.get('acceptance_rate'), '.0%')} | {m['identical']}/{m['total']} | {same_none} |"
+        )
         if result.get("reference_dtype"):
             row += f" {m['identical_to_reference']}/{m['total']} |"
         out.append(row)
-    out += ["", "## Speedup by category (MAT in brackets)", "",
-            "| category | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    out += [
+        "",
+        "## Speedup by category (MAT in brackets)",
+        "",
+        "| category | " + " | ".join(methods) + " |",
+        "|---" * (len(methods) + 1) + "|",
+    ]
     for c in categories:
         cells = []
         for m in methods.values():
@@ -64,13 +82,21 @@ def markdown(result: dict) -> str:
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     divergent = {n: m["divergences"] for n, m in methods.items() if m["divergences"]}
     if divergent:
-        out += ["", "## Divergences from hf_generate", "",
-                "First differing position and the baseline's top-2 logit gap there (a near-tie when small).", "",
-                "| method | question | category | position | logit gap |", "|---|---|---|---|---|"]
+        out += [
+            "",
+            "## Divergences from hf_generate",
+            "",
+            "First differing position and the baseline's top-2 logit gap there (a near-tie when small).",
+            "",
+            "| method | question | category | position | logit gap |",
+            "|---|---|---|---|---|",
+        ]
         for name, rows in divergent.items():
             for d in rows:
-                out.append(f"| {name} | {d['question_id']} | {d.get('category', '')} | {d['position']} | "
-                           f"{_fmt(d['logit_gap'], '.4g')} |")
+                out.append(
+                    f"| {name} | {d['question_id']} | {d.get('category', '')} | {d['position']} | "
+                    f"{_fmt(d['logit_gap'], '.4g')} |"
+                )
     return "\n".join(out) + "\n"
 
 

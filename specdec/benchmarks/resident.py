@@ -6,6 +6,7 @@ reading (the family's transformers model class, the GGUF tokenizer converters, t
 counted is the model: its packed matrices, norms, RoPE tables, tokenizer and config. The KV cache is allocated
 but not yet written, so none of it is resident.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,13 @@ def import_load_code(config_class: str) -> None:
 
     model_type = getattr(transformers, config_class).model_type
     getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    for module in ("gguf", "transformers.integrations.ggml", "transformers.modeling_gguf_pytorch_utils",
-                   "transformers.convert_slow_tokenizer", "transformers.models.auto.tokenization_auto"):
+    for module in (
+        "gguf",
+        "transformers.integrations.ggml",
+        "transformers.modeling_gguf_pytorch_utils",
+        "transformers.convert_slow_tokenizer",
+        "transformers.models.auto.tokenization_auto",
+    ):
         importlib.import_module(module)
     load()
 
@@ -46,7 +52,10 @@ def load_footprint(before: int | None, after: int | None, file_bytes: int, max_c
     if before is None or after is None:
         return {"resident_bytes_added_by_load": None, "over_file_bytes": None}
     added = after - before
-    return {"resident_bytes_added_by_load": added, "over_file_bytes": added / file_bytes,
-            "max_context": max_context,
-            "measured": "resident set before and after the load, its code imported first; RoPE tables for "
-                        "max_context positions; the KV cache allocated but not yet written"}
+    return {
+        "resident_bytes_added_by_load": added,
+        "over_file_bytes": added / file_bytes,
+        "max_context": max_context,
+        "measured": "resident set before and after the load, its code imported first; RoPE tables for "
+        "max_context positions; the KV cache allocated but not yet written",
+    }

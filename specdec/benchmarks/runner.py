@@ -1,5 +1,6 @@
 """`specdec bench`: transformers' generate, its prompt lookup and assisted generation, and specdec's
 methods, run greedy on the same prompts in one process, interleaved prompt by prompt."""
+
 from __future__ import annotations
 
 import datetime
@@ -48,10 +49,16 @@ class HFMethod:
         ids = torch.tensor([prompt_ids], device=device)
         pad = self.model.generation_config.pad_token_id
         start = time.perf_counter()
-        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  do_sample=False, pad_token_id=pad, **self.kwargs)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            **self.kwargs,
+        )
         seconds = time.perf_counter() - start
-        return PromptRun(tokens=out[0, len(prompt_ids):].tolist(), seconds=seconds)
+        return PromptRun(tokens=out[0, len(prompt_ids) :].tolist(), seconds=seconds)
 
 
 class SpecdecMethod:
@@ -67,8 +74,13 @@ class SpecdecMethod:
         return PromptRun(tokens=tokens, seconds=time.perf_counter() - start, metrics=metrics)
 
 
-def run_methods(methods, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,
-                progress: bool = True, warm_up: bool = True) -> dict[str, MethodResult]:
+def run_methods(
+    methods,
+    prompts: list[tuple[BenchPrompt, list[int]]],
+    max_new_tokens: int,
+    progress: bool = True,
+    warm_up: bool = True,
+) -> dict[str, MethodResult]:
     """Runs every method on every prompt; the order of methods rotates from prompt to prompt. warm_up: first one
     short untimed run each (False where the caller warmed them up itself)."""
     from tqdm.auto import tqdm
@@ -78,7 +90,7 @@ def run_methods(methods, prompts: list[tuple[BenchPrompt, list[int]]], max_new_t
         m.run(prompts[0][1], min(8, max_new_tokens))
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
     for i, (prompt, ids) in enumerate(prompts):
-        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        order = methods[i % len(methods) :] + methods[: i % len(methods)]
         for m in order:
             results[m.name].runs[prompt.question_id] = m.run(ids, max_new_tokens)
             bar.update(1)
@@ -95,15 +107,22 @@ def top2_gap(hf_model, prompt_ids: list[int], prefix: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def reference_tokens(hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int,
-                     **generate_kwargs) -> dict[str, list[int]]:
+def reference_tokens(
+    hf_model, prompts: list[tuple[BenchPrompt, list[int]]], max_new_tokens: int, **generate_kwargs
+) -> dict[str, list[int]]:
     """Greedy tokens of transformers' generate for each prompt (untimed), e.g. from a float32 copy."""
     method = HFMethod("reference", hf_model, **generate_kwargs)
     return {p.question_id: method.run(ids, max_new_tokens).tokens for p, ids in prompts}
 
 
-def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt, list[int]]], hf_model,
-              meta: dict, reference: dict[str, list[int]] | None = None, plain_of: dict[str, str] | None = None) -> dict:
+def summarize(
+    results: dict[str, MethodResult],
+    prompts: list[tuple[BenchPrompt, list[int]]],
+    hf_model,
+    meta: dict,
+    reference: dict[str, list[int]] | None = None,
+    plain_of: dict[str, str] | None = None,
+) -> dict:
     """The benchmark JSON: per method throughput, speedup over hf_generate, MAT, equality, divergences, and its
     acceptance rule ("lossy": true for a lossy one). identical_to_specdec_none counts prompts equal to the same
     engine's plain decoding: specdec:none for specdec's methods, and plain_of[name] for other engines' (e.g.
@@ -118,21 +137,26 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
         return tokens / seconds if seconds else 0.0
 
     def merged(result: MethodResult, ids: list[str]) -> GenerationMetrics | None:
-        ms = [result.runs[q].metrics for q in ids if result.runs[q].metrics is not None]
+        ms = [m for q in ids if (m := result.runs[q].metrics) is not None]
         return reduce(GenerationMetrics.merge, ms) if ms else None
 
     def step_figures(total: GenerationMetrics | None) -> dict:
         """MAT over every verify step, and the mean acceptance length over drafting steps only (vLLM's)."""
-        return {"mean_accepted_tokens": total and total.mean_accepted_tokens,
-                "mean_acceptance_length": total and total.mean_acceptance_length}
+        return {
+            "mean_accepted_tokens": total and total.mean_accepted_tokens,
+            "mean_acceptance_length": total and total.mean_acceptance_length,
+        }
 
     all_ids = [p.question_id for p, _ in prompts]
     out = dict(meta)
     out["prompts"] = len(prompts)
     out["methods"] = {}
     for name, result in results.items():
-        none = results.get(name.split(":")[0] + ":none") if name.startswith("specdec") else \
-            results.get((plain_of or {}).get(name, ""))
+        none = (
+            results.get(name.split(":")[0] + ":none")
+            if name.startswith("specdec")
+            else results.get((plain_of or {}).get(name, ""))
+        )
         divergences = []
         identical = 0
         for q in all_ids:
@@ -157,12 +181,17 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
             "total": len(all_ids),
             "acceptance": totals.acceptance,
             "lossy": totals.lossy,
-            "identical_to_specdec_none": None if none is None else sum(  # same backend's plain decoding
-                result.runs[q].tokens == none.runs[q].tokens for q in all_ids),
-            "differs_from_plain": None if none is None else differences(
-                [result.runs[q].tokens for q in all_ids], [none.runs[q].tokens for q in all_ids]),
-            "identical_to_reference": None if reference is None else sum(
-                result.runs[q].tokens == reference[q] for q in all_ids),
+            "identical_to_specdec_none": None
+            if none is None
+            else sum(  # same backend's plain decoding
+                result.runs[q].tokens == none.runs[q].tokens for q in all_ids
+            ),
+            "differs_from_plain": None
+            if none is None
+            else differences([result.runs[q].tokens for q in all_ids], [none.runs[q].tokens for q in all_ids]),
+            "identical_to_reference": None
+            if reference is None
+            else sum(result.runs[q].tokens == reference[q] for q in all_ids),
             "steps": totals.steps,
             "drafting_steps": totals.drafting_steps,
             "draft_time_s": totals.draft_time_s,
@@ -175,9 +204,11 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
         }
         for c in categories:
             ids_c = [p.question_id for p, _ in prompts if p.category == c]
-            entry["per_category"][c] = {"speedup": throughput(result, ids_c) / throughput(base, ids_c),
-                                        **step_figures(merged(result, ids_c)),
-                                        "tokens_per_s": throughput(result, ids_c)}
+            entry["per_category"][c] = {
+                "speedup": throughput(result, ids_c) / throughput(base, ids_c),
+                **step_figures(merged(result, ids_c)),
+                "tokens_per_s": throughput(result, ids_c),
+            }
         out["methods"][name] = entry
     return out
 
@@ -185,8 +216,9 @@ def summarize(results: dict[str, MethodResult], prompts: list[tuple[BenchPrompt,
 def commit() -> str | None:
     """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine)."""
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, timeout=10)
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
         if done.returncode == 0 and done.stdout.strip():
             return done.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -202,11 +234,16 @@ def stamp() -> dict:
 def machine_info() -> dict:
     from ..kernels import cpu_flags
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
-            "platform": platform.platform(),
-            "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"}),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"}),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
 
 
 def cpu_model() -> str | None:

@@ -7,6 +7,7 @@ own modules are local, and the draws may depend on which of them the process imp
 refuses to resume another process's run rather than mix them (fuzz_journal.py), and the tests pin hypothesis'
 constants themselves (tests/hypothesis_constants.py).
 """
+
 from __future__ import annotations
 
 
@@ -17,8 +18,13 @@ def run_seeded(strategy, count: int, seed: int, shrink: bool, test) -> None:
     from hypothesis import seed as hypothesis_seed
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), phases=list(Phase) if shrink else [Phase.generate])
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=list(Phase) if shrink else [Phase.generate],
+    )
     @given(strategy)
     def run(example) -> None:
         test(example)

@@ -5,6 +5,7 @@ clocks at each scrape of /metrics. bench-serve scrapes before and after each run
 between the two scrapes, give each part's share of the run, and the share of the engine's busy time (all but
 idle) spent inside target passes (the step's pass and prefill passes): what a step costs beyond its pass.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,15 +23,17 @@ def scrape(url: str, api_key: str | None = None) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
     at = time.perf_counter()
-    out = {"at": at, "parts": dict.fromkeys(PARTS, 0.0), "threads": {}, "process_cpu": None}
+    parts, threads = dict.fromkeys(PARTS, 0.0), {}
+    process_cpu = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "specdec_engine_seconds_total" and sample.labels.get("part") in PARTS:
-                out["parts"][sample.labels["part"]] = sample.value
+                parts[sample.labels["part"]] = sample.value
             elif sample.name == "specdec_thread_cpu_seconds" and sample.labels.get("thread") in THREADS:
-                out["threads"][sample.labels["thread"]] = sample.value
+                threads[sample.labels["thread"]] = sample.value
             elif sample.name == "process_cpu_seconds_total":
-                out["process_cpu"] = sample.value
+                process_cpu = sample.value
+    out = {"at": at, "parts": parts, "threads": threads, "process_cpu": process_cpu}
     return out
 
 
@@ -40,13 +43,25 @@ def between(before: dict, after: dict) -> dict:
     interval = max(after["at"] - before["at"], 1e-9)
     seconds = {p: max(0.0, after["parts"][p] - before["parts"][p]) for p in PARTS}
     busy = sum(v for p, v in seconds.items() if p != "idle")
-    cpu = {t: after["threads"][t] - before["threads"][t] for t in THREADS
-           if t in after["threads"] and t in before["threads"]}
-    process = (after["process_cpu"] - before["process_cpu"]
-               if after["process_cpu"] is not None and before["process_cpu"] is not None else None)
-    return {"interval_s": interval, "seconds": seconds, "share": {p: v / interval for p, v in seconds.items()},
-            "busy_s": busy, "pass_share_of_busy": (seconds["pass"] + seconds["prefill"]) / busy if busy else None,
-            "thread_cpu_s": cpu, "process_cpu_s": process}
+    cpu = {
+        t: after["threads"][t] - before["threads"][t]
+        for t in THREADS
+        if t in after["threads"] and t in before["threads"]
+    }
+    process = (
+        after["process_cpu"] - before["process_cpu"]
+        if after["process_cpu"] is not None and before["process_cpu"] is not None
+        else None
+    )
+    return {
+        "interval_s": interval,
+        "seconds": seconds,
+        "share": {p: v / interval for p, v in seconds.items()},
+        "busy_s": busy,
+        "pass_share_of_busy": (seconds["pass"] + seconds["prefill"]) / busy if busy else None,
+        "thread_cpu_s": cpu,
+        "process_cpu_s": process,
+    }
 
 
 def pooled_pass_share(runs: list[dict]) -> float | None:
@@ -62,18 +77,24 @@ def markdown_rows(runs: list[dict]) -> list[str]:
     profiled = [r for r in runs if r.get("profile")]
     if not profiled:
         return []
-    lines = ["", "Where the engine thread's time went (share of each run's wall time), the share of its busy time "
-             "inside target passes, and the CPU seconds a second of the engine thread, the HTTP layer's thread and "
-             "the whole process:", "",
-             "| concurrency | round | speculation | " + " | ".join(PARTS) + " | in passes | CPU engine / HTTP / "
-             "process |", "|---:|---:|---|" + "---:|" * len(PARTS) + "---:|---|"]
+    lines = [
+        "",
+        "Where the engine thread's time went (share of each run's wall time), the share of its busy time "
+        "inside target passes, and the CPU seconds a second of the engine thread, the HTTP layer's thread and "
+        "the whole process:",
+        "",
+        "| concurrency | round | speculation | " + " | ".join(PARTS) + " | in passes | CPU engine / HTTP / process |",
+        "|---:|---:|---|" + "---:|" * len(PARTS) + "---:|---|",
+    ]
     for r in profiled:
         p = r["profile"]
         cpu = [p["thread_cpu_s"].get(t) for t in THREADS] + [p["process_cpu_s"]]
         cpu_text = " / ".join("n/a" if c is None else f"{c / p['interval_s']:.2f}" for c in cpu)
         mode = f"{r['speculation']}, long prompts" if r.get("long_prompts") else r["speculation"]
         share = p["pass_share_of_busy"]
-        lines.append(f"| {r['concurrency']} | {r.get('round', 1)} | {mode} | "
-                     + " | ".join(f"{p['share'][part]:.1%}" for part in PARTS)
-                     + f" | {'n/a' if share is None else f'{share:.1%}'} | {cpu_text} |")
+        lines.append(
+            f"| {r['concurrency']} | {r.get('round', 1)} | {mode} | "
+            + " | ".join(f"{p['share'][part]:.1%}" for part in PARTS)
+            + f" | {'n/a' if share is None else f'{share:.1%}'} | {cpu_text} |"
+        )
     return lines

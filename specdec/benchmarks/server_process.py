@@ -2,6 +2,7 @@
 
 Used by `specdec bench-serve` (when it starts its own server) and by the tests.
 """
+
 from __future__ import annotations
 
 import os

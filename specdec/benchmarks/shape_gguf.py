@@ -8,6 +8,7 @@ float32 norms), of an embedding table that is not also the output layer a row al
 file's blocks as they are (models/gguf_model.py) and never screen a quantized head, so these are the bytes its
 step reads; llama.cpp may repack some blocks at load (Q4_0 into interleaved rows on AVX2), of the same size.
 """
+
 from __future__ import annotations
 
 import gc
@@ -23,8 +24,10 @@ if TYPE_CHECKING:  # torch and numpy load when a shape is measured: the CLI list
     import torch
 
 QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M")  # gguf_file.QUANTS less F32: --quant's choices
-HF_SKIPPED = ("transformers' generate cannot run the file's quantized matrices; on a dequantized copy it would time "
-              "float decoding, not these formats, and for 1B shapes it takes minutes a run: not run")
+HF_SKIPPED = (
+    "transformers' generate cannot run the file's quantized matrices; on a dequantized copy it would time "
+    "float decoding, not these formats, and for 1B shapes it takes minutes a run: not run"
+)
 
 
 def shape_gguf_path(name: str, quant: str, seed: int) -> Path:
@@ -80,8 +83,9 @@ def file_weights(path: Path) -> FileWeights:
         embed = tensors["token_embd.weight"]
         rows = int(embed.shape[-1])
         per_token -= int(embed.n_bytes) - int(embed.n_bytes) // rows
-    return FileWeights(sum(int(t.n_elements) for t in tensors.values()), total, per_token, tied,
-                       dict(sorted(by_type.items())))
+    return FileWeights(
+        sum(int(t.n_elements) for t in tensors.values()), total, per_token, tied, dict(sorted(by_type.items()))
+    )
 
 
 def check_quant(names: list[str], settings, device: torch.device) -> None:
@@ -92,21 +96,25 @@ def check_quant(names: list[str], settings, device: torch.device) -> None:
     from .gguf_file import ARCHES
 
     if device.type != "cpu":
-        raise ConfigError(f"--quant runs the file's formats on specdec's CPU kernels, not on {device}: "
-                          f"pass --device cpu")
+        raise ConfigError(
+            f"--quant runs the file's formats on specdec's CPU kernels, not on {device}: pass --device cpu"
+        )
     if settings.backend not in ("auto", "kernels"):
         raise ConfigError(f"--quant runs on the kernels backend, not {settings.backend}")
     if settings.dtype not in ("auto", "float32"):
-        raise ConfigError(f"--quant multiplies the file's blocks with float32 activations: --dtype {settings.dtype} "
-                          f"does not apply")
+        raise ConfigError(
+            f"--quant multiplies the file's blocks with float32 activations: --dtype {settings.dtype} does not apply"
+        )
     problem = unavailable_reason()
     if problem:
         raise ConfigError(f"--quant needs specdec's CPU kernels: {problem}")
     for name in names:
         model_type = shape_config(name).model_type
         if model_type not in ARCHES:
-            raise ConfigError(f"--quant: the {name} shape ({model_type}) cannot be written as a GGUF file; the "
-                              f"writer takes {', '.join(ARCHES)}")
+            raise ConfigError(
+                f"--quant: the {name} shape ({model_type}) cannot be written as a GGUF file; the "
+                f"writer takes {', '.join(ARCHES)}"
+            )
     if settings.llama_cpp:
         from .llama_bench import TOOL
         from .llamacpp import find_tool
@@ -121,6 +129,7 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     import torch
 
     from ..costs import measure_verify_costs
+    from ..models.kernel_llama import KernelLlama
     from ..models.loading import load_model
     from ..models.shapes import ShapeModel, get_shape
     from .resident import import_load_code, load_footprint, resident_bytes
@@ -133,25 +142,44 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     loaded = load_model(str(path), device="cpu", max_context=settings.context)
     memory = load_footprint(before, resident_bytes(), path.stat().st_size, settings.context)
     backend = loaded.backend
-    if not getattr(backend, "quantized_weights", False):
+    if not (isinstance(backend, KernelLlama) and backend.quantized_weights):
         raise ConfigError(f"{path.name} did not load in its own formats on the kernels (see the line above)")
     model = ShapeModel(get_shape(name), loaded, "kernels", None, None)
     generator = torch.Generator().manual_seed(settings.seed)  # the float shape's prompt
     prompt = torch.randint(0, loaded.info.vocab_size, (settings.prompt_tokens,), generator=generator).tolist()
     speeds = decode_speeds(model, prompt, settings, hf=False)
-    passes = measure_verify_costs(backend, sizes=settings.pass_sizes, context=settings.prompt_tokens,
-                                  repeats=settings.repeats)
+    passes = measure_verify_costs(
+        backend, sizes=settings.pass_sizes, context=settings.prompt_tokens, repeats=settings.repeats
+    )
     shape = model.shape
     entry = {
-        "shape": name, "source": shape.source, "config_class": shape.config_class,
-        "model_type": loaded.hf_model.config.model_type, "parameters": weights.parameters,
-        "dtype": "float32", "device": "cpu", "backend": "kernels", "backend_class": type(backend).__name__,
-        **passes_run(backend), "fast_path_problem": None, "kernels_problem": None,
-        "quant": settings.quant, "weight_types": list(backend.weight_types),
-        "gguf": {"path": str(path), "file_bytes": path.stat().st_size, "written_now": written,
-                 "tied_embedding": weights.tied, "tensor_bytes_by_type": weights.bytes_by_type},
-        "weight_bytes": weights.tensor_bytes, "bytes_read_per_token": weights.bytes_read_per_token,
-        "memory": memory, **speeds, "hf_generate": None, "hf_generate_skipped": HF_SKIPPED,
+        "shape": name,
+        "source": shape.source,
+        "config_class": shape.config_class,
+        "model_type": loaded.hf_model.config.model_type,
+        "parameters": weights.parameters,
+        "dtype": "float32",
+        "device": "cpu",
+        "backend": "kernels",
+        "backend_class": type(backend).__name__,
+        **passes_run(backend),
+        "fast_path_problem": None,
+        "kernels_problem": None,
+        "quant": settings.quant,
+        "weight_types": list(backend.weight_types),
+        "gguf": {
+            "path": str(path),
+            "file_bytes": path.stat().st_size,
+            "written_now": written,
+            "tied_embedding": weights.tied,
+            "tensor_bytes_by_type": weights.bytes_by_type,
+        },
+        "weight_bytes": weights.tensor_bytes,
+        "bytes_read_per_token": weights.bytes_read_per_token,
+        "memory": memory,
+        **speeds,
+        "hf_generate": None,
+        "hf_generate_skipped": HF_SKIPPED,
         "pass_seconds": {str(size): seconds for size, seconds in passes.items()},
         **bound_figures(speeds["specdec_plain"], weights.bytes_read_per_token, bandwidth),
     }
@@ -162,8 +190,14 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
 
         if progress:
             progress(f"bench-shape: llama-bench on {path.name}")
-        result = run_llama_bench(settings.llama_cpp, path, settings.new_tokens, settings.prompt_tokens,
-                                 torch.get_num_threads(), settings.repeats)
+        result = run_llama_bench(
+            settings.llama_cpp,
+            path,
+            settings.new_tokens,
+            settings.prompt_tokens,
+            torch.get_num_threads(),
+            settings.repeats,
+        )
         entry.update(compare(result, entry))
     return entry
 
@@ -171,20 +205,26 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
 def table_lines(entry: dict) -> list[str]:
     """The console table's lines under a --quant shape's row: the file, and llama-bench's figures."""
     g = entry["gguf"]
-    lines = [f"  {entry['shape']}: {entry['quant']} file {g['path']} ({g['file_bytes'] / 1e6:.0f} MB), kernels read "
-             f"{', '.join(entry['weight_types'])}; {entry['bytes_read_per_token'] / 1e6:.0f} MB a step; hf gen: not "
-             f"run (quantized weights)"]
+    lines = [
+        f"  {entry['shape']}: {entry['quant']} file {g['path']} ({g['file_bytes'] / 1e6:.0f} MB), kernels read "
+        f"{', '.join(entry['weight_types'])}; {entry['bytes_read_per_token'] / 1e6:.0f} MB a step; hf gen: not "
+        f"run (quantized weights)"
+    ]
     added = entry.get("memory", {}).get("resident_bytes_added_by_load")
     if added is not None:
-        lines.append(f"  {entry['shape']}: the load added {added / 2**20:.0f} MiB resident, "
-                     f"{entry['memory']['over_file_bytes']:.2f}x the file")
+        lines.append(
+            f"  {entry['shape']}: the load added {added / 2**20:.0f} MiB resident, "
+            f"{entry['memory']['over_file_bytes']:.2f}x the file"
+        )
     lb = entry.get("llama_bench")
     if lb:
         share, decode = entry.get("llama_bench_share_of_bound"), entry.get("specdec_decode_over_llama_bench")
         runs = ", ".join(f"{x:.1f}" for x in lb["samples_tokens_per_s"])
-        lines.append(f"  {entry['shape']}: llama-bench tg{lb.get('n_gen')} @ d{lb.get('n_depth')}: "
-                     f"{lb['tokens_per_s']:.1f} tok/s (runs {runs}), {'-' if share is None else f'{share:.0%}'} of "
-                     f"the bound; specdec plain / llama.cpp {entry['specdec_plain_over_llama_bench']:.2f}x, "
-                     f"decode steps / llama.cpp {'-' if decode is None else f'{decode:.2f}x'} "
-                     f"(build {lb.get('build_commit')})")
+        lines.append(
+            f"  {entry['shape']}: llama-bench tg{lb.get('n_gen')} @ d{lb.get('n_depth')}: "
+            f"{lb['tokens_per_s']:.1f} tok/s (runs {runs}), {'-' if share is None else f'{share:.0%}'} of "
+            f"the bound; specdec plain / llama.cpp {entry['specdec_plain_over_llama_bench']:.2f}x, "
+            f"decode steps / llama.cpp {'-' if decode is None else f'{decode:.2f}x'} "
+            f"(build {lb.get('build_commit')})"
+        )
     return lines

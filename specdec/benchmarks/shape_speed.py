@@ -1,9 +1,11 @@
 """The timings bench-shape takes of a shape's model (bench/shapes.py, float weights; bench/shape_gguf.py, a GGUF
 file's): plain decoding's speed with and without the prompt's pass, the bandwidth bound's figures, and which
 passes the kernels ran."""
+
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -48,20 +50,21 @@ def decode_speeds(model: ShapeModel, prompt: list[int], settings, hf: bool = Tru
         prefill_s.append(metrics.prefill_time_s)
 
     def hf_generate(tokens: int = n) -> None:
-        out = loaded.hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                       do_sample=False, pad_token_id=0)  # the shape has no EOS: all n come
-        outputs["hf_generate"] = out[0, len(prompt):].tolist()
+        out = loaded.hf_model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, pad_token_id=0
+        )  # the shape has no EOS: all n come
+        outputs["hf_generate"] = out[0, len(prompt) :].tolist()
 
     methods = {"specdec_plain": specdec_plain, "hf_generate": hf_generate} if hf else {"specdec_plain": specdec_plain}
     for run in methods.values():
         run(min(8, n))
-    seconds = {name: [] for name in methods}
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
     made = {}
     for i in range(settings.repeats):
-        for name, run in (list(methods.items()) if i % 2 == 0 else list(methods.items())[::-1]):
+        for name, run in list(methods.items()) if i % 2 == 0 else list(methods.items())[::-1]:
             seconds[name].append(timed(run, device))
             made[name] = outputs[name]
-    result = {}
+    result: dict[str, Any] = {}
     for name in methods:
         if len(made[name]) != n:
             raise RuntimeError(f"{name} made {len(made[name])} tokens, not the {n} asked for")
@@ -84,15 +87,20 @@ def bound_figures(plain: dict, per_token: int, bandwidth: float | None) -> dict:
         return {}
     bound = bandwidth / per_token
     decode = plain["decode_tokens_per_s"]
-    return {"bandwidth_bound_tokens_per_s": bound,
-            "specdec_plain_share_of_bound": plain["tokens_per_s"] / bound,  # prefill included
-            "specdec_decode_share_of_bound": decode / bound if decode else None}
+    return {
+        "bandwidth_bound_tokens_per_s": bound,
+        "specdec_plain_share_of_bound": plain["tokens_per_s"] / bound,  # prefill included
+        "specdec_decode_share_of_bound": decode / bound if decode else None,
+    }
 
 
 def passes_run(backend) -> dict:
     """How the backend's decode passes ran: {"graphs": "cuda" (captured), "eager" (shape-static, uncaptured) or
     "off", "compiled": bool, "screened_head": whether greedy passes read the LM head's 8-bit copy}."""
     graphs = backend.pass_graphs
-    run = ({"graphs": "off", "compiled": False} if graphs is None else
-           {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled})
+    run = (
+        {"graphs": "off", "compiled": False}
+        if graphs is None
+        else {"graphs": "cuda" if graphs.capture else "eager", "compiled": graphs.compiled}
+    )
     return {**run, "screened_head": backend.screened_head}

@@ -14,11 +14,13 @@ A 429 is no final answer: the client waits its Retry-After and sends the request
 one that still gets 429s at its timeout is lost). The server's resident memory (`process_resident_memory_bytes`
 from /metrics) is sampled as it runs; soak_report.py summarizes.
 """
+
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+from typing import Any
 from dataclasses import dataclass
 
 from .loadgen import stream_events
@@ -26,10 +28,18 @@ from .loadgen import stream_events
 STATUSES = ("ok", "dropped", "failed", "lost")
 KINDS = ("stream", "plain", "sampled", "json", "tool", "stop", "long", "same", "drop")
 WORDS = ("the cat sat on the mat and looked at the sun while a big red dog ran to the house " * 4).split()
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
-          "required": ["answer", "score"]}
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
+    "required": ["answer", "score"],
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
 
 
 @dataclass
@@ -44,16 +54,21 @@ class SoakResult:
     retries: int = 0  # 429s answered, each followed by its Retry-After wait and another attempt
 
 
-def request_body(kind: str, model: str, prompts: list[str], rng: random.Random, max_tokens: int,
-                 long_words: int) -> tuple[dict, bool]:
+def request_body(
+    kind: str, model: str, prompts: list[str], rng: random.Random, max_tokens: int, long_words: int
+) -> tuple[dict, bool]:
     """(the chat request body for one request of `kind`, whether it streams)."""
     prompt = rng.choice(prompts)
     length = 1 if rng.random() < 0.1 else max_tokens  # one-token requests end in their prefill step
-    body = {"model": model, "max_tokens": length, "temperature": 0.0,
-            "messages": [{"role": "user", "content": prompt}]}
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": length,
+        "temperature": 0.0,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     stream = kind in ("stream", "sampled", "stop", "drop", "same") or rng.random() < 0.5
     if kind == "sampled":
-        body.update(temperature=0.8, top_p=0.95, seed=rng.randrange(2 ** 31))
+        body.update(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31))
     elif kind == "json":
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
     elif kind == "tool":
@@ -69,8 +84,9 @@ def request_body(kind: str, model: str, prompts: list[str], rng: random.Random, 
     return body, stream
 
 
-async def one_request(client, url: str, kind: str, body: dict, stream: bool, t_start: float,
-                      drop_after: int | None, timeout: float) -> SoakResult:
+async def one_request(
+    client, url: str, kind: str, body: dict, stream: bool, t_start: float, drop_after: int | None, timeout: float
+) -> SoakResult:
     """Sends one request until it has a final answer (a 429 is retried after its Retry-After), or until `timeout`
     seconds have passed since the first attempt: then it is lost."""
     t0 = time.perf_counter()
@@ -80,10 +96,10 @@ async def one_request(client, url: str, kind: str, body: dict, stream: bool, t_s
         nonlocal retries
         while True:
             result, retry_after = await _attempt(client, url, kind, body, stream, t0, drop_after)
-            if retry_after is None:
+            if result is not None:
                 return result
             retries += 1
-            await asyncio.sleep(retry_after)
+            await asyncio.sleep(retry_after or 1.0)
 
     try:
         result = await asyncio.wait_for(attempts(), timeout)
@@ -101,10 +117,12 @@ def retry_after_s(headers) -> float:
         return 1.0
 
 
-async def _attempt(client, url: str, kind: str, body: dict, stream: bool, t0: float,
-                   drop_after: int | None) -> tuple[SoakResult, float | None]:
-    """(the outcome of one attempt, the seconds to wait before the next one when it was a 429, else None).
+async def _attempt(
+    client, url: str, kind: str, body: dict, stream: bool, t0: float, drop_after: int | None
+) -> tuple[SoakResult | None, float | None]:
+    """(the outcome of one attempt, or None for a 429 with the seconds to wait before the next attempt).
     Times are from t0, the request's first attempt."""
+
     def ended(status: str, http: int | None = None, ttft: float | None = None, error: str = "") -> tuple:
         return SoakResult(kind, status, 0.0, 0.0, ttft, http, error[:200]), None
 
@@ -136,9 +154,20 @@ async def _attempt(client, url: str, kind: str, body: dict, stream: bool, t0: fl
         return ended("lost", error=f"{type(exc).__name__}: {exc}")
 
 
-async def soak(url: str, model: str, prompts: list[str], minutes: float, concurrency: int, max_tokens: int = 32,
-               long_words: int = 400, api_key: str | None = None, timeout: float = 120.0, seed: int = 0,
-               sample_every_s: float = 5.0, ramp_s: float | None = None) -> tuple[list[SoakResult], list[dict]]:
+async def soak(
+    url: str,
+    model: str,
+    prompts: list[str],
+    minutes: float,
+    concurrency: int,
+    max_tokens: int = 32,
+    long_words: int = 400,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    seed: int = 0,
+    sample_every_s: float = 5.0,
+    ramp_s: float | None = None,
+) -> tuple[list[SoakResult], list[dict]]:
     """Runs the soak; returns (every request's result, memory samples {"t_s", "rss_bytes"}). timeout: the client's,
     per request (see `one_request`). ramp_s: the client loops start one after another over this many seconds
     (default: a tenth of the run, at most 30 s), as load generators ramp up, rather than all in the same
@@ -177,8 +206,15 @@ async def soak(url: str, model: str, prompts: list[str], minutes: float, concurr
     return results, memory
 
 
-async def long_prompt_words(url: str, model: str, context: int, max_tokens: int, api_key: str | None = None,
-                            fill: float = 0.85, margin: int = 64) -> int:
+async def long_prompt_words(
+    url: str,
+    model: str,
+    context: int,
+    max_tokens: int,
+    api_key: str | None = None,
+    fill: float = 0.85,
+    margin: int = 64,
+) -> int:
     """How many words (of WORDS) make a "long" prompt fill `fill` of the room that `context` leaves after max_tokens
     and `margin` (a step's draft tokens), as the server counts tokens: two one-token requests measure its tokens per
     word and its chat template's overhead."""
@@ -188,8 +224,11 @@ async def long_prompt_words(url: str, model: str, context: int, max_tokens: int,
     counts = {}
     async with httpx.AsyncClient(headers=headers, timeout=120) as client:
         for words in (16, 116):
-            body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": " ".join(
-                WORDS[i % len(WORDS)] for i in range(words))}]}
+            body = {
+                "model": model,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": " ".join(WORDS[i % len(WORDS)] for i in range(words))}],
+            }
             r = await client.post(f"{url}/v1/chat/completions", json=body)
             r.raise_for_status()
             counts[words] = r.json()["usage"]["prompt_tokens"]
@@ -206,8 +245,10 @@ def ordinary_prompts(prompts: list[str], long_words: int) -> list[str]:
 
     kept = [p for p in prompts if len(p.split()) <= long_words // 2]
     if not kept:
-        raise ConfigError(f"no prompt of the prompt file has at most {long_words // 2} words (half of a long prompt "
-                          "at this context): give shorter prompts or a larger --max-context")
+        raise ConfigError(
+            f"no prompt of the prompt file has at most {long_words // 2} words (half of a long prompt "
+            "at this context): give shorter prompts or a larger --max-context"
+        )
     return kept
 
 

@@ -14,6 +14,7 @@ Figures (each over a set of prompts, one output per prompt from each side):
       come without reference answers here.
 Speed figures (MAT, tokens/s and their ratio to exact decoding with the same drafter) come from the benchmark run.
 """
+
 from __future__ import annotations
 
 import re
@@ -41,9 +42,12 @@ def differences(outputs: list[list[int]], exact: list[list[int]]) -> dict:
         mismatched += longest - sum(a == b for a, b in zip(got, want))
         prefix += common
         identical += got == want
-    return {"token_mismatch_share": mismatched / positions if positions else 0.0,
-            "diverged_share": 1 - prefix / positions if positions else 0.0, "identical": identical,
-            "prompts": len(outputs)}
+    return {
+        "token_mismatch_share": mismatched / positions if positions else 0.0,
+        "diverged_share": 1 - prefix / positions if positions else 0.0,
+        "identical": identical,
+        "prompts": len(outputs),
+    }
 
 
 def off_greedy_share(outputs: list[list[int]], greedy: list[list[int]]) -> float:
@@ -73,9 +77,15 @@ def final_number_agreement(answers: list[str], exact_answers: list[str]) -> dict
     return {"agree": agree, "questions": len(judged), "share": agree / len(judged) if judged else None}
 
 
-def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_set: dict[str, str],
-                       texts: dict[str, dict[str, str]], greedy: dict[str, dict[str, list[int]]],
-                       plain: str = "specdec:none", maths: str = "gsm8k") -> dict:
+def summarize_tradeoff(
+    results: dict,
+    rules: dict[str, tuple[str, str]],
+    prompt_set: dict[str, str],
+    texts: dict[str, dict[str, str]],
+    greedy: dict[str, dict[str, list[int]]],
+    plain: str = "specdec:none",
+    maths: str = "gsm8k",
+) -> dict:
     """Per method, the trade-off figures against exact decoding (the `plain` method: the target's own greedy output).
 
     results: the runner's {method: MethodResult}; rules: method -> (drafter, acceptance spec), "none" for plain;
@@ -106,25 +116,40 @@ def summarize_tradeoff(results: dict, rules: dict[str, tuple[str, str]], prompt_
         metrics = reduce(GenerationMetrics.merge, [r.metrics for r in results[name].runs.values()])
         maths_ids = [q for q in ids if prompt_set[q] == maths]
         out[name] = {
-            "drafter": drafter, "acceptance": str(acceptance), "lossy": acceptance.lossy, "mode": acceptance.mode,
-            "parameter": acceptance.value, "mean_accepted_tokens": metrics.mean_accepted_tokens,
-            "acceptance_rate": metrics.acceptance_rate, "tokens_per_s": speed(name),
+            "drafter": drafter,
+            "acceptance": str(acceptance),
+            "lossy": acceptance.lossy,
+            "mode": acceptance.mode,
+            "parameter": acceptance.value,
+            "mean_accepted_tokens": metrics.mean_accepted_tokens,
+            "acceptance_rate": metrics.acceptance_rate,
+            "tokens_per_s": speed(name),
             "speed_over_exact": speed(name) / speed(exact_of[drafter]) if drafter in exact_of else None,
             "speed_over_plain": speed(name) / speed(plain),
             **differences(outputs(name, ids), outputs(plain, ids)),
             "off_greedy_share": off_greedy_share(outputs(name, ids), [greedy[name][q] for q in ids]),
-            "by_set": {s: differences(outputs(name, [q for q in ids if prompt_set[q] == s]),
-                                      outputs(plain, [q for q in ids if prompt_set[q] == s])) for s in sets},
-            "final_number_agreement": final_number_agreement([texts[name][q] for q in maths_ids],
-                                                             [texts[plain][q] for q in maths_ids])["share"],
+            "by_set": {
+                s: differences(
+                    outputs(name, [q for q in ids if prompt_set[q] == s]),
+                    outputs(plain, [q for q in ids if prompt_set[q] == s]),
+                )
+                for s in sets
+            },
+            "final_number_agreement": final_number_agreement(
+                [texts[name][q] for q in maths_ids], [texts[plain][q] for q in maths_ids]
+            )["share"],
         }
     return out
 
 
 MODES = ("top-k", "threshold", "typical")
-PANELS = (("mean_accepted_tokens", "MAT (tokens per step)"), ("speed_over_exact", "tokens/s / exact's"),
-          ("token_mismatch_share", "tokens differing from exact"), ("off_greedy_share", "tokens not the greedy choice"),
-          ("final_number_agreement", "GSM8K final number = exact's"))
+PANELS = (
+    ("mean_accepted_tokens", "MAT (tokens per step)"),
+    ("speed_over_exact", "tokens/s / exact's"),
+    ("token_mismatch_share", "tokens differing from exact"),
+    ("off_greedy_share", "tokens not the greedy choice"),
+    ("final_number_agreement", "GSM8K final number = exact's"),
+)
 
 
 def tradeoff_chart(result: dict, path: str | Path) -> Path:
@@ -143,8 +168,11 @@ def tradeoff_chart(result: dict, path: str | Path) -> Path:
             ax = axes[row][col]
             for j, drafter in enumerate(drafters):
                 color = f"C{j}"
-                points = sorted((m["parameter"], m[key]) for m in methods.values()
-                                if m["drafter"] == drafter and m["mode"] == mode and m[key] is not None)
+                points = sorted(
+                    (m["parameter"], m[key])
+                    for m in methods.values()
+                    if m["drafter"] == drafter and m["mode"] == mode and m[key] is not None
+                )
                 if points:
                     ax.plot(*zip(*points), "o-", color=color, label=drafter)
                 exact = next((m[key] for m in methods.values() if m["drafter"] == drafter and not m["lossy"]), None)
@@ -161,8 +189,10 @@ def tradeoff_chart(result: dict, path: str | Path) -> Path:
                 ax.set_ylabel(label)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"LOSSY acceptance trade-off: {result['model']} ({result['dtype']}), {result['max_new_tokens']} tokens, "
-                 f"{sum(result['prompt_sets'].values())} prompts")
+    fig.suptitle(
+        f"LOSSY acceptance trade-off: {result['model']} ({result['dtype']}), {result['max_new_tokens']} tokens, "
+        f"{sum(result['prompt_sets'].values())} prompts"
+    )
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

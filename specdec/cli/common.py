@@ -1,9 +1,10 @@
 """Options shared by several subcommands, and how they become configs."""
+
 from __future__ import annotations
 
 import argparse
 
-from ..config import ACCEPTANCE_FORMS, BACKENDS, COMPILE, DTYPES, GRAPHS, Acceptance, GenerationConfig
+from ..config import ACCEPTANCE_FORMS, BACKENDS, COMPILE, DTYPES, GRAPHS, Acceptance
 from ..errors import ConfigError
 
 
@@ -20,82 +21,141 @@ def one_line(text: str) -> str:
     return "".join(ch if len(f"a{ch}a".splitlines()) == 1 else repr(ch)[1:-1] for ch in text)
 
 
-def add_model_options(p: argparse.ArgumentParser, dtype: str = "auto", dtype_note: str = "auto = bfloat16 where native") -> None:
-    p.add_argument("--model", default=None, help="built-in alias, local folder, .gguf file or hub id (default: smollm2-135m)")
+def add_model_options(
+    p: argparse.ArgumentParser, dtype: str = "auto", dtype_note: str = "auto = bfloat16 where native"
+) -> None:
+    p.add_argument(
+        "--model", default=None, help="built-in alias, local folder, .gguf file or hub id (default: smollm2-135m)"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--dtype", default=dtype, choices=DTYPES, help=f"weights and activations dtype (default: {dtype_note})")
-    p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family; bfloat16 "
-                        "products for prompts where the weights are bfloat16 and the CPU has AVX-512 BF16); "
-                        "kernels-fp32: float32 products for prompts too; kernels-bf16kv: the KV cache in bfloat16 "
-                        "(half its memory, faster at long contexts; auto's choice for a quantized GGUF file); kernels-bf16: bfloat16 products in every pass "
-                        "(faster, less exact, still batch-invariant); torch: "
-                        "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
-                        "(default: auto, the first of these that supports the model and device)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="run a GGUF file's quantized weights as floats in --dtype, as transformers loads them (by "
-                        "default the CPU kernels keep Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K in the file's formats)")
+    p.add_argument(
+        "--dtype", default=dtype, choices=DTYPES, help=f"weights and activations dtype (default: {dtype_note})"
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=BACKENDS,
+        help="kernels: specdec's CPU kernels (batch-invariant float32 compute, Llama family; bfloat16 "
+        "products for prompts where the weights are bfloat16 and the CPU has AVX-512 BF16); "
+        "kernels-fp32: float32 products for prompts too; kernels-bf16kv: the KV cache in bfloat16 "
+        "(half its memory, faster at long contexts; auto's choice for a quantized GGUF file); kernels-bf16: bfloat16 products in every pass "
+        "(faster, less exact, still batch-invariant); torch: "
+        "specdec's Llama forward in torch (bit-identical to transformers); hf: transformers' forward "
+        "(default: auto, the first of these that supports the model and device)",
+    )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a GGUF file's quantized weights as floats in --dtype, as transformers loads them (by "
+        "default the CPU kernels keep Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K in the file's formats)",
+    )
     add_graphs_option(p)
-    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo")
+    p.add_argument(
+        "--trust-remote-code", action="store_true", help="allow model code from the model's folder or hub repo"
+    )
 
 
 def add_graphs_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graphs", default="auto", choices=GRAPHS,
-                   help="the torch backend's decode and verify passes as CUDA graphs over buckets of shapes "
-                        "(docs/cuda.md): auto = on a CUDA GPU with the torch backend, off elsewhere; on = also on a "
-                        "CPU, where the same shape-static passes run uncaptured (needs --backend torch); off = eager "
-                        "passes (default: auto)")
-    p.add_argument("--compile", default="auto", choices=COMPILE,
-                   help="those shape-static passes compiled by torch.compile before capture, fusing each layer's "
-                        "small operations into a few kernels (docs/cuda.md; each bucket compiled once, at its first "
-                        "use): on = wherever the shape-static passes run (needs --graphs on on a CPU); off = never; "
-                        "auto = off until measured on a GPU (default: auto)")
+    p.add_argument(
+        "--graphs",
+        default="auto",
+        choices=GRAPHS,
+        help="the torch backend's decode and verify passes as CUDA graphs over buckets of shapes "
+        "(docs/cuda.md): auto = on a CUDA GPU with the torch backend, off elsewhere; on = also on a "
+        "CPU, where the same shape-static passes run uncaptured (needs --backend torch); off = eager "
+        "passes (default: auto)",
+    )
+    p.add_argument(
+        "--compile",
+        default="auto",
+        choices=COMPILE,
+        help="those shape-static passes compiled by torch.compile before capture, fusing each layer's "
+        "small operations into a few kernels (docs/cuda.md; each bucket compiled once, at its first "
+        "use): on = wherever the shape-static passes run (needs --graphs on on a CPU); off = never; "
+        "auto = off until measured on a GPU (default: auto)",
+    )
 
 
 def add_speculation_options(p: argparse.ArgumentParser, k: int = 8, verifier: str = "auto") -> None:
-    p.add_argument("--drafter", default="auto",
-                   help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, quantized, select "
-                        "(default: auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
-                        "else ngram); "
-                        "select: each step, whichever of --select-from is predicted to be fastest")
-    p.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=k, help=f"most tokens drafted per step (default: {k})")
-    p.add_argument("--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance")
-    p.add_argument("--sampling-verifier", default=verifier, choices=("auto", "rejection", "coupled"),
-                   help="lossless check when sampling: rejection (min(1, p/q)), coupled (seed-stable Gumbel coupling) "
-                        f"or auto (coupled for a request with a seed, else rejection) (default: {verifier})")
+    p.add_argument(
+        "--drafter",
+        default="auto",
+        help="auto, none, ngram, suffix, lookahead, draft-model, eagle, eagle3, medusa, layerskip, quantized, select "
+        "(default: auto = the best available: a given draft model, else a given EAGLE head or Medusa heads, "
+        "else ngram); "
+        "select: each step, whichever of --select-from is predicted to be fastest",
+    )
+    p.add_argument(
+        "--draft-model", default=None, help="draft model for --drafter draft-model (same tokenizer as the target)"
+    )
+    p.add_argument(
+        "-k", "--num-speculative-tokens", type=int, default=k, help=f"most tokens drafted per step (default: {k})"
+    )
+    p.add_argument(
+        "--no-adaptive", action="store_true", help="always draft k tokens instead of adapting k to acceptance"
+    )
+    p.add_argument(
+        "--sampling-verifier",
+        default=verifier,
+        choices=("auto", "rejection", "coupled"),
+        help="lossless check when sampling: rejection (min(1, p/q)), coupled (seed-stable Gumbel coupling) "
+        f"or auto (coupled for a request with a seed, else rejection) (default: {verifier})",
+    )
     p.add_argument("--ngram-min", type=int, default=2, help="smallest n-gram the ngram drafter matches (default: 2)")
     p.add_argument("--ngram-max", type=int, default=4, help="largest n-gram the ngram drafter matches (default: 4)")
-    p.add_argument("--eagle-head", default=None, help="folder of a trained EAGLE head: specdec's, or an EAGLE-1/2/3 "
-                                                      "head in its authors' layout (default: the one shipped for the "
-                                                      "model, if any)")
-    p.add_argument("--medusa-head", default=None,
-                   help="folder of Medusa heads: specdec's (train-drafter --kind medusa) or Medusa's own "
-                        "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)")
+    p.add_argument(
+        "--eagle-head",
+        default=None,
+        help="folder of a trained EAGLE head: specdec's, or an EAGLE-1/2/3 "
+        "head in its authors' layout (default: the one shipped for the "
+        "model, if any)",
+    )
+    p.add_argument(
+        "--medusa-head",
+        default=None,
+        help="folder of Medusa heads: specdec's (train-drafter --kind medusa) or Medusa's own "
+        "(medusa_lm_head.safetensors + config.json) (default: the ones shipped for the model, if any)",
+    )
     p.add_argument("--chain", action="store_true", help="EAGLE and Medusa draft a chain instead of a tree")
     add_tree_options(p)
     add_lookahead_options(p)
     p.add_argument("--layerskip-layers", type=int, default=None, help="exit layer of the layerskip drafter")
-    p.add_argument("--draft-p-min", type=draft_p_min, default=0.0, metavar="P",
-                   help="draft-model, layerskip and quantized stop drafting after a token they give a probability below P, in "
-                        "[0, 1) (default: 0, off: the draft-length policy alone decides)")
-    p.add_argument("--select-from", default=None,
-                   help="comma-separated candidates of --drafter select (default: eagle, medusa, ngram, suffix, those "
-                        "available for the model)")
-    p.add_argument("--suffix-index", default=None, help="file (safetensors) the suffix drafter keeps past outputs in: "
-                                                        "read at start when it exists, written back as outputs arrive "
-                                                        "and at exit")
+    p.add_argument(
+        "--draft-p-min",
+        type=draft_p_min,
+        default=0.0,
+        metavar="P",
+        help="draft-model, layerskip and quantized stop drafting after a token they give a probability below P, in "
+        "[0, 1) (default: 0, off: the draft-length policy alone decides)",
+    )
+    p.add_argument(
+        "--select-from",
+        default=None,
+        help="comma-separated candidates of --drafter select (default: eagle, medusa, ngram, suffix, those "
+        "available for the model)",
+    )
+    p.add_argument(
+        "--suffix-index",
+        default=None,
+        help="file (safetensors) the suffix drafter keeps past outputs in: "
+        "read at start when it exists, written back as outputs arrive "
+        "and at exit",
+    )
 
 
 def add_acceptance_option(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     """--acceptance: exact (lossless, the default) or a LOSSY rule; with sweep, a comma-separated list of them."""
     what = "comma-separated acceptance rules, each run as its own method" if sweep else "which drafts are accepted"
-    p.add_argument("--acceptance", default="exact", type=acceptance_list if sweep else acceptance_spec,
-                   metavar="RULES" if sweep else "RULE",
-                   help=f"{what}: exact (default: lossless), or LOSSY top-k:K (the draft is among the target's K "
-                        "likeliest tokens), threshold:P (the target gives it probability >= P) or typical:EPS "
-                        "(Medusa's typical acceptance); lossy output may differ from the model's own and is "
-                        "labelled lossy everywhere (docs/acceptance.md)")
+    p.add_argument(
+        "--acceptance",
+        default="exact",
+        type=acceptance_list if sweep else acceptance_spec,
+        metavar="RULES" if sweep else "RULE",
+        help=f"{what}: exact (default: lossless), or LOSSY top-k:K (the draft is among the target's K "
+        "likeliest tokens), threshold:P (the target gives it probability >= P) or typical:EPS "
+        "(Medusa's typical acceptance); lossy output may differ from the model's own and is "
+        "labelled lossy everywhere (docs/acceptance.md)",
+    )
 
 
 def acceptance_spec(text: str) -> str:
@@ -115,32 +175,62 @@ def acceptance_list(text: str) -> list[str]:
 
 
 def add_tree_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tree-width", type=int, default=None, metavar="W",
-                   help="EAGLE and Medusa trees keep W candidates per level (default: chosen from the measured "
-                        "verify costs)")
-    p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
-                   help="EAGLE and Medusa trees hold the N most probable nodes, drafted to depth -k, whatever they "
-                        "cost (default: as many as pay under the measured verify costs, up to 48)")
-    p.add_argument("--calibrate-trees", action="store_true",
-                   help="EAGLE trees are scored by the acceptance observed for the head's confidences, per draft "
-                        "depth and confidence bucket, instead of the raw confidences (docs/drafters.md)")
+    p.add_argument(
+        "--tree-width",
+        type=int,
+        default=None,
+        metavar="W",
+        help="EAGLE and Medusa trees keep W candidates per level (default: chosen from the measured verify costs)",
+    )
+    p.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="EAGLE and Medusa trees hold the N most probable nodes, drafted to depth -k, whatever they "
+        "cost (default: as many as pay under the measured verify costs, up to 48)",
+    )
+    p.add_argument(
+        "--calibrate-trees",
+        action="store_true",
+        help="EAGLE trees are scored by the acceptance observed for the head's confidences, per draft "
+        "depth and confidence bucket, instead of the raw confidences (docs/drafters.md)",
+    )
 
 
 def add_lookahead_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookahead-window", type=int, default=None, metavar="W",
-                   help="lookahead drafter: parallel Jacobi iterations, one n-gram each per step (default: 4)")
-    p.add_argument("--lookahead-ngram", type=int, default=None, metavar="N",
-                   help="lookahead drafter: n-gram size, the window's depth plus one (default: 3)")
-    p.add_argument("--lookahead-guesses", type=int, default=None, metavar="G",
-                   help="lookahead drafter: most pooled n-grams verified per step (default: 6)")
+    p.add_argument(
+        "--lookahead-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="lookahead drafter: parallel Jacobi iterations, one n-gram each per step (default: 4)",
+    )
+    p.add_argument(
+        "--lookahead-ngram",
+        type=int,
+        default=None,
+        metavar="N",
+        help="lookahead drafter: n-gram size, the window's depth plus one (default: 3)",
+    )
+    p.add_argument(
+        "--lookahead-guesses",
+        type=int,
+        default=None,
+        metavar="G",
+        help="lookahead drafter: most pooled n-grams verified per step (default: 6)",
+    )
 
 
 def lookahead_options(args) -> dict:
     """The lookahead drafter's W, N and G (None: its defaults), refused before any model loads where out of range."""
     from ..drafters.options import LookaheadOptions
 
-    options = {"lookahead_window": args.lookahead_window, "lookahead_ngram": args.lookahead_ngram,
-               "lookahead_guesses": args.lookahead_guesses}
+    options = {
+        "lookahead_window": args.lookahead_window,
+        "lookahead_ngram": args.lookahead_ngram,
+        "lookahead_guesses": args.lookahead_guesses,
+    }
     LookaheadOptions(**options)
     return options
 
@@ -163,52 +253,24 @@ def draft_p_min(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=256, help="default: 256")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1, off)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: 0, off)")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="drop tokens less likely than this times the likeliest one (default: 0, off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="divide (multiply, if negative) the logits of tokens already in the text (default: 1, off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtract this times each token's count in the output so far, in [-2, 2] (default: 0)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtract this from tokens already in the output, in [-2, 2] (default: 0)")
-    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
-                   help="add BIAS (in [-100, 100]) to token ID's logit (repeatable)")
-
-
-def generation_config(args) -> GenerationConfig:
-    """Validated before any model loads, so bad values fail fast."""
-    return GenerationConfig.create(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                   top_p=args.top_p, seed=args.seed, stop=args.stop, min_p=args.min_p,
-                                   repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
-                                   presence_penalty=args.presence_penalty, logit_bias=parse_logit_bias(args.logit_bias))
-
-
-def parse_logit_bias(items: list[str]) -> dict[int, float]:
-    """["ID=BIAS", ...] -> {ID: BIAS}."""
-    out = {}
-    for item in items:
-        token, _, bias = item.partition("=")
-        try:
-            out[int(token)] = float(bias)
-        except ValueError:
-            raise ConfigError(f"--logit-bias takes TOKEN_ID=BIAS, got {item!r}") from None
-    return out
-
-
 def drafter_options(args) -> dict:
     check_minimums(args, {"tree_width": 1, "tree_nodes": 1})
-    return {"draft_model": args.draft_model, "min_n": args.ngram_min, "max_n": args.ngram_max,
-            "eagle_head": args.eagle_head, "medusa_head": args.medusa_head, "tree": not args.chain, "layerskip_layers": args.layerskip_layers,
-            "suffix_index": args.suffix_index, "select_from": args.select_from, "draft_p_min": args.draft_p_min,
-            "tree_width": args.tree_width, "tree_nodes": args.tree_nodes, "calibrate_trees": args.calibrate_trees,
-            **lookahead_options(args)}
+    return {
+        "draft_model": args.draft_model,
+        "min_n": args.ngram_min,
+        "max_n": args.ngram_max,
+        "eagle_head": args.eagle_head,
+        "medusa_head": args.medusa_head,
+        "tree": not args.chain,
+        "layerskip_layers": args.layerskip_layers,
+        "suffix_index": args.suffix_index,
+        "select_from": args.select_from,
+        "draft_p_min": args.draft_p_min,
+        "tree_width": args.tree_width,
+        "tree_nodes": args.tree_nodes,
+        "calibrate_trees": args.calibrate_trees,
+        **lookahead_options(args),
+    }
 
 
 def require_extra(module: str, extra: str, what: str) -> None:

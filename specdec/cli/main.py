@@ -1,4 +1,5 @@
 """Entry point of the `specdec` command: subcommands, and one-line errors instead of tracebacks."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """`specdec models`: known aliases and what is cached."""
+
 from __future__ import annotations
 
 import json

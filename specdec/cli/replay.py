@@ -1,35 +1,52 @@
 """`specdec replay TRACE`: what other drafters and draft lengths would have done on traced requests (no model)."""
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..drafters.base import Drafter
 
 REPLAYABLE = ("ngram", "suffix")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("replay", help="replay an acceptance trace (written with --trace FILE) with other drafters "
-                                      "and draft lengths, and predict their speed, without the model")
+    p = sub.add_parser(
+        "replay",
+        help="replay an acceptance trace (written with --trace FILE) with other drafters "
+        "and draft lengths, and predict their speed, without the model",
+    )
     p.add_argument("trace", help="a JSONL trace from `specdec serve --trace FILE` or `specdec generate --trace FILE`")
-    p.add_argument("--drafters", default="ngram,suffix", help=f"drafters to replay, of {', '.join(REPLAYABLE)} "
-                                                              "(default: %(default)s)")
-    p.add_argument("--k", default="1,2,3,4,6,8,adaptive",
-                   help="draft lengths: fixed ones (drafting every step) and/or 'adaptive' (specdec's policy, up to "
-                        "--k-max) (default: %(default)s)")
+    p.add_argument(
+        "--drafters",
+        default="ngram,suffix",
+        help=f"drafters to replay, of {', '.join(REPLAYABLE)} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--k",
+        default="1,2,3,4,6,8,adaptive",
+        help="draft lengths: fixed ones (drafting every step) and/or 'adaptive' (specdec's policy, up to "
+        "--k-max) (default: %(default)s)",
+    )
     p.add_argument("--k-max", type=int, default=8, help="the adaptive policy's longest draft (default: 8)")
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
     p.add_argument("--out-json", default=None, help="write every figure here")
-    p.add_argument("--with-steps", action="store_true", help="in --out-json, also each request's [drafted, accepted] "
-                                                             "per step under each policy")
+    p.add_argument(
+        "--with-steps",
+        action="store_true",
+        help="in --out-json, also each request's [drafted, accepted] per step under each policy",
+    )
     p.set_defaults(run=run)
 
 
 def _policies(text: str, k_max: int) -> list[int | None]:
-    out = []
+    out: list[int | None] = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if item == "adaptive":
             out.append(None)
@@ -55,7 +72,7 @@ def run(args) -> int:
         raise ConfigError(f"cannot replay {', '.join(unknown)} without the model; replayable: {', '.join(REPLAYABLE)}")
     policies = _policies(args.k, args.k_max)
     ngram = NgramDrafter(args.ngram_min, args.ngram_max)  # checks the sizes before anything runs
-    makers = {"ngram": lambda: ngram, "suffix": SuffixDrafter}
+    makers: dict[str, Callable[[], Drafter]] = {"ngram": lambda: ngram, "suffix": SuffixDrafter}
     verify_costs, records = read_trace(args.trace)
     requests = replayable(records)
     if not requests:
@@ -68,22 +85,33 @@ def run(args) -> int:
             label = f"{name} k={'adaptive' if k is None else k}"
             results.append(replay_drafter(requests, makers[name], label, verify_costs, k, args.k_max))
     logged = sorted({f"{r['drafter']} k<={r['k_max']}{' adaptive' if r['adaptive'] else ''}" for r in requests})
-    print(f"{len(requests)} requests replayed of {len(records)} (sampled or constrained ones are left out); logged "
-          f"with {', '.join(logged)}; {plain.tokens} tokens after the first of each")
+    print(
+        f"{len(requests)} requests replayed of {len(records)} (sampled or constrained ones are left out); logged "
+        f"with {', '.join(logged)}; {plain.tokens} tokens after the first of each"
+    )
     print(f"{'policy':<22} {'MAT':>5} {'accept':>7} {'pred tok/s':>10} {'speedup':>8}  measured tok/s")
     for r in [plain, *results]:
         rate = "" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"
         measured = f"{r.tokens / r.measured_seconds:14.1f}" if r.measured_seconds else ""
-        print(f"{r.name:<22} {r.mean_accepted_tokens:5.2f} {rate:>7} {r.tokens_per_s:10.1f} "
-              f"{plain.seconds / r.seconds if r.seconds else 0:7.2f}x {measured}")
+        print(
+            f"{r.name:<22} {r.mean_accepted_tokens:5.2f} {rate:>7} {r.tokens_per_s:10.1f} "
+            f"{plain.seconds / r.seconds if r.seconds else 0:7.2f}x {measured}"
+        )
     best = max(results[1:] or results, key=lambda r: r.tokens_per_s)
     print(f"best: {best.name} (predicted {plain.seconds / best.seconds:.2f}x over plain decoding)")
     if args.out_json:
-        out = {"trace": str(args.trace), "requests": len(requests), "requests_in_trace": len(records),
-               "verify_costs_s": verify_costs, "plain": plain.to_dict(),
-               "policies": [{**r.to_dict(plain), **({"per_request_steps": r.per_request} if args.with_steps else {})}
-                            for r in results],
-               "best": best.name}
+        out = {
+            "trace": str(args.trace),
+            "requests": len(requests),
+            "requests_in_trace": len(records),
+            "verify_costs_s": verify_costs,
+            "plain": plain.to_dict(),
+            "policies": [
+                {**r.to_dict(plain), **({"per_request_steps": r.per_request} if args.with_steps else {})}
+                for r in results
+            ],
+            "best": best.name,
+        }
         Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out_json).write_text(json.dumps(out, indent=1), encoding="utf-8")
         print(f"wrote {args.out_json}", file=sys.stderr)

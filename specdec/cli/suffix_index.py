@@ -1,4 +1,5 @@
 """`specdec suffix-index build`: fill a suffix drafter's index file from the user's texts (code, documents, logs)."""
+
 from __future__ import annotations
 
 from ..errors import ConfigError
@@ -7,19 +8,28 @@ PIECE_TOKENS = 4096  # a document is stored in runs of at most this many tokens,
 
 
 def register(sub) -> None:
-    p = sub.add_parser("suffix-index", help="fill the suffix drafter's index file (--suffix-index FILE) from your "
-                                            "own texts")
+    p = sub.add_parser(
+        "suffix-index", help="fill the suffix drafter's index file (--suffix-index FILE) from your own texts"
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    b = actions.add_parser("build", help="tokenize text files, folders and .jsonl files with the model's tokenizer "
-                                         "and write them to an index file that --suffix-index reads")
-    b.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="a text file, a folder (walked; binary and non-UTF-8 files are skipped) or a .jsonl file "
-                        "(each record's 'text', else 'completion', else its assistant 'messages')")
+    b = actions.add_parser(
+        "build",
+        help="tokenize text files, folders and .jsonl files with the model's tokenizer "
+        "and write them to an index file that --suffix-index reads",
+    )
+    b.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a text file, a folder (walked; binary and non-UTF-8 files are skipped) or a .jsonl file "
+        "(each record's 'text', else 'completion', else its assistant 'messages')",
+    )
     b.add_argument("--model", default=None, help="the target model whose tokenizer is used (default: smollm2-135m)")
     b.add_argument("--out", required=True, help="the index file (safetensors) to write")
-    b.add_argument("--append", action="store_true", help="keep what --out already holds and add to it (default: "
-                                                         "replace it)")
+    b.add_argument(
+        "--append", action="store_true", help="keep what --out already holds and add to it (default: replace it)"
+    )
     b.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the model's repo")
     b.set_defaults(run=run)
 
@@ -42,17 +52,21 @@ def run(args) -> int:
         documents += len(ids) >= 2
         runs += [piece for piece in pieces(ids, PIECE_TOKENS) if len(piece) >= 2]
     if not runs:
-        raise ConfigError(f"no text to index in {', '.join(args.inputs)} ({_count(corpus.files, 'file')} read, "
-                          f"{corpus.skipped_files} skipped as binary or not UTF-8)")
+        raise ConfigError(
+            f"no text to index in {', '.join(args.inputs)} ({_count(corpus.files, 'file')} read, "
+            f"{corpus.skipped_files} skipped as binary or not UTF-8)"
+        )
     added = sum(len(r) for r in runs)
     index.store_all(runs)
     index.save()
     forgotten = before + added - index.tokens
     records = f"; {_count(corpus.skipped_records, 'JSONL record')} without text" if corpus.skipped_records else ""
-    print(f"{_count(corpus.files, 'file')} read ({corpus.skipped_files} skipped as binary or not UTF-8{records}): "
-          f"{_count(documents, 'document')}, {added} tokens added; {args.out} holds {index.tokens} tokens in "
-          f"{_count(len(index.sequences), 'sequence')} (cap {index.max_tokens}"
-          + (f"; its oldest {forgotten} tokens forgotten)" if forgotten else ")"))
+    print(
+        f"{_count(corpus.files, 'file')} read ({corpus.skipped_files} skipped as binary or not UTF-8{records}): "
+        f"{_count(documents, 'document')}, {added} tokens added; {args.out} holds {index.tokens} tokens in "
+        f"{_count(len(index.sequences), 'sequence')} (cap {index.max_tokens}"
+        + (f"; its oldest {forgotten} tokens forgotten)" if forgotten else ")")
+    )
     return 0
 
 

@@ -1,76 +1,28 @@
 """`specdec train-drafter`: self-distil data from the target and train an EAGLE-style head (or Medusa heads) on
 the CPU."""
+
 from __future__ import annotations
 
 import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..config import DTYPES
 from ..files import write_text_atomic
+from .train_options import add_options
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SEQUENCE = 2048  # longest training sequence (prompt and answers): longer prompts are skipped
 
 
-
 def register(sub) -> None:
-    p = sub.add_parser("train-drafter", help="train an EAGLE-style draft head (or Medusa heads) for a target model "
-                                             "(CPU)")
-    p.add_argument("--kind", default="eagle", choices=("eagle", "eagle3", "medusa"),
-                   help="eagle: one decoder layer on the target's features and the next token, drafting step by "
-                        "step; eagle3: the same on the target's states at three depths, trained on tokens only, "
-                        "saved in the EAGLE-3 authors' layout; medusa: one small residual head per drafted "
-                        "position, all drafting in one pass")
-    p.add_argument("--feature-layers", default=None, metavar="I,J,K",
-                   help="eagle3: the target layers whose inputs the head reads (default: 2, L/2 and L-3 of L)")
-    p.add_argument("--model", default=None, help="target model (default: smollm2-135m)")
-    p.add_argument("--out", required=True, help="folder for the head (safetensors + config naming its target)")
-    p.add_argument("--data", action="append", default=[], metavar="FILE[:WEIGHT]",
-                   help="training records, JSONL with a 'prompt' and optionally a 'response' (read by teacher "
-                        "forcing; without one the target answers), or a server's traces (serve --trace); a folder "
-                        "means its .jsonl files; repeatable, mixed by WEIGHT (share of records, default 1). "
-                        "Default: the mix in docs/training.md, from ../shared/data")
-    p.add_argument("--prompts", default=None, metavar="FILE", help="the same as --data FILE")
-    p.add_argument("--max-prompts", type=int, default=None,
-                   help="use this many records of the mix, in its order (0: synthetic prompts only)")
-    p.add_argument("--follow-up-every", type=int, default=4, metavar="N",
-                   help="every Nth record the target answers gets a second user turn, answered too (0: none)")
-    p.add_argument("--labels", default="top1", choices=("top1", "soft"),
-                   help="learn the target's top choice, or its top-8 distribution (soft labels)")
-    p.add_argument("--synthesize", type=int, default=0, metavar="N",
-                   help="also answer N prompts the target writes itself, each opening with a few words of a "
-                        "training prompt (Self-Instruct style, sampled; more varied than the prompt file)")
-    p.add_argument("--document-tasks", type=int, default=0, metavar="N",
-                   help="also answer N tasks about texts the target wrote (its answers in this run's data and "
-                        "--extra-data): summaries, questions, extraction, rewriting; the long-context work the "
-                        "prompt file lacks")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sample the answers at this temperature (0: greedy); the head always learns the "
-                        "target's greedy choices")
-    p.add_argument("--data-dir", default=None, help="where self-distilled data is cached (default: in the specdec "
-                   "cache, a folder per data setting)")
-    p.add_argument("--extra-data", action="append", default=[], metavar="DIR",
-                   help="train on this cached data too (another run's --data-dir for the same target); repeatable")
-    p.add_argument("--exclude-source", action="append", default=[], metavar="FAMILY",
-                   help="leave out the records of this source family (the source up to its first ':', as "
-                        "training_record.json lists them), e.g. teacher-forced answers; repeatable")
-    p.add_argument("--repeat-source", action="append", default=[], metavar="FAMILY:N",
-                   help="train on this source family's sequences N times per epoch (its held-out ones once), e.g. "
-                        "to keep what an --init-from head knew; repeatable")
-    p.add_argument("--init-from", "--resume-from", dest="init_from", default=None, metavar="DIR",
-                   help="start from this trained head's weights instead of fresh ones (fine-tuning it, e.g. on "
-                        "traces of your own traffic)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="longest answer generated per prompt")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
-    p.add_argument("--time-budget", type=float, default=60.0, help="training minutes (data generation not counted)")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose (the most frequent)")
-    p.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (eagle)")
-    p.add_argument("--medusa-num-heads", type=int, default=4, help="Medusa heads: tokens drafted ahead (medusa)")
-    p.add_argument("--medusa-num-layers", type=int, default=1, help="residual blocks per Medusa head (medusa)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="target dtype for data generation")
-    p.add_argument("--data-only", action="store_true", help="generate (or complete) the data, then stop")
+    p = sub.add_parser(
+        "train-drafter", help="train an EAGLE-style draft head (or Medusa heads) for a target model (CPU)"
+    )
+    add_options(p)
     p.set_defaults(run=run)
 
 
@@ -80,8 +32,15 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..models.loading import load_model
     from ..models.registry import DEFAULT_MODEL, cache_root
-    from ..training.datamix import (default_mix, describe, mix_fingerprint, mix_order, parse_data_spec,
-                                    parse_repeats, without_families)
+    from ..training.datamix import (
+        default_mix,
+        describe,
+        mix_fingerprint,
+        mix_order,
+        parse_data_spec,
+        parse_repeats,
+        without_families,
+    )
     from ..models.backend import check_feature_layers
     from ..training.extract import Extractor, data_meta, generate_training_data
     from ..training.selfdistill import cycle_sources, document_prompts, synthesize_prompts
@@ -92,10 +51,13 @@ def run(args) -> int:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
     if args.medusa_num_heads < 1 or args.medusa_num_layers < 1:
         raise ConfigError("--medusa-num-heads and --medusa-num-layers must be >= 1")
-    if min(args.synthesize, args.document_tasks, args.temperature, args.follow_up_every) < 0 or \
-            (args.max_prompts or 0) < 0:
-        raise ConfigError("--synthesize, --document-tasks, --temperature, --follow-up-every and --max-prompts "
-                          "must be >= 0")
+    if (
+        min(args.synthesize, args.document_tasks, args.temperature, args.follow_up_every) < 0
+        or (args.max_prompts or 0) < 0
+    ):
+        raise ConfigError(
+            "--synthesize, --document-tasks, --temperature, --follow-up-every and --max-prompts must be >= 0"
+        )
     repeats = parse_repeats(args.repeat_source)
     files = [parse_data_spec(spec) for spec in args.data + ([args.prompts] if args.prompts else [])]
     files = files or default_mix()
@@ -105,9 +67,11 @@ def run(args) -> int:
     stored = _stored_layers(args, target, layers)
     check_feature_layers(stored, target.info.num_layers)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-    setting = f"-{mix_fingerprint(files, args.follow_up_every)}" + \
-        (f"-t{args.temperature:g}" if args.temperature > 0 else "") + \
-        (f"-layers{'_'.join(map(str, stored))}" if stored else "")
+    setting = (
+        f"-{mix_fingerprint(files, args.follow_up_every)}"
+        + (f"-t{args.temperature:g}" if args.temperature > 0 else "")
+        + (f"-layers{'_'.join(map(str, stored))}" if stored else "")
+    )
     data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "train-data" / (safe + setting)
     items = mix_order(files, args.follow_up_every, limit=args.max_prompts)
     traced = {item.source.split(":", 1)[1] for item in items if item.token_ids is not None}
@@ -115,20 +79,40 @@ def run(args) -> int:
         raise ConfigError(f"--data holds traces of {', '.join(sorted(traced - {name}))}, not of {name}")
     if not items and not args.synthesize:
         raise ConfigError("no training prompts: --max-prompts 0 needs --synthesize N")
-    meta = data_meta(target, args.max_new_tokens, args.temperature, {"mix": describe(files),
-                                                                    "follow_up_every": args.follow_up_every},
-                     stored)
-    extractor = Extractor(target, args.max_new_tokens, args.batch_size, temperature=args.temperature,
-                          max_len=MAX_SEQUENCE, feature_layers=stored)
+    meta = data_meta(
+        target,
+        args.max_new_tokens,
+        args.temperature,
+        {"mix": describe(files), "follow_up_every": args.follow_up_every},
+        stored,
+    )
+    extractor = Extractor(
+        target,
+        args.max_new_tokens,
+        args.batch_size,
+        temperature=args.temperature,
+        max_len=MAX_SEQUENCE,
+        feature_layers=stored,
+    )
     data = extractor.run(items, ShardWriter(data_dir, meta), block=max(64, 4 * args.batch_size))
-    print(f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens "
-          f"({data['trained_tokens']} in answers)", file=sys.stderr)
+    print(
+        f"specdec: data in {data_dir}: {data['sequences']} sequences, {data['tokens']} tokens "
+        f"({data['trained_tokens']} in answers)",
+        file=sys.stderr,
+    )
     folders = [data_dir, *map(Path, args.extra_data)]
     if args.synthesize:
         synth_dir = data_dir.with_name(f"{data_dir.name}-synth{args.synthesize}")
         synthetic = synthesize_prompts(target, cycle_sources(files[0].path, args.synthesize), synth_dir)
-        generate_training_data(target, synthetic, synth_dir, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, temperature=args.temperature, feature_layers=stored)
+        generate_training_data(
+            target,
+            synthetic,
+            synth_dir,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            temperature=args.temperature,
+            feature_layers=stored,
+        )
         folders.append(synth_dir)
     if args.data_only and not args.document_tasks:
         return 0
@@ -139,19 +123,30 @@ def run(args) -> int:
         sequences = read_data(folders[:1], target, layers, max_items=args.max_prompts)
         records_used = shards_for(json.loads((data_dir / "index.json").read_text()), args.max_prompts)[1]
     if records_used < data["done"]:
-        print(f"specdec: training on the first {records_used} of its {data['done']} records: {len(sequences)} "
-              "sequences", file=sys.stderr)
+        print(
+            f"specdec: training on the first {records_used} of its {data['done']} records: {len(sequences)} sequences",
+            file=sys.stderr,
+        )
     sequences += read_data(folders[1:], target, layers)  # document tasks are built from the answers in them
     if args.document_tasks:
-        tasks = document_prompts(sequences, target.tokenizer, args.document_tasks,
-                                 min_tokens=min(64, args.max_new_tokens // 2))
+        tasks = document_prompts(
+            sequences, target.tokenizer, args.document_tasks, min_tokens=min(64, args.max_new_tokens // 2)
+        )
         doc_dir = data_dir.with_name(f"{data_dir.name}-doc{args.document_tasks}")
-        done = generate_training_data(target, tasks, doc_dir, max_new_tokens=args.max_new_tokens,
-                                      batch_size=args.batch_size, temperature=args.temperature,
-                                      extra_meta={"documents_from": [str(f) for f in folders]},
-                                      feature_layers=stored)
-        print(f"specdec: document tasks in {doc_dir}: {done['sequences']} sequences, {done['tokens']} tokens",
-              file=sys.stderr)
+        done = generate_training_data(
+            target,
+            tasks,
+            doc_dir,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            temperature=args.temperature,
+            extra_meta={"documents_from": [str(f) for f in folders]},
+            feature_layers=stored,
+        )
+        print(
+            f"specdec: document tasks in {doc_dir}: {done['sequences']} sequences, {done['tokens']} tokens",
+            file=sys.stderr,
+        )
         sequences += read_data([doc_dir], target, layers)
         folders.append(doc_dir)
     if args.data_only:
@@ -160,20 +155,36 @@ def run(args) -> int:
     out = Path(args.out)
     torch.manual_seed(0)
     head, coverage, settings, objective = _head_to_train(args, target, name, sequences, layers)
-    trainer = Trainer(head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective,
-                      repeats=repeats)
+    trainer = Trainer(
+        head, sequences, out, settings, time_budget_s=args.time_budget * 60, objective=objective, repeats=repeats
+    )
     stats = trainer.run()
-    record = {"command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "kind": args.kind,
-              "target": name, "mix": describe(files), "follow_up_every": args.follow_up_every,
-              "records_used": records_used, "synthetic_prompts": args.synthesize, "document_tasks": args.document_tasks,
-              "answer_temperature": args.temperature, "extra_data": args.extra_data, "init_from": args.init_from,
-              "labels": args.labels, "excluded_sources": args.exclude_source,
-              "repeated_sources": repeats, "data_sequences": len(sequences),
-              "data_tokens": sum(len(s["tokens"]) for s in sequences),
-              "answer_tokens": sum(int(s["trainable"].sum()) for s in sequences),
-              "tokens_by_source": _tokens_by_source(sequences), "draft_vocab_coverage": coverage,
-              "train_seconds": round(trainer.elapsed), "optimizer_steps": trainer.step,
-              "answer_tokens_seen": trainer.tokens_seen, "heldout": stats, "learning_curve": trainer.history}
+    record = {
+        "command": "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "kind": args.kind,
+        "target": name,
+        "mix": describe(files),
+        "follow_up_every": args.follow_up_every,
+        "records_used": records_used,
+        "synthetic_prompts": args.synthesize,
+        "document_tasks": args.document_tasks,
+        "answer_temperature": args.temperature,
+        "extra_data": args.extra_data,
+        "init_from": args.init_from,
+        "labels": args.labels,
+        "excluded_sources": args.exclude_source,
+        "repeated_sources": repeats,
+        "data_sequences": len(sequences),
+        "data_tokens": sum(len(s["tokens"]) for s in sequences),
+        "answer_tokens": sum(int(s["trainable"].sum()) for s in sequences),
+        "tokens_by_source": _tokens_by_source(sequences),
+        "draft_vocab_coverage": coverage,
+        "train_seconds": round(trainer.elapsed),
+        "optimizer_steps": trainer.step,
+        "answer_tokens_seen": trainer.tokens_seen,
+        "heldout": stats,
+        "learning_curve": trainer.history,
+    }
     write_text_atomic(out / "training_record.json", json.dumps(record, indent=1))
     print(json.dumps(record["heldout"]))
     return 0
@@ -216,8 +227,9 @@ def _feature_layers(args, target) -> tuple[int, ...]:
     try:
         layers = tuple(int(x) for x in args.feature_layers.split(","))
     except ValueError:
-        raise ConfigError("--feature-layers takes layer numbers separated by commas, got "
-                          f"{args.feature_layers!r}") from None
+        raise ConfigError(
+            f"--feature-layers takes layer numbers separated by commas, got {args.feature_layers!r}"
+        ) from None
     total = target.info.num_layers
     if not layers or len(set(layers)) != len(layers) or not all(0 <= i < total for i in layers):
         raise ConfigError(f"--feature-layers takes distinct layers from 0 to {total - 1}, got {args.feature_layers!r}")
@@ -234,14 +246,21 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
     medusa, eagle3 = args.kind == "medusa", args.kind == "eagle3"
     settings = TrainSettings(steps=args.medusa_num_heads if medusa else args.steps, lr=args.lr, labels=args.labels)
     objective = medusa_losses if medusa else None
-    load, config_file = ((medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE) if medusa else
-                         (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE) if eagle3 else
-                         (eagle_loading.load_head, eagle_head.CONFIG_FILE))
+    load, config_file = (
+        (medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE)
+        if medusa
+        else (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE)
+        if eagle3
+        else (eagle_loading.load_head, eagle_head.CONFIG_FILE)
+    )
     if (out / config_file).is_file():
         return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
-    start = load(args.init_from, target).float() if args.init_from else None  # a trained head's weights
-    ids, coverage = choose_draft_vocab(sequences, args.draft_vocab, target.info.vocab_size,
-                                       prior=getattr(start, "draft_ids", None))
+    # a trained head's weights: an EagleHead, Eagle3Head or MedusaHeads, as --kind says
+    start: Any = load(args.init_from, target).float() if args.init_from else None
+    ids, coverage = choose_draft_vocab(
+        sequences, args.draft_vocab, target.info.vocab_size, prior=getattr(start, "draft_ids", None)
+    )
+    head: torch.nn.Module
     if medusa:
         head = medusa_head.new_medusa_heads(target.hf_model, name, ids, args.medusa_num_heads, args.medusa_num_layers)
     elif eagle3:
@@ -249,8 +268,9 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
             if start.feature_layers != layers:
                 from ..errors import ConfigError
 
-                raise ConfigError(f"--init-from {args.init_from} reads target layers {list(start.feature_layers)}, "
-                                  f"not {list(layers)}")
+                raise ConfigError(
+                    f"--init-from {args.init_from} reads target layers {list(start.feature_layers)}, not {list(layers)}"
+                )
             ids = start.draft_ids
             coverage = choose_draft_vocab(sequences, len(ids), target.info.vocab_size, given=ids)[1]
         head = eagle3_head.new_eagle3_head(target.hf_model, name, ids, layers)
@@ -258,6 +278,7 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
         head = eagle_head.new_head(target.hf_model, name, ids, input_norm=start is None or start.config.input_norm)
     if start is not None:  # the draft vocabulary (frozen LM head rows) is this data's
         head.load_state_dict(start.state_dict())
-    print(f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices",
-          file=sys.stderr)
+    print(
+        f"specdec: draft vocabulary of {len(ids)} tokens covers {coverage:.1%} of the target's choices", file=sys.stderr
+    )
     return head, coverage, settings, objective

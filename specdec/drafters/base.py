@@ -10,9 +10,9 @@ drafters return probs=None (q is one-hot). fork() gives another concurrent reque
 """
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -72,7 +72,7 @@ class DraftJob(NamedTuple):
     k: int
 
 
-class Drafter(Protocol):
+class Drafter(ABC):
     """What every drafter is. Drafters subclass it for the defaults below (propose is theirs to write)."""
 
     name: str = ""  # its name in the registry; costs and metrics are kept per name

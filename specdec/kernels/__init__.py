@@ -5,6 +5,7 @@ source version and CPU), or raises KernelUnavailable with the reason (no AVX2, n
 for AVX-512 where the CPU has it, else for AVX2 (vec16.h); bfloat16 products need AVX-512 BF16 either way. An
 AVX-512 build on a CPU with AVX-512 VNNI also uses its integer dot products (vpdpbusd) for the drafting copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,16 +17,36 @@ from pathlib import Path
 from ..errors import ConfigError, SpecdecError, first_line
 
 SOURCE = Path(__file__).with_name("cpu_llama.cpp")
-HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("vec16.h", "products.h", "amx.h", "quantized_layout.h", "int8_lanes.h", "quantized_steps.h",
-                 "quantized_rows.h", "quantized.h",
-                 "drafting_head.h", "weights.h", "argmax_screen.h", "row_ops.h", "kv_cache.h", "attention.h",
-                 "attention_split.h", "layers.h", "head_layer.h", "bindings.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name)
+    for name in (
+        "vec16.h",
+        "products.h",
+        "amx.h",
+        "quantized_layout.h",
+        "int8_lanes.h",
+        "quantized_steps.h",
+        "quantized_rows.h",
+        "quantized.h",
+        "drafting_head.h",
+        "weights.h",
+        "argmax_screen.h",
+        "row_ops.h",
+        "kv_cache.h",
+        "attention.h",
+        "attention_split.h",
+        "layers.h",
+        "head_layer.h",
+        "bindings.h",
+    )
+)
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "f16c", "fma")
 AVX2_FLAGS = ("avx2", "f16c", "fma")
 ISA_VARIABLE, PREFILL_VARIABLE = "SPECDEC_KERNEL_ISA", "SPECDEC_BF16_PREFILL"
-BUILD_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c"],
-               "avx2": ["-mavx2", "-mfma", "-mf16c"]}
+BUILD_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+}
 
 
 class KernelUnavailable(SpecdecError):
@@ -152,9 +173,12 @@ def _build(isa: str):
         print("specdec: compiling CPU kernels (once, about a minute)...", file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(
-            name=f"specdec_cpu_llama_{tag}", sources=[str(SOURCE)], build_directory=str(build_dir),
+            name=f"specdec_cpu_llama_{tag}",
+            sources=[str(SOURCE)],
+            build_directory=str(build_dir),
             extra_cflags=["-O3", *flags, "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=_openmp_link_flags(),
-            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
+            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
+        )
     except (RuntimeError, OSError, ImportError) as exc:
         raise KernelUnavailable(f"building the CPU kernels failed: {first_line(exc)}") from None

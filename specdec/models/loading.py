@@ -10,6 +10,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,8 +24,8 @@ from .registry import KNOWN_MODELS
 @dataclass
 class LoadedModel:
     name: str
-    hf_model: object  # transformers PreTrainedModel, kept for baselines and training
-    tokenizer: object
+    hf_model: Any  # transformers PreTrainedModel (its types are partial), kept for baselines and training
+    tokenizer: Any  # a transformers tokenizer
     backend: CausalLM
 
     @property
@@ -152,7 +153,7 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
 
 
-def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[object, int]:
+def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[Any, int]:
     """(tokenizer, vocabulary size of the model's output layer) for a model name, without loading its weights."""
     from transformers import AutoConfig, AutoTokenizer
 

@@ -1,4 +1,5 @@
 """Training batches from stored sequences: windows, the held-out split, length-grouped batches, padding."""
+
 from __future__ import annotations
 
 import random
@@ -39,8 +40,13 @@ class Batch:
     topk_logprobs: torch.Tensor
 
 
-def choose_draft_vocab(sequences: list[dict], size: int, vocab_size: int, given: torch.Tensor | None = None,
-                       prior: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def choose_draft_vocab(
+    sequences: list[dict],
+    size: int,
+    vocab_size: int,
+    given: torch.Tensor | None = None,
+    prior: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:
     """The `size` most frequent target choices at trained positions (or the `given` ids): (token ids ascending,
     share of those labels covered). prior: ids to prefer among tokens the data counts equally (a head being
     fine-tuned keeps its own vocabulary where little data says nothing: a token seen once still comes first)."""
@@ -71,8 +77,10 @@ def windows(seq: dict, max_len: int) -> list[dict]:
     bounds = [round(i * scored / count) for i in range(count + 1)]
     out = []
     for start, stop in zip(bounds, bounds[1:]):  # scored positions start..stop-1, tokens start..stop
-        part = {k: (v[start:stop + 1] if k == "tokens" else v[start:stop]) if torch.is_tensor(v) else v
-                for k, v in seq.items()}
+        part = {
+            k: (v[start : stop + 1] if k == "tokens" else v[start:stop]) if torch.is_tensor(v) else v
+            for k, v in seq.items()
+        }
         if bool(part["trainable"].any()):
             out.append(part)
     return out
@@ -81,7 +89,8 @@ def windows(seq: dict, max_len: int) -> list[dict]:
 def batches(sequences: list[dict], batch_tokens: int, max_len: int, rng: random.Random) -> list[list[dict]]:
     """Groups sequences of similar length into batches of about batch_tokens padded tokens, in shuffled order."""
     order = sorted(sequences, key=lambda s: min(len(s["tokens"]), max_len))
-    out, cur = [], []
+    out: list[list[dict]] = []
+    cur: list[dict] = []
     for seq in order:
         longest = min(len(seq["tokens"]), max_len)  # sorted by length: the newcomer is the longest
         if cur and longest * (len(cur) + 1) > batch_tokens:
@@ -100,10 +109,15 @@ def collate(group: list[dict], max_len: int) -> Batch:
     C = group[0]["features"].shape[-1]
     K = group[0]["topk_ids"].shape[-1] if "topk_ids" in group[0] else 1
     B = len(group)
-    batch = Batch(tokens=torch.zeros(B, L, dtype=torch.long), features=torch.zeros(B, L - 1, C),
-                  labels=torch.full((B, L - 1), -1, dtype=torch.long), lengths=torch.zeros(B, dtype=torch.long),
-                  trainable=torch.zeros(B, L - 1, dtype=torch.bool),
-                  topk_ids=torch.full((B, L - 1, K), -1, dtype=torch.long), topk_logprobs=torch.zeros(B, L - 1, K))
+    batch = Batch(
+        tokens=torch.zeros(B, L, dtype=torch.long),
+        features=torch.zeros(B, L - 1, C),
+        labels=torch.full((B, L - 1), -1, dtype=torch.long),
+        lengths=torch.zeros(B, dtype=torch.long),
+        trainable=torch.zeros(B, L - 1, dtype=torch.bool),
+        topk_ids=torch.full((B, L - 1, K), -1, dtype=torch.long),
+        topk_logprobs=torch.zeros(B, L - 1, K),
+    )
     for b, s in enumerate(group):
         n = min(len(s["tokens"]), max_len)
         batch.tokens[b, :n] = s["tokens"][:n]

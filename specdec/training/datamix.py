@@ -16,6 +16,7 @@ file of weight 1, until it runs out), and within a file it takes the record fami
 first ':') in turn, each family's records shuffled with a fixed seed. Any prefix of the order is therefore a
 mix in the stated proportions, so extraction can stop anywhere and resume, and more can be extracted later.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -143,8 +144,7 @@ def _item(row: dict, model: str | None) -> Item:
             raise ValueError("a trace record needs non-empty 'prompt_ids' and 'output_ids' of token ids")
         if model is None:
             raise ValueError("a trace record before the trace's header")
-        return Item(f"trace:{model}", "", token_ids=tuple(prompt + output),
-                    answer_from=len(prompt))
+        return Item(f"trace:{model}", "", token_ids=tuple(prompt + output), answer_from=len(prompt))
     prompt, response, source = row["prompt"], row.get("response"), str(row.get("source", ""))
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("'prompt' is not a non-empty string")
@@ -158,7 +158,7 @@ def mix_order(files: list[DataFile], follow_up_every: int = 4, limit: int | None
     taken per unit of weight), up to `limit` items."""
     lists = [read_items(f, follow_up_every) for f in files]
     taken = [0] * len(files)
-    out = []
+    out: list[Item] = []
     limit = sum(map(len, lists)) if limit is None else limit
     while len(out) < limit:
         open_files = [i for i in range(len(files)) if taken[i] < len(lists[i])]
@@ -197,8 +197,9 @@ def _check_families(sequences: list[dict], names, option: str) -> None:
     present = {source_family(s["source"]) for s in sequences}
     unknown = [name for name in names if not any(_in_family(family, name) for family in present)]
     if unknown:
-        raise ConfigError(f"{option} {', '.join(unknown)}: no such source family in the data "
-                          f"(it holds {', '.join(sorted(present))})")
+        raise ConfigError(
+            f"{option} {', '.join(unknown)}: no such source family in the data (it holds {', '.join(sorted(present))})"
+        )
 
 
 def without_families(sequences: list[dict], families: list[str]) -> list[dict]:
@@ -212,14 +213,15 @@ def without_families(sequences: list[dict], families: list[str]) -> list[dict]:
 
 def parse_repeats(specs: list[str]) -> dict[str, int]:
     """`--repeat-source FAMILY:N` options -> {family: N}, N a whole number >= 1."""
-    repeats = {}
+    repeats: dict[str, int] = {}
     for spec in specs:
         name, sep, count = spec.rpartition(":")
         if not sep or not name or not count.isdigit() or int(count) < 1:
             raise ConfigError(f"--repeat-source {spec!r}: expected FAMILY:N with N a whole number >= 1")
         if name in repeats:
-            raise ConfigError(f"--repeat-source {spec!r}: {name!r} is already repeated {repeats[name]} times; "
-                              "give each family once")
+            raise ConfigError(
+                f"--repeat-source {spec!r}: {name!r} is already repeated {repeats[name]} times; give each family once"
+            )
         repeats[name] = int(count)
     return repeats
 

@@ -7,6 +7,7 @@ and learns the target's choices only. Training unrolls `steps` drafting steps as
 step s the head reads its own step s-1 outputs as features, and its attention sees the true pairs
 up to s-1 positions back plus its own chain since then, exactly what it sees when drafting.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
     return mask.view(steps * n, steps * n)
 
 
-def unrolled_losses(head: EagleHead | Eagle3Head, batch: Batch, cfg: TrainSettings, vocab_index: torch.Tensor,
-                    train: bool = True):
+def unrolled_losses(
+    head: EagleHead | Eagle3Head, batch: Batch, cfg: TrainSettings, vocab_index: torch.Tensor, train: bool = True
+):
     """Per-step losses and, with train=False, top-1 (hits, trials) per step for one padded batch.
 
     Pair positions p = 0..n-1 with n = L - 2: step s feeds (its input feature at p, x_{p+1}) and is
@@ -50,20 +52,20 @@ def unrolled_losses(head: EagleHead | Eagle3Head, batch: Batch, cfg: TrainSettin
         rms = true_f.pow(2).mean().sqrt()
         true_f = true_f + (torch.rand_like(true_f) * 2 - 1) * cfg.feature_noise * rms
     feat_in = head.fuse(true_f)
-    pair_tokens = tokens[:, 1: n + 1]  # x_{p+1} at pair position p, the same at every step
+    pair_tokens = tokens[:, 1 : n + 1]  # x_{p+1} at pair position p, the same at every step
     past, outs = None, []
     mask = unrolled_mask(n, cfg.steps)
     for s in range(1, cfg.steps + 1):
         # step s at position p continues a chain that started from the true pair at p - s + 1;
         # the head's own layer, over the keys of steps 1..s, sees exactly what it sees when drafting
-        m = mask[(s - 1) * n: s * n, : s * n]
+        m = mask[(s - 1) * n : s * n, : s * n]
         out, kv = head(feat_in, pair_tokens, positions, past=past, mask=m | _diag_guard(m))
         past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
         outs.append(out)
         # the next step, at position p + 1, reads this step's guess of f_{p+1}
         feat_in = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
-    lab = draft_index(batch.labels[:, 1: n + 1], vocab_index)
-    trainable = batch.trainable[:, 1: n + 1]
+    lab = draft_index(batch.labels[:, 1 : n + 1], vocab_index)
+    trainable = batch.trainable[:, 1 : n + 1]
     soft = target_distribution(batch, n, vocab_index) if cfg.labels == "soft" else None
     losses, accs = [], []
     for s, out in enumerate(outs, start=1):
@@ -73,7 +75,7 @@ def unrolled_losses(head: EagleHead | Eagle3Head, batch: Batch, cfg: TrainSettin
         has_label = valid & (lab >= 0) & trainable
         loss = _token_loss(logits, lab, soft, has_label)
         if head.predicts_features:  # EAGLE-1/2: the output also learns the target's next feature f_{p+1}
-            reg = F.smooth_l1_loss(out, features[:, 1: n + 1], reduction="none").mean(-1)
+            reg = F.smooth_l1_loss(out, features[:, 1 : n + 1], reduction="none").mean(-1)
             kept = valid & trainable
             loss = cfg.w_feature * (reg * kept).sum() / kept.sum().clamp(min=1) + cfg.w_token * loss
         losses.append(loss)
@@ -91,8 +93,8 @@ def draft_index(labels: torch.Tensor, vocab_index: torch.Tensor) -> torch.Tensor
 def target_distribution(batch: Batch, n: int, vocab_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's top-K distribution at positions 1..n over the draft vocabulary: (rows (B, n, K) with -1 for
     none, probabilities (B, n, K) renormalized over the rows present)."""
-    rows = draft_index(batch.topk_ids[:, 1: n + 1], vocab_index)
-    probs = batch.topk_logprobs[:, 1: n + 1].float().exp() * (rows >= 0)
+    rows = draft_index(batch.topk_ids[:, 1 : n + 1], vocab_index)
+    probs = batch.topk_logprobs[:, 1 : n + 1].float().exp() * (rows >= 0)
     return rows, probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
 
 

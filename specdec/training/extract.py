@@ -5,6 +5,7 @@ Teacher-forced items (prompt + response) take one prefill pass each, batched by 
 turn. Items are processed in blocks of the mix order (datamix.mix_order); each block becomes one shard, written
 atomically, so extraction stops anywhere and resumes at the first block not recorded.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,97 +15,25 @@ from pathlib import Path
 import torch
 
 from ..models.backend import check_feature_layers
-from ..sampling import tempered_logits
 from .datamix import Item
-from .shards import TOPK, ShardWriter
-
-
-def summarize(logits: torch.Tensor, k: int = TOPK):
-    """logits (T, V) -> labels (T,) int64, topk_ids (T, k) int64, topk_logprobs (T, k) float32."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = logprobs.topk(k, dim=-1)
-    return ids[:, 0], ids, values
-
-
-def decode_batch(backend, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...],
-                 temperature: float = 0.0, seeds=None, keep_features: bool = True, prefill_tokens: int = 4096,
-                 feature_layers: tuple[int, ...] = ()):
-    """Plain batched decoding that keeps every position's hidden row and logits summary. The next token is the
-    argmax (temperature 0) or drawn from softmax(logits / temperature) with one generator per sequence (`seeds`).
-    Prompts are prefilled in passes of at most `prefill_tokens` padded tokens (every row's logits are kept), then
-    decoded together. Yields (tokens (L,) list, hidden (L-1, C) or None, labels (L-1,), topk_ids, topk_logprobs
-    (L-1, K))."""
-    generators = [torch.Generator().manual_seed(s) for s in (seeds or range(len(prompts)))]
-
-    def choose(i: int, logits: torch.Tensor) -> int:
-        if temperature <= 0:
-            return int(logits.argmax())
-        probs = tempered_logits(logits, temperature).softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=generators[i]))
-
-    caches = [backend.new_cache() for _ in prompts]
-    try:
-        outs = []
-        for part in _token_budget_groups([len(p) for p in prompts], prefill_tokens):
-            outs += backend.forward_batch([caches[i] for i in part], [torch.tensor(prompts[i]) for i in part],
-                                          output_hidden=keep_features, feature_layers=feature_layers)
-        tokens = [list(p) for p in prompts]
-        hidden = [[o.hidden.float()] if keep_features else [] for o in outs]
-        summaries = [[summarize(o.logits)] for o in outs]
-        for i, o in enumerate(outs):
-            tokens[i].append(choose(i, o.logits[-1]))
-        steps = 1
-        live = [i for i in range(len(prompts)) if tokens[i][-1] not in eos]
-        while live and steps < max_new_tokens:
-            outs = backend.forward_batch([caches[i] for i in live], [torch.tensor(tokens[i][-1:]) for i in live],
-                                         output_hidden=keep_features, feature_layers=feature_layers)
-            for i, o in zip(live, outs):
-                if keep_features:
-                    hidden[i].append(o.hidden.float())
-                summaries[i].append(summarize(o.logits[-1:]))
-                tokens[i].append(choose(i, o.logits[-1]))
-            steps += 1
-            live = [i for i in live if tokens[i][-1] not in eos]
-        for i in range(len(prompts)):
-            labels, ids, values = (torch.cat(parts) for parts in zip(*summaries[i]))
-            yield tokens[i], torch.cat(hidden[i]) if keep_features else None, labels, ids, values
-    finally:
-        for c in caches:
-            backend.release(c)
-
-
-def _token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive index groups whose padded size (longest * count) stays within budget (one at least)."""
-    groups, current, longest = [], [], 0
-    for i, n in enumerate(lengths):
-        if current and max(longest, n) * (len(current) + 1) > budget:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    return groups + [current] if current else groups
-
-
-def teacher_forced(backend, sequences: list[list[int]], feature_layers: tuple[int, ...] = ()):
-    """One prefill pass over each sequence (batched). Yields (hidden (L-1, H + A*H) with the inputs of the A
-    feature_layers, labels, topk_ids, topk_logprobs)."""
-    caches = [backend.new_cache() for _ in sequences]
-    try:
-        outs = backend.forward_batch(caches, [torch.tensor(s) for s in sequences], output_hidden=True,
-                                     feature_layers=feature_layers)
-        for o in outs:
-            yield (o.hidden[:-1].float(), *summarize(o.logits[:-1]))
-    finally:
-        for c in caches:
-            backend.release(c)
+from .shards import ShardWriter
+from .teacher import decode_batch, teacher_forced
 
 
 class Extractor:
     """Turns items into stored sequences for one target. max_len: longest sequence kept (prompts that leave no
     room for an answer are skipped, responses are cut). feature_layers: also store the inputs of these layers."""
 
-    def __init__(self, target, max_new_tokens: int = 256, batch_size: int = 16, batch_tokens: int = 4096,
-                 temperature: float = 0.0, max_len: int = 2048, feature_layers: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        target,
+        max_new_tokens: int = 256,
+        batch_size: int = 16,
+        batch_tokens: int = 4096,
+        temperature: float = 0.0,
+        max_len: int = 2048,
+        feature_layers: tuple[int, ...] = (),
+    ):
         from ..engine import SpecDecoder
 
         self.target, self.backend = target, target.backend
@@ -119,23 +48,41 @@ class Extractor:
         from tqdm.auto import tqdm
 
         H = self.target.info.hidden_size
-        bar = tqdm(total=len(items), initial=min(writer.done, len(items)), desc="extracting", unit="item",
-                   disable=not progress, file=sys.stderr)
+        bar = tqdm(
+            total=len(items),
+            initial=min(writer.done, len(items)),
+            desc="extracting",
+            unit="item",
+            disable=not progress,
+            file=sys.stderr,
+        )
         t0 = time.time()
         for first in range(writer.done, len(items), block):
-            chunk = items[first:first + block]
+            chunk = items[first : first + block]
             for source, tokens, hidden, labels, ids, values, answer_from in self._block(chunk, first):
                 trainable = torch.arange(len(tokens) - 1) >= answer_from - 1
-                writer.add(tokens, hidden[:, :H], labels, trainable, ids, values, source,
-                           hidden[:, H:] if hidden.shape[1] > H else None)
+                writer.add(
+                    tokens,
+                    hidden[:, :H],
+                    labels,
+                    trainable,
+                    ids,
+                    values,
+                    source,
+                    hidden[:, H:] if hidden.shape[1] > H else None,
+                )
             writer.flush(first + len(chunk))
             bar.update(len(chunk))
         bar.close()
         shards = writer.index["shards"]
-        return {"done": writer.done, "sequences": sum(s["sequences"] for s in shards),
-                "tokens": sum(s["tokens"] for s in shards),
-                "trained_tokens": sum(s.get("trained_tokens", 0) for s in shards), "seconds": time.time() - t0,
-                "skipped": self.skipped}
+        return {
+            "done": writer.done,
+            "sequences": sum(s["sequences"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards),
+            "trained_tokens": sum(s.get("trained_tokens", 0) for s in shards),
+            "seconds": time.time() - t0,
+            "skipped": self.skipped,
+        }
 
     def _block(self, chunk: list[Item], first: int):
         """Yields (source, tokens, hidden, labels, topk_ids, topk_logprobs, answer_from) per stored sequence;
@@ -161,37 +108,52 @@ class Extractor:
                 continue
             self.skipped += 1
         for group in self._by_length(forced, lambda f: len(f[1])):
-            for (item, tokens, answer_from), out in zip(group, teacher_forced(self.backend, [g[1] for g in group],
-                                                                                   self.feature_layers)):
+            for (item, tokens, answer_from), out in zip(
+                group, teacher_forced(self.backend, [g[1] for g in group], self.feature_layers)
+            ):
                 yield (item.source, tokens, *out, answer_from)
         follow = []
         for group in self._by_length(open_ended, lambda o: len(o[1]), tokens=None):
-            answers = decode_batch(self.backend, [g[1] for g in group], self.max_new_tokens, self.eos,
-                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens,
-                                   feature_layers=self.feature_layers)
+            answers = self._answer(group)
             for (item, prompt, seed), (tokens, *out) in zip(group, answers):
                 yield (item.source, tokens, *out, len(prompt))
                 if item.follow_up:
-                    follow.append((item, self._second_turn(item, tokens[len(prompt):]), seed))
+                    follow.append((item, self._second_turn(item, tokens[len(prompt) :]), seed))
         follow = [f for f in follow if len(f[1]) + self.max_new_tokens <= self.max_len]
         for group in self._by_length(follow, lambda f: len(f[1]), tokens=None):
-            answers = decode_batch(self.backend, [g[1] for g in group], self.max_new_tokens, self.eos,
-                                   self.temperature, seeds=[g[2] for g in group], prefill_tokens=self.batch_tokens,
-                                   feature_layers=self.feature_layers)
+            answers = self._answer(group)
             for (item, prompt, _), (tokens, *out) in zip(group, answers):
                 yield (item.source + "+turn2", tokens, *out, len(prompt))
 
+    def _answer(self, group: list[tuple]):
+        """The target's answers to a group of (item, prompt tokens, seed), decoded together (decode_batch)."""
+        return decode_batch(
+            self.backend,
+            [g[1] for g in group],
+            self.max_new_tokens,
+            self.eos,
+            self.temperature,
+            seeds=[g[2] for g in group],
+            prefill_tokens=self.batch_tokens,
+            feature_layers=self.feature_layers,
+        )
+
     def _second_turn(self, item: Item, answer: list[int]) -> list[int]:
         text = self.target.tokenizer.decode([t for t in answer if t not in self.eos], skip_special_tokens=True)
-        return self.encoder.encode([{"role": "user", "content": item.prompt},
-                                    {"role": "assistant", "content": text.strip()},
-                                    {"role": "user", "content": item.follow_up}])
+        return self.encoder.encode(
+            [
+                {"role": "user", "content": item.prompt},
+                {"role": "assistant", "content": text.strip()},
+                {"role": "user", "content": item.follow_up},
+            ]
+        )
 
     def _by_length(self, entries: list, length, tokens: int | None = -1) -> list[list]:
         """Batches of similar length: at most batch_size entries and (unless tokens is None) about batch_tokens
         padded tokens."""
         budget = self.batch_tokens if tokens == -1 else tokens or float("inf")
-        batches, current = [], []
+        batches: list[list] = []
+        current: list = []
         for entry in sorted(entries, key=length):
             if current and (len(current) >= self.batch_size or length(entry) * (len(current) + 1) > budget):
                 batches.append(current)
@@ -200,12 +162,18 @@ class Extractor:
         return batches + [current] if current else batches
 
 
-def data_meta(target, max_new_tokens: int, temperature: float, extra: dict | None = None,
-              feature_layers: tuple[int, ...] = ()) -> dict:
+def data_meta(
+    target, max_new_tokens: int, temperature: float, extra: dict | None = None, feature_layers: tuple[int, ...] = ()
+) -> dict:
     """The settings a data folder is made with (a later run must match them to continue it)."""
     info = target.info
-    meta = {"target": target.name, "vocab_size": info.vocab_size, "hidden_size": info.hidden_size,
-            "max_new_tokens": max_new_tokens, "feature_layers": list(feature_layers)}
+    meta = {
+        "target": target.name,
+        "vocab_size": info.vocab_size,
+        "hidden_size": info.hidden_size,
+        "max_new_tokens": max_new_tokens,
+        "feature_layers": list(feature_layers),
+    }
     if temperature > 0:
         meta["temperature"] = temperature
     meta.update(extra or {})
@@ -213,9 +181,17 @@ def data_meta(target, max_new_tokens: int, temperature: float, extra: dict | Non
 
 
 @torch.inference_mode()
-def generate_training_data(target, prompts: list[str], folder: Path, max_new_tokens: int = 256, batch_size: int = 16,
-                           temperature: float = 0.0, progress: bool = True, extra_meta: dict | None = None,
-                           feature_layers: tuple[int, ...] = ()) -> dict:
+def generate_training_data(
+    target,
+    prompts: list[str],
+    folder: Path,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    temperature: float = 0.0,
+    progress: bool = True,
+    extra_meta: dict | None = None,
+    feature_layers: tuple[int, ...] = (),
+) -> dict:
     """The target's answers to `prompts` (greedy, or sampled at `temperature`), with its features and choices
     at every position; resumes where it stopped. feature_layers: also store the inputs of these layers."""
     layers = check_feature_layers(tuple(feature_layers), target.info.num_layers)

@@ -4,6 +4,7 @@ Head d at position t reads f_t and learns the target's choice at position t + d 
 position counts for head d only where the d tokens in between are the target's own choices there (the answer,
 and prompt text the target would have written itself): drafting always continues the target's choices.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,8 @@ def medusa_losses(heads: MedusaHeads, batch: Batch, cfg, vocab_index: torch.Tens
     right = torch.ones_like(known)  # every earlier head right
     losses, accs = [], []
     for d in range(1, heads.config.num_heads + 1):
-        chain[:, : n - d + 1] &= follows[:, d - 1:]
-        chain[:, n - d + 1:] = False
+        chain[:, : n - d + 1] &= follows[:, d - 1 :]
+        chain[:, n - d + 1 :] = False
         lab = torch.full_like(labels, -1)
         lab[:, : n - d] = labels[:, d:]
         lab = draft_index(lab, vocab_index)
@@ -41,8 +42,9 @@ def medusa_losses(heads: MedusaHeads, batch: Batch, cfg, vocab_index: torch.Tens
         trainable[:, : n - d] = batch.trainable[:, d:]
         valid = chain & (lab >= 0) & trainable
         head_logits = logits[:, :, d - 1]
-        ce = F.cross_entropy(head_logits.reshape(-1, head_logits.shape[-1]).float(), lab.reshape(-1).clamp(min=0),
-                             reduction="none").view(B, n)
+        ce = F.cross_entropy(
+            head_logits.reshape(-1, head_logits.shape[-1]).float(), lab.reshape(-1).clamp(min=0), reduction="none"
+        ).view(B, n)
         losses.append((ce * valid).sum() / valid.sum().clamp(min=1))
         if not train:
             trials = valid & right

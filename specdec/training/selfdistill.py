@@ -1,6 +1,7 @@
 """Prompts the target writes or answers beyond the training files: Self-Instruct-style prompts it writes itself
 (synthesize_prompts) and tasks over the texts it wrote (document_prompts). Their answers are extracted as any
 other prompt-only record (extract.py)."""
+
 from __future__ import annotations
 
 import json
@@ -28,20 +29,28 @@ def _prompt_rows(path: str | Path) -> list[tuple[str, str]]:
     if not path.is_file():
         raise ConfigError(f"training prompt file not found: {path}")
     rows = [json.loads(l) for l in read_lines(path) if l.strip()]
-    return [(r["prompt"], r.get("source", "")) for r in rows
-            if isinstance(r.get("prompt"), str) and r["prompt"].strip()]
+    return [
+        (r["prompt"], r.get("source", "")) for r in rows if isinstance(r.get("prompt"), str) and r["prompt"].strip()
+    ]
 
 
 @torch.inference_mode()
-def synthesize_prompts(target, openings: list[str], folder: Path, temperature: float = 0.9, max_tokens: int = 96,
-                       batch_size: int = 32, progress: bool = True) -> list[str]:
+def synthesize_prompts(
+    target,
+    openings: list[str],
+    folder: Path,
+    temperature: float = 0.9,
+    max_tokens: int = 96,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> list[str]:
     """Self-Instruct-style prompts written by the target itself: its chat template's user turn opens with the
     first 2-5 words of a training prompt (`openings`, one prompt each) and the target, sampling at
     `temperature`, writes the rest of the turn. Turns that do not end within `max_tokens` are dropped, as are
     repeats. Cached in folder/synthetic_prompts.jsonl, which later runs reuse and extend."""
     from tqdm.auto import tqdm
 
-    from .extract import decode_batch
+    from .teacher import decode_batch
 
     tokenizer, backend = target.tokenizer, target.backend
     before, _ = _around_user_turn(tokenizer, "--synthesize", generation_prompt=False)
@@ -52,17 +61,24 @@ def synthesize_prompts(target, openings: list[str], folder: Path, temperature: f
     if any(row["opening"] != h for row, h in zip(done, heads)):
         raise ConfigError(f"{cache} was written from other training prompts; use another --data-dir")
     eos = target.info.eos_token_ids
-    bar = tqdm(total=len(openings), initial=len(done), desc="synthetic prompts", unit="prompt", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        total=len(openings),
+        initial=len(done),
+        desc="synthetic prompts",
+        unit="prompt",
+        disable=not progress,
+        file=sys.stderr,
+    )
     for first in range(len(done), len(openings), batch_size):
-        chunk = heads[first:first + batch_size]
+        chunk = heads[first : first + batch_size]
         ids = [tokenizer(before + h, add_special_tokens=False)["input_ids"] for h in chunk]
-        answers = decode_batch(backend, ids, max_tokens, eos, temperature, seeds=range(first, first + len(ids)),
-                               keep_features=False)
+        answers = decode_batch(
+            backend, ids, max_tokens, eos, temperature, seeds=range(first, first + len(ids)), keep_features=False
+        )
         rows = []
         for opening, prefix, (tokens, *_) in zip(chunk, ids, answers):
             ended = tokens[-1] in eos
-            text = opening + tokenizer.decode(tokens[len(prefix):-1 if ended else None], skip_special_tokens=True)
+            text = opening + tokenizer.decode(tokens[len(prefix) : -1 if ended else None], skip_special_tokens=True)
             rows.append({"opening": opening, "prompt": text.strip(), "ended": ended})
         with cache.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -101,8 +117,9 @@ def document_prompts(sequences: list[dict], tokenizer, count: int, min_tokens: i
         at = text.rfind(answer_start)
         if at < 0:
             continue
-        answer = tokenizer.decode(tokenizer(text[at + len(answer_start):], add_special_tokens=False)["input_ids"],
-                                  skip_special_tokens=True).strip()
+        answer = tokenizer.decode(
+            tokenizer(text[at + len(answer_start) :], add_special_tokens=False)["input_ids"], skip_special_tokens=True
+        ).strip()
         if len(tokenizer(answer, add_special_tokens=False)["input_ids"]) >= min_tokens and answer not in seen:
             seen.add(answer)
             documents.append(answer)
@@ -118,7 +135,8 @@ def _around_user_turn(tokenizer, option: str, generation_prompt: bool) -> tuple[
     if not tokenizer.chat_template:
         raise ConfigError(f"{option} needs a model with a chat template")
     marker = "\x00SPECDEC\x00"
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}],
-                                             add_generation_prompt=generation_prompt, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], add_generation_prompt=generation_prompt, tokenize=False
+    )
     at = rendered.index(marker)
-    return rendered[:at], rendered[at + len(marker):]
+    return rendered[:at], rendered[at + len(marker) :]

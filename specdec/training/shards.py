@@ -14,10 +14,12 @@ index.json lists the shards, how many of the mix's items are done, and the setti
 Every file is written under a temporary name and then renamed, so an interrupted write never leaves a file that
 is read back half-written: a shard that index.json does not list is ignored and written again.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -37,9 +39,15 @@ class ShardWriter:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.index_path = folder / "index.json"
-        fresh = {"format": FORMAT, "shards": [], "done": 0, "sources": [], "tokens_by_source": {},
-                 "trained_tokens_by_source": {}}
-        self.index = json.loads(self.index_path.read_text()) if self.index_path.exists() else fresh
+        fresh = {
+            "format": FORMAT,
+            "shards": [],
+            "done": 0,
+            "sources": [],
+            "tokens_by_source": {},
+            "trained_tokens_by_source": {},
+        }
+        self.index: dict[str, Any] = json.loads(self.index_path.read_text()) if self.index_path.exists() else fresh
         if self.index.get("format") != FORMAT:
             raise ConfigError(f"{folder} holds training data in an older format; use another --data-dir")
         old = {k: self.index.get(k) for k in meta}
@@ -52,13 +60,30 @@ class ShardWriter:
     def done(self) -> int:
         return self.index["done"]
 
-    def add(self, tokens: list[int], features: torch.Tensor, labels: torch.Tensor, trainable: torch.Tensor,
-            topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, source: str,
-            layer_features: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        tokens: list[int],
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        trainable: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_logprobs: torch.Tensor,
+        source: str,
+        layer_features: torch.Tensor | None = None,
+    ) -> None:
         """One sequence: tokens (L,); the rest (L-1, ...) per scored position."""
-        self.pending.append({"tokens": tokens, "features": features, "labels": labels, "trainable": trainable,
-                             "topk_ids": topk_ids, "topk_logprobs": topk_logprobs, "source": source,
-                             "layer_features": layer_features})
+        self.pending.append(
+            {
+                "tokens": tokens,
+                "features": features,
+                "labels": labels,
+                "trainable": trainable,
+                "topk_ids": topk_ids,
+                "topk_logprobs": topk_logprobs,
+                "source": source,
+                "layer_features": layer_features,
+            }
+        )
 
     def flush(self, items_done: int) -> None:
         """Writes the pending sequences as one shard, then records `items_done` in the index."""
@@ -75,8 +100,7 @@ class ShardWriter:
             tensors = {
                 "tokens": torch.tensor([t for p in self.pending for t in p["tokens"]], dtype=torch.int32),
                 "lengths": torch.tensor([len(p["tokens"]) for p in self.pending], dtype=torch.int64),
-                "sources": torch.tensor([index["sources"].index(p["source"]) for p in self.pending],
-                                        dtype=torch.int32),
+                "sources": torch.tensor([index["sources"].index(p["source"]) for p in self.pending], dtype=torch.int32),
                 "labels": torch.cat([p["labels"] for p in self.pending]).to(torch.int32),
                 "features": torch.cat([p["features"] for p in self.pending]).to(torch.bfloat16),
                 "trainable": torch.cat([p["trainable"] for p in self.pending]).to(torch.uint8),
@@ -87,9 +111,15 @@ class ShardWriter:
                 tensors["layer_features"] = torch.cat([p["layer_features"] for p in self.pending]).to(torch.bfloat16)
             tensors = {k: v.contiguous() for k, v in tensors.items()}
             write_atomic(self.folder / name, lambda tmp: save_file(tensors, str(tmp)))
-            index["shards"].append({"file": name, "sequences": len(self.pending),
-                                    "tokens": int(tensors["lengths"].sum()),
-                                    "trained_tokens": int(tensors["trainable"].sum()), "items_done": items_done})
+            index["shards"].append(
+                {
+                    "file": name,
+                    "sequences": len(self.pending),
+                    "tokens": int(tensors["lengths"].sum()),
+                    "trained_tokens": int(tensors["trainable"].sum()),
+                    "items_done": items_done,
+                }
+            )
             self.pending = []
         index["done"] = items_done
         write_text_atomic(self.index_path, json.dumps(index, indent=1))
@@ -105,9 +135,11 @@ def shards_for(index: dict, max_items: int | None) -> tuple[list[dict], int]:
     if max_items <= 0:
         return [], 0
     if any("items_done" not in shard for shard in shards):
-        raise ConfigError(f"this data holds {done} records in shards that do not say which records each holds, so "
-                          f"the first {max_items} cannot be taken alone: give --max-prompts {done}, or another "
-                          "--data-dir")
+        raise ConfigError(
+            f"this data holds {done} records in shards that do not say which records each holds, so "
+            f"the first {max_items} cannot be taken alone: give --max-prompts {done}, or another "
+            "--data-dir"
+        )
     taken = []
     for shard in shards:
         taken.append(shard)
@@ -124,30 +156,41 @@ def read_shards(folder: Path, feature_layers: tuple[int, ...] = (), max_items: i
     held = tuple(index.get("feature_layers", ()))
     missing = [i for i in feature_layers if i not in held]
     if missing:
-        raise ConfigError(f"{folder} holds the inputs of layers {list(held) or 'none'}, not of {missing} "
-                          f"(extract the data again with those layers)")
+        raise ConfigError(
+            f"{folder} holds the inputs of layers {list(held) or 'none'}, not of {missing} "
+            f"(extract the data again with those layers)"
+        )
     H = index["hidden_size"]
     columns = torch.cat([torch.arange(H) + H * held.index(i) for i in feature_layers]) if feature_layers else None
     out = []
     for shard in shards_for(index, max_items)[0]:
         with safe_open(str(folder / shard["file"]), framework="pt") as f:
             data = {k: f.get_tensor(k) for k in f.keys() if k not in ("features", "layer_features")}
-            data["features"] = f.get_tensor("layer_features")[:, columns] if feature_layers else \
-                f.get_tensor("features")
+            data["features"] = (
+                f.get_tensor("layer_features")[:, columns] if feature_layers else f.get_tensor("features")
+            )
         at_t = at_f = 0
         for i, L in enumerate(data["lengths"].tolist()):
             rows = slice(at_f, at_f + L - 1)
-            out.append({"tokens": data["tokens"][at_t:at_t + L].long(), "features": data["features"][rows],
-                        "labels": data["labels"][rows].long(), "trainable": data["trainable"][rows].bool(),
-                        "topk_ids": data["topk_ids"][rows].long(), "topk_logprobs": data["topk_logprobs"][rows],
-                        "source": index["sources"][int(data["sources"][i])]})
+            out.append(
+                {
+                    "tokens": data["tokens"][at_t : at_t + L].long(),
+                    "features": data["features"][rows],
+                    "labels": data["labels"][rows].long(),
+                    "trainable": data["trainable"][rows].bool(),
+                    "topk_ids": data["topk_ids"][rows].long(),
+                    "topk_logprobs": data["topk_logprobs"][rows],
+                    "source": index["sources"][int(data["sources"][i])],
+                }
+            )
             at_t += L
             at_f += L - 1
     return out
 
 
-def read_data(folders: list[Path], target, feature_layers: tuple[int, ...] = (),
-              max_items: int | None = None) -> list[dict]:
+def read_data(
+    folders: list[Path], target, feature_layers: tuple[int, ...] = (), max_items: int | None = None
+) -> list[dict]:
     """The sequences of several data folders, each checked to come from this target and to hold the features of
     `feature_layers` (empty: the final hidden state); of each, those of its first `max_items` items (shards_for)."""
     out = []

@@ -9,6 +9,7 @@ steps are timed. Stopping and resuming gives the same weights as an uninterrupte
 Held-out agreement with the target at each draft depth is measured at every evaluation, against the answer tokens
 seen so far: the learning curve (history in the checkpoint and the head's config, and learning_curve.png).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,19 +26,28 @@ from safetensors.torch import save_file
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..models.loading import cpu_has_bf16
-from .batching import TrainSettings, batches, collate, is_heldout, windows
+from .batching import TrainSettings, batches, collate
 from .datamix import repeat_families
 from .eagle_trainer import unrolled_losses
+from .heldout import draft_vocab_index, heldout_agreement, plot_learning_curve, split_heldout
 
 CHECKPOINT = "checkpoint.safetensors"
-MAX_HELDOUT = 200  # sequences, so an evaluation stays short
 
 
 class Trainer:
     """AdamW with warmup, a flat phase and a final decay; checkpoints and resumes exactly (safetensors)."""
 
-    def __init__(self, head, sequences: list[dict], out: Path, settings: TrainSettings, time_budget_s: float,
-                 objective=None, max_steps: int | None = None, repeats: dict[str, int] | None = None):
+    def __init__(
+        self,
+        head,
+        sequences: list[dict],
+        out: Path,
+        settings: TrainSettings,
+        time_budget_s: float,
+        objective=None,
+        max_steps: int | None = None,
+        repeats: dict[str, int] | None = None,
+    ):
         """objective: (head, Batch, settings, vocab_index, train) -> (losses per drafted position, [(hits,
         trials)] per position when not train); default: the EAGLE head's unrolled losses. Any head with
         draft_ids, trainable_state() and save() trains here (Medusa heads too). max_steps: plan and stop at this
@@ -61,7 +71,8 @@ class Trainer:
                     setattr(head, table, getattr(head, table).to(torch.bfloat16))
         self.params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        self.step, self.elapsed, self.tokens_seen, self.history = 0, 0.0, 0, []
+        self.step, self.elapsed, self.tokens_seen = 0, 0.0, 0
+        self.history: list[dict] = []
         self.epoch, self.batch_in_epoch = 0, 0
         self.planned_steps = max_steps
 
@@ -74,20 +85,33 @@ class Trainer:
         return self.cfg.lr * warm * (0.05 + 0.95 * min(1.0, left))
 
     def epoch_batches(self) -> list[list[dict]]:
-        return batches(self.train, self.cfg.batch_tokens, self.cfg.max_len,
-                       random.Random(self.cfg.seed * 1_000_003 + self.epoch))
+        return batches(
+            self.train, self.cfg.batch_tokens, self.cfg.max_len, random.Random(self.cfg.seed * 1_000_003 + self.epoch)
+        )
 
-    def run(self, checkpoint_every_s: float = 300.0, evaluate_every_s: float = 900.0, progress: bool = True,
-            stop_after: int | None = None) -> dict:
+    def run(
+        self,
+        checkpoint_every_s: float = 300.0,
+        evaluate_every_s: float = 900.0,
+        progress: bool = True,
+        stop_after: int | None = None,
+    ) -> dict:
         """Trains until the budget (or max_steps) is spent; stop_after: stop after this many steps in this call
         (as an interruption would)."""
         from tqdm.auto import tqdm
 
         self.resume()
-        bar = tqdm(total=int(self.budget), initial=int(min(self.elapsed, self.budget)), unit="s",
-                   desc="train-drafter", disable=not progress, file=sys.stderr)
+        bar = tqdm(
+            total=int(self.budget),
+            initial=int(min(self.elapsed, self.budget)),
+            unit="s",
+            desc="train-drafter",
+            disable=not progress,
+            file=sys.stderr,
+        )
         last_ckpt = last_eval = time.time()
-        run_steps, stats = 0, {}
+        run_steps = 0
+        stats: dict[str, float] = {}
         while not self._done():
             order = self.epoch_batches()
             while self.batch_in_epoch < len(order) and not self._done():
@@ -123,7 +147,7 @@ class Trainer:
         batch = collate(group, self.cfg.max_len)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             losses, _ = self.objective(self.head, batch, self.cfg, self.vocab_index, True)
-        loss = sum(l * self.cfg.step_decay ** i for i, l in enumerate(losses))
+        loss = sum(l * self.cfg.step_decay**i for i, l in enumerate(losses))
         for g in self.opt.param_groups:
             g["lr"] = self.lr_at()
         self.opt.zero_grad(set_to_none=True)
@@ -138,8 +162,9 @@ class Trainer:
     def evaluate(self) -> dict:
         """Held-out agreement now (`heldout_agreement`), appended to the learning curve."""
         stats = heldout_agreement(self.head, self.heldout, self.cfg, self.vocab_index, self.objective)
-        self.history.append({"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.elapsed, 1),
-                             **stats})
+        self.history.append(
+            {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.elapsed, 1), **stats}
+        )
         return stats
 
     # ---- checkpoints --------------------------------------------------------------------------------
@@ -151,14 +176,31 @@ class Trainer:
                 if key in self.opt.state.get(p, {}):
                     state[f"opt.{i}.{key}"] = self.opt.state[p][key].contiguous()
         state["rng"] = torch.get_rng_state()
-        meta = {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch, "planned_steps": self.planned_steps, "budget": self.budget,
-                "history": self.history, "settings": asdict(self.cfg), "repeats": self.repeats,
-                "opt_steps": [int(self.opt.state.get(p, {}).get("step", 0)) for p in self.params]}
+        meta = {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "tokens_seen": self.tokens_seen,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "planned_steps": self.planned_steps,
+            "budget": self.budget,
+            "history": self.history,
+            "settings": asdict(self.cfg),
+            "repeats": self.repeats,
+            "opt_steps": [int(self.opt.state.get(p, {}).get("step", 0)) for p in self.params],
+        }
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / CHECKPOINT, lambda tmp: save_file(state, str(tmp), metadata={"json": json.dumps(meta)}))
-        self.head.save(self.out, extra={"settings": asdict(self.cfg), "history": self.history, "steps": self.step,
-                                        "tokens_seen": self.tokens_seen, "train_seconds": round(self.elapsed, 1)})
+        self.head.save(
+            self.out,
+            extra={
+                "settings": asdict(self.cfg),
+                "history": self.history,
+                "steps": self.step,
+                "tokens_seen": self.tokens_seen,
+                "train_seconds": round(self.elapsed, 1),
+            },
+        )
         plot_learning_curve(self.history, self.out / "learning_curve.png")
 
     def resume(self) -> None:
@@ -169,16 +211,23 @@ class Trainer:
             meta = json.loads(f.metadata()["json"])
             state = {k: f.get_tensor(k) for k in f.keys()}
         if meta["settings"] != asdict(self.cfg):
-            raise ConfigError(f"{path} was made with other training settings ({meta['settings']}); train into "
-                              f"another --out, or use the same settings")
+            raise ConfigError(
+                f"{path} was made with other training settings ({meta['settings']}); train into "
+                f"another --out, or use the same settings"
+            )
         if meta.get("repeats", {}) != self.repeats:
-            raise ConfigError(f"{path} was trained with --repeat-source {meta.get('repeats', {})}; train into another "
-                              f"--out, or repeat the same sources")
+            raise ConfigError(
+                f"{path} was trained with --repeat-source {meta.get('repeats', {})}; train into another "
+                f"--out, or repeat the same sources"
+            )
         for i, p in enumerate(self.params):
             p.data.copy_(state[f"param.{i}"])
             if f"opt.{i}.exp_avg" in state:
-                self.opt.state[p] = {"step": torch.tensor(float(meta["opt_steps"][i])),
-                                     "exp_avg": state[f"opt.{i}.exp_avg"], "exp_avg_sq": state[f"opt.{i}.exp_avg_sq"]}
+                self.opt.state[p] = {
+                    "step": torch.tensor(float(meta["opt_steps"][i])),
+                    "exp_avg": state[f"opt.{i}.exp_avg"],
+                    "exp_avg_sq": state[f"opt.{i}.exp_avg_sq"],
+                }
         torch.set_rng_state(state["rng"])
         for key in ("step", "elapsed", "tokens_seen", "epoch", "batch_in_epoch", "history"):
             setattr(self, key, meta[key])
@@ -186,83 +235,3 @@ class Trainer:
         if self.max_steps is None and meta["budget"] != self.budget and self.step:  # a new budget: plan again
             self.planned_steps = int(self.step + (self.budget - self.elapsed) * self.step / max(self.elapsed, 1e-9))
         print(f"specdec: resumed training at step {self.step} ({self.elapsed:.0f}s done)", file=sys.stderr)
-
-
-def scorable(sequences: list[dict]) -> list[dict]:
-    """The sequences long enough to train on or score (4 tokens or more)."""
-    return [s for s in sequences if len(s["tokens"]) >= 4]
-
-
-def split_heldout(sequences: list[dict], settings: TrainSettings) -> tuple[list[dict], list[dict]]:
-    """(training windows, held-out windows) of the sequences: a sequence is held out by a hash of its tokens
-    (`settings.holdout` of them, at most MAX_HELDOUT), so the split stays the same as the data grows and every
-    head scored on one data folder is scored on the same windows."""
-    seqs = scorable(sequences)
-    held = [s for s in seqs if is_heldout(s, settings.holdout)]
-    if not held and seqs:  # tiny data: still hold one sequence out
-        held = seqs[-1:]
-    held_ids = {id(s) for s in held}
-    heldout = [w for s in held[:MAX_HELDOUT] for w in windows(s, settings.max_len)]
-    train = [w for s in seqs if id(s) not in held_ids for w in windows(s, settings.max_len)]
-    return train, heldout
-
-
-def draft_vocab_index(head) -> torch.Tensor:
-    """(vocab_size,) long: each target token's row in the head's draft vocabulary, -1 where it has none."""
-    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
-    index[head.draft_ids] = torch.arange(len(head.draft_ids))
-    return index
-
-
-@torch.no_grad()
-def heldout_agreement(head, heldout: list[dict], settings: TrainSettings, vocab_index: torch.Tensor | None = None,
-                      objective=unrolled_losses) -> dict:
-    """Top-1 agreement with the target at each drafted depth over the held-out windows, and the chain MAT it
-    implies: {"acc1": .., ..., "chain_mat": ..}."""
-    head.eval()
-    vocab_index = draft_vocab_index(head) if vocab_index is None else vocab_index
-    hits = [0.0] * settings.steps
-    total = [0.0] * settings.steps
-    for group in batches(heldout, settings.batch_tokens, settings.max_len, random.Random(0)):
-        _, accs = objective(head, collate(group, settings.max_len), settings, vocab_index, False)
-        for i, (h, t) in enumerate(accs):
-            hits[i] += h
-            total[i] += t
-    acc = [h / max(t, 1) for h, t in zip(hits, total)]
-    mat, reach = 1.0, 1.0
-    for a in acc:
-        reach *= a
-        mat += reach
-    stats = {f"acc{i + 1}": round(a, 3) for i, a in enumerate(acc)}
-    stats["chain_mat"] = round(mat, 3)
-    return stats
-
-
-def plot_learning_curve(history: list[dict], path: Path) -> bool:
-    """Held-out agreement at each draft depth, and the chain MAT, against answer tokens seen (against optimizer
-    steps for a history that did not record them: heads trained before it did); False when matplotlib (the 'bench'
-    extra) is missing or there is nothing to plot."""
-    if not history:
-        return False
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    depths = sorted(k for k in history[-1] if k.startswith("acc"))
-    by_tokens = all("tokens_seen" in h for h in history)
-    seen = [h["tokens_seen"] / 1e6 if by_tokens else h["step"] for h in history]
-    along = "answer tokens seen (millions)" if by_tokens else "optimizer steps"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for key in depths:
-        left.plot(seen, [h[key] for h in history], marker="o", label=f"depth {key[3:]}")
-    left.set(xlabel=along, ylabel="held-out top-1 agreement with the target", ylim=(0, 1))
-    left.legend()
-    right.plot(seen, [h["chain_mat"] for h in history], marker="o", color="k")
-    right.set(xlabel=along, ylabel="chain MAT implied (held out)")
-    fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
-    plt.close(fig)
-    return True

@@ -20,6 +20,7 @@ sampling (SpeculationConfig's sampling_verifier), for a chain (here) or a tree (
 functions of tensors. Where the logits are not on the CPU (a GPU) the exact rules run as tensor operations with one
 host synchronisation per step (device.py: greedy; device_sampling.py: rejection and coupled sampling).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,12 @@ import torch
 from ..config import EXACT, Acceptance, SamplingConfig
 from ..sampling import draw, probs_from_logits
 from .device import chain_greedy_on_device, tree_greedy_on_device
-from .device_sampling import (chain_coupled_on_device, chain_rejection_on_device, tree_coupled_on_device,
-                              tree_rejection_on_device)
+from .device_sampling import (
+    chain_coupled_on_device,
+    chain_rejection_on_device,
+    tree_coupled_on_device,
+    tree_rejection_on_device,
+)
 from .lossy import acceptable, lossy_verify
 from .tree import tree_children, tree_coupled_verify, tree_depths, tree_mask, tree_rejection_verify, tree_walk
 
@@ -60,17 +65,26 @@ class Draft:
         """The first n drafts: a chain's prefix, or a tree's first n nodes (which hold their ancestors, parents[i] < i)."""
         if n >= len(self):
             return self
-        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
-                     parents=None if self.parents is None else self.parents[:n], source=self.source)
+        return Draft(
+            tokens=self.tokens[:n],
+            probs=None if self.probs is None else self.probs[:n],
+            parents=None if self.parents is None else self.parents[:n],
+            source=self.source,
+        )
 
     @staticmethod
     def empty() -> "Draft":
         return Draft(tokens=torch.empty(0, dtype=torch.long))
 
 
-def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
-           noise: Callable[[list[int]], torch.Tensor] | None = None,
-           acceptance: Acceptance = EXACT) -> tuple[list[int], int]:
+def verify(
+    draft: Draft,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    noise: Callable[[list[int]], torch.Tensor] | None = None,
+    acceptance: Acceptance = EXACT,
+) -> tuple[list[int], int]:
     """(accepted path, next token) for a draft the target scored.
 
     draft: k tokens, a chain or a tree (k = 0: a plain step); logits: (k + 1, V), the target's logits of the scored
@@ -100,7 +114,8 @@ def verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generat
         p = probs_from_logits(logits, sampling)
         if noise is not None:
             n, token = (chain_coupled_on_device if on_device else coupled_verify)(
-                tokens, p, noise(list(range(len(draft) + 1))))
+                tokens, p, noise(list(range(len(draft) + 1)))
+            )
         else:
             q = None if draft.probs is None else draft.probs.to(p.device, non_blocking=True)
             n, token = (chain_rejection_on_device if on_device else rejection_verify)(tokens, q, p, generator)
@@ -150,8 +165,9 @@ def coupled_verify(draft: torch.Tensor, target_probs: torch.Tensor, noise: torch
     return _longest_match(draft, choice)
 
 
-def rejection_verify(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                     generator: torch.Generator | None) -> tuple[int, int]:
+def rejection_verify(
+    draft: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     draft: (k,); draft_probs q: (k, V), or None for a deterministic drafter (q is one-hot on the
@@ -189,6 +205,19 @@ def _longest_match(draft: torch.Tensor, choice: torch.Tensor) -> tuple[int, int]
     return n, int(choice[n])
 
 
-__all__ = ["Draft", "acceptable", "coupled_verify", "greedy_choices", "greedy_verify", "lossy_verify", "rejection_verify",
-           "tree_children", "tree_coupled_verify", "tree_depths", "tree_greedy_verify", "tree_mask",
-           "tree_rejection_verify", "verify"]
+__all__ = [
+    "Draft",
+    "acceptable",
+    "coupled_verify",
+    "greedy_choices",
+    "greedy_verify",
+    "lossy_verify",
+    "rejection_verify",
+    "tree_children",
+    "tree_coupled_verify",
+    "tree_depths",
+    "tree_greedy_verify",
+    "tree_mask",
+    "tree_rejection_verify",
+    "verify",
+]

@@ -5,6 +5,7 @@ GPU. Here the accepted count or path is computed with tensor operations, and one
 the step needs. They give exactly what the host rules give (tests/test_device_verify.py checks them against those
 definitions); on the CPU the host rules stay, as they are faster there.
 """
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ distribution); only how the random numbers are spent differs:
 The coupled rules draw nothing: their choices are argmax(log p + noise), the same tensors as the host rules', walked
 as the greedy rules on the device walk the argmax (device.py), so their tokens are the host rules' exactly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,9 @@ import torch
 from .device import chain_greedy_on_device, earlier_siblings, tree_greedy_on_device, tree_path_on_device
 
 
-def chain_rejection_on_device(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                              generator: torch.Generator | None) -> tuple[int, int]:
+def chain_rejection_on_device(
+    draft: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int, int]:
     """(n, token) by speculative sampling, as rejection_verify: d_i is accepted with probability
     min(1, p_i(d_i) / q_i(d_i)); at the first rejection n the token is drawn from norm(max(0, p_n - q_n)) (q one-hot
     on d_n where draft_probs is None); with all k accepted, from p_k.
@@ -57,15 +59,17 @@ def chain_coupled_on_device(draft: torch.Tensor, target_probs: torch.Tensor, noi
     return chain_greedy_on_device(draft, (target_probs.log() + noise).argmax(-1))
 
 
-def tree_coupled_on_device(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
-                           noise: torch.Tensor) -> tuple[list[int], int]:
+def tree_coupled_on_device(
+    tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor, noise: torch.Tensor
+) -> tuple[list[int], int]:
     """(path, token) by Gumbel coupling on a tree, as tree_coupled_verify. tokens: (N,); target_probs, noise:
     (N + 1, V), row 0 the root's, on one device."""
     return tree_greedy_on_device(tokens, parents, (target_probs.log() + noise).argmax(-1))
 
 
-def tree_rejection_on_device(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
-                             generator: torch.Generator | None) -> tuple[list[int], int]:
+def tree_rejection_on_device(
+    tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
+) -> tuple[list[int], int]:
     """(path, token) by SpecInfer's rule for deterministic drafts, as tree_rejection_verify: at a node its children
     t_1..t_m are tried in order, t_i accepted with probability p'(t_i) / sum(p'), where p' is the node's row of p
     with the earlier children's tokens taken out; where none is accepted the token is drawn from the final p'.

@@ -15,6 +15,7 @@ greedy; when sampling, a draw from p_n (the request's generator, or its coupled 
 Example (top-k:2, greedy): draft [5, 7, 9], rows 0..2 whose two likeliest tokens are (5, 3), (1, 7), (2, 4),
 argmax first -> ([0, 1], 2): 5 and 7 accepted (7 is second at row 1), 9 rejected at row 2, whose argmax 2 is emitted.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,25 +37,34 @@ def acceptable(acceptance: Acceptance, tokens: torch.Tensor, scores: torch.Tenso
     rows = torch.arange(tokens.shape[0], device=scores.device)
     tokens = tokens.to(scores.device)
     p_draft = probs[rows, tokens]  # (n,)
+    value = acceptance.value
+    if value is None:  # exact, whose rule is verify's own
+        raise ValueError(f"not a lossy acceptance: {acceptance}")
     if acceptance.mode == "top-k":
         s_draft = scores[rows, tokens].unsqueeze(-1)  # (n, 1)
         earlier = torch.arange(scores.shape[-1], device=scores.device) < tokens.unsqueeze(-1)  # (n, V)
         rank = (scores > s_draft).sum(-1) + ((scores == s_draft) & earlier).sum(-1)  # (n,): 0 for the argmax
-        passes = rank < acceptance.value
+        passes = rank < value
     elif acceptance.mode == "threshold":
-        passes = p_draft >= acceptance.value
+        passes = p_draft >= value
     elif acceptance.mode == "typical":
         entropy = torch.special.entr(probs).sum(-1)  # (n,) H(p_i) in nats, 0 log 0 = 0
-        eps = acceptance.value
+        eps = value
         passes = p_draft > torch.clamp(math.sqrt(eps) * torch.exp(-entropy), max=eps)
     else:
         raise ValueError(f"not a lossy acceptance: {acceptance}")
     return (passes & (p_draft > 0)) | (tokens == scores.argmax(-1))
 
 
-def lossy_verify(tokens: torch.Tensor, parents: list[int] | None, logits: torch.Tensor, sampling: SamplingConfig,
-                 acceptance: Acceptance, generator: torch.Generator | None = None,
-                 noise: Callable[[list[int]], torch.Tensor] | None = None) -> tuple[list[int], int]:
+def lossy_verify(
+    tokens: torch.Tensor,
+    parents: list[int] | None,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    acceptance: Acceptance,
+    generator: torch.Generator | None = None,
+    noise: Callable[[list[int]], torch.Tensor] | None = None,
+) -> tuple[list[int], int]:
     """(accepted path, next token) under a lossy rule, for a chain (parents None) or a tree of drafts.
 
     tokens: (k,) drafts; logits: (k + 1, V) the scored rows after penalties and constraint (row i + 1 scores
@@ -78,12 +88,20 @@ def lossy_verify(tokens: torch.Tensor, parents: list[int] | None, logits: torch.
             break
         node = max(taken, key=lambda c: chance[c])  # max keeps the first of equals: node order on a tie
         path.append(node)
-    return path, _next_token(node + 1, tree_depths(parents)[node] if node >= 0 else 0, logits, probs, greedy,
-                             generator, noise)
+    return path, _next_token(
+        node + 1, tree_depths(parents)[node] if node >= 0 else 0, logits, probs, greedy, generator, noise
+    )
 
 
-def _next_token(row: int, depth: int, logits: torch.Tensor, probs: torch.Tensor, greedy: bool,
-                generator: torch.Generator | None, noise: Callable[[list[int]], torch.Tensor] | None) -> int:
+def _next_token(
+    row: int,
+    depth: int,
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None,
+    noise: Callable[[list[int]], torch.Tensor] | None,
+) -> int:
     """What the exact rule emits from `row` alone (depth: its distance past the context, which fixes its noise)."""
     if greedy:
         return int(logits[row].argmax())

@@ -6,6 +6,7 @@ accepted nodes from the root down, and the token emitted after them (the p / q c
 specdec/verify/__init__.py). Every rule here is lossless. The greedy rule walks by the package's greedy_choices, so
 it is in __init__.py; lossy acceptance over trees is in lossy.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,14 +22,16 @@ def tree_children(parents: list[int]) -> dict[int, list[int]]:
     return kids
 
 
-def tree_coupled_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
-                        noise: torch.Tensor) -> tuple[list[int], int]:
+def tree_coupled_verify(
+    tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor, noise: torch.Tensor
+) -> tuple[list[int], int]:
     """Coupled sampling on a tree: each row's sample is argmax(log p + noise of that row's position)."""
     return tree_walk(tokens.tolist(), parents, (target_probs.log() + noise).argmax(-1).tolist())
 
 
-def tree_rejection_verify(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
-                          generator: torch.Generator | None) -> tuple[list[int], int]:
+def tree_rejection_verify(
+    tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
+) -> tuple[list[int], int]:
     """Lossless sampling over a tree of deterministic drafts (one-hot q per child), as in SpecInfer.
 
     At a node, children t_1..t_m are tried in order: t_i is accepted with probability p'(t_i); on
@@ -37,7 +40,8 @@ def tree_rejection_verify(tokens: torch.Tensor, parents: list[int], target_probs
     """
     toks = tokens.tolist()
     kids = tree_children(parents)
-    path, node = [], -1
+    path: list[int] = []
+    node = -1
     while True:
         p = target_probs[node + 1].clone()
         chosen = None
@@ -63,7 +67,8 @@ def tree_walk(tokens: list[int], parents: list[int], choice: list[int]) -> tuple
     """Walks down from the root while a child carries the token chosen at its parent's row: choice (N + 1,), row 0
     the root's. Returns (path, token): the nodes walked, and the choice at the last one's row."""
     kids = tree_children(parents)
-    path, node = [], -1
+    path: list[int] = []
+    node = -1
     while True:
         want = choice[node + 1]
         nxt = next((c for c in kids.get(node, []) if tokens[c] == want), None)
@@ -86,7 +91,7 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
 
 def tree_depths(parents: list[int]) -> list[int]:
     """Depth of each node (children of the root have depth 1)."""
-    depth = []
+    depth: list[int] = []
     for p in parents:
         depth.append(1 if p < 0 else depth[p] + 1)
     return depth
