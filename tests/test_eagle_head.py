@@ -1,6 +1,7 @@
 """The EAGLE head itself: a bfloat16 head keeps float32 RoPE frequencies, its CPU-kernel products compute what the
 torch head does (prompt, a masked tree level, causal accepted pairs), and a head the kernels cannot run is named
 with the reason."""
+import pytest
 import torch
 
 from specdec.drafters.heads.eagle_head import new_head
@@ -52,3 +53,36 @@ def test_heads_the_kernels_cannot_run_are_named_with_the_reason():
     target = tiny_llama(seed=0, hidden=64, heads=8, kv_heads=2)  # head dim 8
     config = new_head(target, "tiny", torch.arange(target.config.vocab_size)).config
     assert kernel_head_problem(config) == "head dim 8 not a multiple of 16"
+
+
+def test_an_8_bit_kernel_head_rounds_as_the_quantized_products_do_and_stays_batch_invariant(eagle_target):
+    """Over a quantized GGUF target the kernels keep a head's weights in 8-bit groups (head_bits): its products are
+    the kernels' quantized products of the same weights (bit for bit), its outputs stay within 8-bit rounding of
+    the float head's, and a row's output does not depend on the rows beside it."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.heads.eagle_kernels import KernelEagleHead, head_bits, kernel_head_problem
+    from specdec.kernels import load
+
+    torch.manual_seed(5)
+    head = new_head(eagle_target, "tiny", torch.arange(40))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    if kernel_head_problem(head.config):
+        pytest.skip(kernel_head_problem(head.config))
+    assert head_bits(SimpleNamespace(backend=SimpleNamespace(quantized_weights=True)), head.config) == 8
+    assert head_bits(SimpleNamespace(backend=SimpleNamespace(quantized_weights=False)), head.config) == 0
+    fast, exact = KernelEagleHead(head, bits=8), kernel_head(head)
+    H = eagle_target.config.hidden_size
+    feats, tokens, positions = torch.randn(1, 6, H), torch.randint(0, 64, (1, 6)), torch.arange(6)[None]
+    with torch.no_grad():
+        hidden = torch.randn(5, H)
+        assert torch.equal(fast.draft_logits(hidden), load().quantized_matmul(hidden, head.draft_lm_head, 8))
+        got, got_kv = fast(feats, tokens, positions)
+        want, _ = exact(feats, tokens, positions)
+        assert (got - want).norm() < 0.05 * want.norm()
+        rows = [fast(feats[:, : i + 1], tokens[:, : i + 1], positions[:, : i + 1])[0][0, -1] for i in range(6)]
+        assert torch.equal(torch.stack(rows), got[0])  # each row alone, causal: the same numbers
+        logits = fast.draft_logits(got[0])
+        assert torch.equal(torch.cat([fast.draft_logits(got[0, i : i + 1]) for i in range(6)]), logits)

@@ -94,12 +94,21 @@ def test_a_pass_over_several_tokens_gives_each_token_what_a_pass_over_it_alone_g
     assert torch.equal(torch.stack(steps), whole[3:])
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix", "layerskip", "draft-model"])
-def test_greedy_speculation_over_a_quantized_target_is_plain_decoding(target, quantized_file, drafter):
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "layerskip", "draft-model", "eagle"])
+def test_greedy_speculation_over_a_quantized_target_is_plain_decoding(target, quantized_file, drafter, tmp_path):
     options = {"draft_model": load_model(str(quantized_file), device="cpu")} if drafter == "draft-model" else {}
+    if drafter == "eagle":  # a random head, whose products run in the file's 8-bit arithmetic (head_bits)
+        from specdec.drafters.heads.eagle_head import new_head
+        from specdec.models.gguf_model import attach_float_tables
+
+        attach_float_tables(target)
+        new_head(target.hf_model, "tiny", torch.arange(target.info.vocab_size)).save(tmp_path / "head")
+        options = {"eagle_head": tmp_path / "head", "tree": False}
     spec = SpeculationConfig(num_speculative_tokens=4, adaptive=False)
     plain = SpecDecoder(target, None)
-    speculative = SpecDecoder(target, create_drafter(drafter, target, **options), spec)
+    built = create_drafter(drafter, target, **options)
+    assert drafter != "eagle" or built.head.bits == 8
+    speculative = SpecDecoder(target, built, spec)
     config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     drafted = 0
     for prompt in prompt_ids()[:3]:

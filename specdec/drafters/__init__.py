@@ -173,7 +173,7 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     from .heads.calibration import Calibration
     from .heads.eagle3_head import is_eagle3_folder, load_eagle3_head
     from .heads.eagle_loading import load_head
-    from .heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
+    from .heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, head_bits, kernel_head_problem
 
     kind, name = f"--kind eagle{version} " if version else "", f"eagle{version}"
     tree, shape = options.tree, options.shape()
@@ -194,7 +194,8 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
         return EagleDrafter(head.to(info.device, info.dtype), tree=tree, name=name, **shape)
     if info.device.type == "cpu" and kernel_head_problem(head.config) is None:
         try:
-            view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16)
+            bits = head_bits(target, head.config)
+            view = (KernelEagle3Head if eagle3 else KernelEagleHead)(head, bfloat16=bfloat16, bits=bits)
             return EagleDrafter(view, tree=tree, name=name, **shape)
         except KernelUnavailable:
             pass  # the kernels failed to build here: torch's products

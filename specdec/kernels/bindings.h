@@ -47,13 +47,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "a drafting copy's attention by pieces of keys (on) or in the target's order (off), for comparisons; returns "
      "the previous setting");
   pybind11::class_<PackedLinear>(m, "PackedLinear", pybind11::module_local())
-      .def(pybind11::init<torch::Tensor, torch::Tensor, bool>(), pybind11::arg("weight"), pybind11::arg("bias"),
-           pybind11::arg("bf16_dot"))
+      .def(pybind11::init<torch::Tensor, torch::Tensor, bool, int64_t>(), pybind11::arg("weight"), pybind11::arg("bias"),
+           pybind11::arg("bf16_dot"), pybind11::arg("bits") = 0)
       .def("__call__", &PackedLinear::call, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("out_features", &PackedLinear::out_features)
       .def_property_readonly("in_features", &PackedLinear::in_features);
   pybind11::class_<HeadLayer>(m, "HeadLayer", pybind11::module_local())
       .def(pybind11::init<std::vector<int64_t>, double, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
-                          torch::Tensor, torch::Tensor, torch::Tensor, bool>())
+                          torch::Tensor, torch::Tensor, torch::Tensor, bool, int64_t>(),
+           pybind11::arg("dims"), pybind11::arg("eps"), pybind11::arg("input_norm"), pybind11::arg("qkv"),
+           pybind11::arg("o"), pybind11::arg("post_norm"), pybind11::arg("gate_up"), pybind11::arg("down"),
+           pybind11::arg("inv_freq"), pybind11::arg("bf16_dot"), pybind11::arg("bits") = 0)
       .def("forward", &HeadLayer::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

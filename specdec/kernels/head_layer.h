@@ -14,9 +14,10 @@
 class HeadLayer {
  public:
   HeadLayer(std::vector<int64_t> dims, double eps, torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o,
-            torch::Tensor post_norm, torch::Tensor gate_up, torch::Tensor down, torch::Tensor inv_freq, bool bf16_dot)
-      : qkv_(make_weight(qkv.contiguous(), bf16_dot)), o_(make_weight(o.contiguous(), bf16_dot)),
-        gate_up_(make_weight(gate_up.contiguous(), bf16_dot)), down_(make_weight(down.contiguous(), bf16_dot)),
+            torch::Tensor post_norm, torch::Tensor gate_up, torch::Tensor down, torch::Tensor inv_freq, bool bf16_dot,
+            int64_t bits = 0)
+      : qkv_(float_or_quantized(qkv, bf16_dot, bits)), o_(float_or_quantized(o, bf16_dot, bits)),
+        gate_up_(float_or_quantized(gate_up, bf16_dot, bits)), down_(float_or_quantized(down, bf16_dot, bits)),
         bf16_dot_(bf16_dot && qkv_.pairs) {
     TORCH_CHECK(dims.size() == 5, "dims: hidden, heads, kv_heads, head_dim, intermediate");
     H_ = dims[0], nh_ = dims[1], nkv_ = dims[2], hd_ = dims[3], I_ = dims[4];

@@ -160,12 +160,19 @@ torch::Tensor product(torch::Tensor x, const Weight& w, const torch::Tensor& bia
   return y;
 }
 
-// A weight packed once for the kernels; y = x @ w^T (+ bias) in float32, with the same reduction order as
-// the model's own products (batch-invariant).
+// A float weight for the kernels: as it is (bits 0; in bfloat16 pairs where bf16_dot), or rounded to groups of 32
+// 4- or 8-bit numbers (bits 4 or 8, whose products round the activations to int8 as a drafting copy's do).
+Weight float_or_quantized(const torch::Tensor& t, bool bf16_dot, int64_t bits) {
+  TORCH_CHECK(bits == 0 || bits == 4 || bits == 8, "bits must be 0 (as given), 4 or 8");
+  return bits ? make_quantized_weight(t, static_cast<int>(bits)) : make_weight(t.contiguous(), bf16_dot);
+}
+
+// A weight packed once for the kernels (float_or_quantized); y = x @ w^T (+ bias) in float32, with the same
+// reduction order as the model's own products (batch-invariant).
 class PackedLinear {
  public:
-  PackedLinear(torch::Tensor weight, torch::Tensor bias, bool bf16_dot)
-      : weight_(make_weight(weight.contiguous(), bf16_dot)), bf16_dot_(bf16_dot && weight_.pairs) {
+  PackedLinear(torch::Tensor weight, torch::Tensor bias, bool bf16_dot, int64_t bits = 0)
+      : weight_(float_or_quantized(weight, bf16_dot, bits)), bf16_dot_(bf16_dot && weight_.pairs) {
     if (bias.defined() && bias.numel()) bias_ = bias.contiguous().to(torch::kFloat32);
   }
   torch::Tensor call(torch::Tensor x) const { return product(x, weight_, bias_, bf16_dot_); }

@@ -29,6 +29,15 @@ def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
     return unavailable_reason()
 
 
+def head_bits(target, config: EagleConfig | Eagle3Config) -> int:
+    """How the kernels keep a head's weights for `target` (a LoadedModel): 8-bit where the target runs a GGUF
+    file's quantized weights (the head then costs what the target's own products cost a byte, a quarter of
+    float32's bytes), where the products' inner sizes allow groups of 32; else 0 (as the target's dtype)."""
+    inner = (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim)
+    quantized = bool(getattr(target.backend, "quantized_weights", False))
+    return 8 if quantized and all(size % 32 == 0 for size in inner) else 0
+
+
 def stacked(*weights: torch.Tensor, bfloat16: bool) -> torch.Tensor:
     """The weights' rows stacked in order, detached, contiguous, in bfloat16 or float32: as the kernels keep them."""
     return torch.cat([w.detach() for w in weights]).to(torch.bfloat16 if bfloat16 else torch.float32).contiguous()
@@ -41,16 +50,17 @@ def bf16_products(bfloat16: bool) -> bool:
     return bfloat16 and has_bf16_products()
 
 
-def packer(bfloat16: bool):
+def packer(bfloat16: bool, bits: int = 0):
     """pack(*weights, bias=None): the weights (rows stacked in order) as one PackedLinear, kept in bfloat16 (products
-    rounding their inputs to it where the CPU has AVX-512 BF16) or float32."""
+    rounding their inputs to it where the CPU has AVX-512 BF16) or float32; with bits 8 (or 4), rounded to groups
+    of 32 such numbers, whose products round the activations to int8 (a quantized target's own arithmetic)."""
     from ...kernels import load
 
     module, bf16_dot = load(), bf16_products(bfloat16)
 
     def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
         return module.PackedLinear(stacked(*weights, bfloat16=bfloat16),
-                                   torch.empty(0) if bias is None else bias.detach().float(), bf16_dot)
+                                   torch.empty(0) if bias is None else bias.detach().float(), bf16_dot, bits)
 
     return pack
 
@@ -60,15 +70,18 @@ class KernelHeadLayer:
 
     feature_dtype = torch.float32
 
-    def __init__(self, head, bfloat16: bool, input_norm=None):
+    def __init__(self, head, bfloat16: bool, input_norm=None, bits: int = 0):
         """bfloat16: keep the weights in bfloat16 (the products' inputs are rounded to it where the CPU has
-        AVX-512 BF16); otherwise float32 weights and products. input_norm: the RMSNorm that makes the attention's
-        input from the residual stream (EAGLE), or None where the caller gives that input (EAGLE-3)."""
+        AVX-512 BF16); otherwise float32 weights and products. bits 8 (or 4): every product's weights in groups of
+        32 such numbers and its activations rounded to int8, as a quantized GGUF target's products (a quarter of
+        float32's bytes a drafted token). input_norm: the RMSNorm that makes the attention's input from the
+        residual stream (EAGLE), or None where the caller gives that input (EAGLE-3)."""
         self.config, self.draft_ids = head.config, head.draft_ids
         self.feature_layers = head.feature_layers
         self.embed = head.embed
-        self.pack = packer(bfloat16)
-        self.native = native_layer(head, bfloat16, input_norm)
+        self.bits = bits
+        self.pack = packer(bfloat16, bits)
+        self.native = native_layer(head, bfloat16, input_norm, bits)
 
     def layer(self, x: torch.Tensor, h: torch.Tensor | None, shape: tuple[int, int], positions, past, mask):
         """x (B*T, H) float32, h (B*T, attention input) or None (x after the head's input norm) -> (x (B, T, H),
@@ -91,8 +104,8 @@ class KernelHeadLayer:
 class KernelEagleHead(KernelHeadLayer):
     """An inference-only view of a trained EagleHead: (features, tokens, positions, past, mask) -> (hidden, kv)."""
 
-    def __init__(self, head: EagleHead, bfloat16: bool = False):
-        super().__init__(head, bfloat16, head.input_norm if head.config.input_norm else None)
+    def __init__(self, head: EagleHead, bfloat16: bool = False, bits: int = 0):
+        super().__init__(head, bfloat16, head.input_norm if head.config.input_norm else None, bits)
         self.fc = self.pack(head.fc.weight, bias=head.fc.bias)
         self.lm = self.pack(head.draft_lm_head)
 
@@ -111,8 +124,8 @@ class KernelEagleHead(KernelHeadLayer):
 class KernelEagle3Head(KernelHeadLayer):
     """An inference-only view of an Eagle3Head on the kernels, as KernelEagleHead is of an EagleHead."""
 
-    def __init__(self, head: Eagle3Head, bfloat16: bool = False):
-        super().__init__(head, bfloat16)
+    def __init__(self, head: Eagle3Head, bfloat16: bool = False, bits: int = 0):
+        super().__init__(head, bfloat16, bits=bits)
         self.fc = self.pack(head.fc.weight, bias=head.fc.bias)
         self.lm = self.pack(head.lm_head.weight)
         self.norms = {name: _norm(getattr(head, name)) for name in ("hidden_norm", "input_norm", "norm")}
@@ -135,9 +148,10 @@ class KernelEagle3Head(KernelHeadLayer):
         return self.lm(flat).view(*hidden.shape[:-1], -1)
 
 
-def native_layer(head, bfloat16: bool, input_norm=None):
-    """The head's decoder layer as one kernels call (HeadLayer in head_layer.h), weights in bfloat16 or float32;
-    input_norm: the RMSNorm that makes the attention's input from the residual stream where none is given."""
+def native_layer(head, bfloat16: bool, input_norm=None, bits: int = 0):
+    """The head's decoder layer as one kernels call (HeadLayer in head_layer.h), weights in bfloat16 or float32 (or
+    rounded to `bits` 8 or 4, as packer's); input_norm: the RMSNorm that makes the attention's input from the
+    residual stream where none is given."""
     from ...kernels import load
 
     c = head.config
@@ -150,7 +164,7 @@ def native_layer(head, bfloat16: bool, input_norm=None):
                             float(head.post_norm.eps), norm, weight(head.q_proj, head.k_proj, head.v_proj),
                             weight(head.o_proj), head.post_norm.weight.detach().float(),
                             weight(head.gate_proj, head.up_proj), weight(head.down_proj), head.inv_freq.float(),
-                            bf16_products(bfloat16))
+                            bf16_products(bfloat16), bits)
 
 
 def _norm(norm) -> tuple[torch.Tensor, float]:
