@@ -101,6 +101,7 @@ def test_greedy_speculation_over_a_quantized_target_is_plain_decoding(target, qu
         from specdec.drafters.heads.eagle_head import new_head
         from specdec.models.gguf_model import attach_float_tables
 
+        target = load_model(str(quantized_file), device="cpu")  # its own: the float tables stay off the shared one
         attach_float_tables(target)
         new_head(target.hf_model, "tiny", torch.arange(target.info.vocab_size)).save(tmp_path / "head")
         options = {"eagle_head": tmp_path / "head", "tree": False}
