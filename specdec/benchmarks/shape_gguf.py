@@ -129,7 +129,6 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     import torch
 
     from ..costs import measure_verify_costs
-    from ..models.kernel_llama import KernelLlama
     from ..models.loading import load_model
     from ..models.shapes import ShapeModel, get_shape
     from .resident import import_load_code, load_footprint, resident_bytes
@@ -142,7 +141,7 @@ def bench_quantized(name: str, settings, bandwidth: float | None, progress=None)
     loaded = load_model(str(path), device="cpu", max_context=settings.context)
     memory = load_footprint(before, resident_bytes(), path.stat().st_size, settings.context)
     backend = loaded.backend
-    if not (isinstance(backend, KernelLlama) and backend.quantized_weights):
+    if not backend.quantized_weights:
         raise ConfigError(f"{path.name} did not load in its own formats on the kernels (see the line above)")
     model = ShapeModel(get_shape(name), loaded, "kernels", None, None)
     generator = torch.Generator().manual_seed(settings.seed)  # the float shape's prompt

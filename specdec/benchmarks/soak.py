@@ -95,11 +95,11 @@ async def one_request(
     async def attempts() -> SoakResult:
         nonlocal retries
         while True:
-            result, retry_after = await _attempt(client, url, kind, body, stream, t0, drop_after)
-            if result is not None:
-                return result
+            outcome = await _attempt(client, url, kind, body, stream, t0, drop_after)
+            if isinstance(outcome, SoakResult):
+                return outcome
             retries += 1
-            await asyncio.sleep(retry_after or 1.0)
+            await asyncio.sleep(outcome)
 
     try:
         result = await asyncio.wait_for(attempts(), timeout)
@@ -119,24 +119,24 @@ def retry_after_s(headers) -> float:
 
 async def _attempt(
     client, url: str, kind: str, body: dict, stream: bool, t0: float, drop_after: int | None
-) -> tuple[SoakResult | None, float | None]:
-    """(the outcome of one attempt, or None for a 429 with the seconds to wait before the next attempt).
-    Times are from t0, the request's first attempt."""
+) -> SoakResult | float:
+    """The outcome of one attempt, or for a 429 the seconds to wait before the next one. Times are from t0, the
+    request's first attempt."""
 
-    def ended(status: str, http: int | None = None, ttft: float | None = None, error: str = "") -> tuple:
-        return SoakResult(kind, status, 0.0, 0.0, ttft, http, error[:200]), None
+    def ended(status: str, http: int | None = None, ttft: float | None = None, error: str = "") -> SoakResult:
+        return SoakResult(kind, status, 0.0, 0.0, ttft, http, error[:200])
 
     try:
         if not stream:
             r = await client.post(f"{url}/v1/chat/completions", json=body)
             if r.status_code == 429:
-                return None, retry_after_s(r.headers)
+                return retry_after_s(r.headers)
             ok = r.status_code == 200 and "choices" in r.json()
             return ended("ok" if ok else "failed", r.status_code, error="" if ok else r.text)
         ttft, chunks = None, 0
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code == 429:
-                return None, retry_after_s(r.headers)
+                return retry_after_s(r.headers)
             if r.status_code != 200:
                 return ended("failed", r.status_code, error=(await r.aread()).decode(errors="replace"))
             async for event in stream_events(r):

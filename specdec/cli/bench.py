@@ -104,7 +104,7 @@ def register(sub) -> None:
 
 def weights_format(target) -> str:
     """How the target's weights run: "gguf: TYPE, TYPE..." for a GGUF file kept in its own formats, else "float"."""
-    if not getattr(target.backend, "quantized_weights", False):
+    if not target.backend.quantized_weights:
         return "float"
     return "gguf: " + ", ".join(target.backend.weight_types)
 
@@ -179,7 +179,7 @@ def run(args) -> int:
         )
     decoder_probe = SpecDecoder(target, None)
     encoded = [(p, decoder_probe.encode(p.text)) for p in prompts]
-    quantized = getattr(target.backend, "quantized_weights", False)
+    quantized = target.backend.quantized_weights
     if quantized and len(backends) > 1:
         raise ConfigError(
             "--backends compares float backends: a GGUF file in its own formats runs on the kernels "

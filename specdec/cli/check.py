@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
-from .common import add_model_options, add_speculation_options, check_minimums, drafter_options
+from .common import add_model_options, add_speculation_options, check_minimums, drafter_options, model_options
 
 PROMPTS = (  # the sampling tests continue the first
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -141,17 +141,11 @@ def run(args) -> int:
     decoder = SpecDecoder.load(
         args.model,
         drafter=args.drafter,
-        device=args.device,
-        dtype=args.dtype,
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive=False,
         sampling_verifier=args.sampling_verifier,
         chat=not args.no_chat,
-        trust_remote_code=args.trust_remote_code,
-        backend=args.backend,
-        graphs=args.graphs,
-        compile=args.compile,
-        dequantize=args.dequantize,
+        **model_options(args),
         **drafter_options(args),
     )
     if decoder.drafter is None:

@@ -55,6 +55,19 @@ def add_model_options(
     )
 
 
+def model_options(args) -> dict:
+    """The options add_model_options adds, but --model, as SpecDecoder.load takes them."""
+    return {
+        "device": args.device,
+        "dtype": args.dtype,
+        "backend": args.backend,
+        "graphs": args.graphs,
+        "compile": args.compile,
+        "dequantize": args.dequantize,
+        "trust_remote_code": args.trust_remote_code,
+    }
+
+
 def add_graphs_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--graphs",

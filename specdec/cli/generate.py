@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import LOGPROBS_MODES, Constraint
 from ..errors import ConfigError
 
-from .common import add_acceptance_option, add_model_options, add_speculation_options, drafter_options
+from .common import add_acceptance_option, add_model_options, add_speculation_options, drafter_options, model_options
 from .sampling_options import add_sampling_options, generation_config
 
 
@@ -105,18 +105,12 @@ def run(args) -> int:
     decoder = SpecDecoder.load(
         args.model,
         drafter=args.drafter,
-        device=args.device,
-        dtype=args.dtype,
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive=not args.no_adaptive,
         sampling_verifier=args.sampling_verifier,
         chat=not args.no_chat,
-        trust_remote_code=args.trust_remote_code,
-        backend=args.backend,
-        graphs=args.graphs,
-        compile=args.compile,
         acceptance=args.acceptance,
-        dequantize=args.dequantize,
+        **model_options(args),
         **drafter_options(args),
     )
     if args.trace:

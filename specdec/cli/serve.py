@@ -7,7 +7,14 @@ import sys
 
 from ..config import LOGPROBS_MODES
 from ..prefill import parse_prefill_chunk
-from .common import add_acceptance_option, add_model_options, add_speculation_options, check_minimums, drafter_options
+from .common import (
+    add_acceptance_option,
+    add_model_options,
+    add_speculation_options,
+    check_minimums,
+    drafter_options,
+    model_options,
+)
 
 
 def register(sub) -> None:
@@ -160,19 +167,13 @@ def run(args) -> int:
         slots=args.max_batch,
         drafter=args.drafter,
         draft_model=args.draft_model,
-        device=args.device,
-        dtype=args.dtype,
-        backend=args.backend,
-        graphs=args.graphs,
-        compile=args.compile,
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive=not args.no_adaptive,
         sampling_verifier=args.sampling_verifier,
-        trust_remote_code=args.trust_remote_code,
         max_batch_for_drafting=args.speculation_max_batch,
         acceptance=args.acceptance,
         max_context=args.max_context,
-        dequantize=args.dequantize,
+        **model_options(args),
         **options,
     )
     cached = decoder.enable_prefix_cache(args.prefix_cache)

@@ -62,7 +62,7 @@ def create_drafter(name: str, target, **options) -> Drafter | None:
         name, options = auto_drafter(target, options)
     if name not in _FACTORIES:
         raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
-    if name in FLOAT_HEADS and getattr(target.backend, "quantized_weights", False):
+    if name in FLOAT_HEADS and target.backend.quantized_weights:
         from ..models.gguf_model import attach_float_tables
 
         attach_float_tables(target)

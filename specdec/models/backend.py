@@ -8,6 +8,7 @@ copies_caches), nobody probes for them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,10 @@ class CausalLM(ABC):
     #: True when a prompt prefilled in several passes (chunks, each continuing a cache marked in_prompt) gives every
     #: row the keys, values and logits that one pass would, bit for bit: chunked prefill changes no output.
     exact_chunks: bool = False
+    #: The GGUF types of the matrices it runs in a file's own formats (Q4_1, Q8_0...); none: float weights.
+    weight_types: Sequence[str] = ()
+    #: True when it runs a GGUF file's quantized weights as they are (weight_types), not as floats.
+    quantized_weights: bool = False
 
     def enable_prefix_cache(self, max_entries: int) -> bool:
         """Keeps up to `max_entries` finished sequences' caches (0: none); False where nothing is cached (a backend

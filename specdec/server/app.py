@@ -92,16 +92,18 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        size = int(declared) if declared.isdigit() else 0
-        chunks, more = [], size <= self.limit
-        while more and size <= self.limit:
+        too_big = declared.isdigit() and int(declared) > self.limit  # refused before reading it
+        chunks, received = [], 0
+        while not too_big:
             message = await receive()
             if message["type"] != "http.request":
                 break  # the client left while sending: the app reads a short body, then the disconnect
             chunks.append(message.get("body", b""))
-            size = max(size, sum(map(len, chunks)))
-            more = message.get("more_body", False)
-        if size > self.limit:
+            received += len(chunks[-1])
+            too_big = received > self.limit
+            if not message.get("more_body", False):
+                break
+        if too_big:
             self.metrics.observe_request(scope["path"], 413)
             await error_response(too_large(self.limit))(scope, receive, send)
             return

@@ -13,8 +13,6 @@ three are LOSSY, and labelled so in usage.speculation).
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from ..config import Acceptance, Constraint, GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from ..structured import check
@@ -30,16 +28,14 @@ from .protocol import (
 )
 from .schemas import GenerationRequest, Limits, SpeculationChoice
 from .tools import parse_tool_calling
-from .validation import api_error
+from .validation import validated
 
 
 def parse_request(body: object, endpoint: str, limits: Limits) -> GenerationRequest:
     """Validates a decoded JSON body for `endpoint` ("chat" or "completions") and binds it; raises APIError."""
-    model = ChatRequest if endpoint == "chat" else CompletionsRequest
-    try:
-        request = model.model_validate(body)
-    except ValidationError as exc:
-        raise api_error(exc.errors()) from None
+    request: ChatRequest | CompletionsRequest = (
+        validated(ChatRequest, body) if endpoint == "chat" else validated(CompletionsRequest, body)
+    )
     return bind(request, limits)
 
 

@@ -12,7 +12,7 @@ from .routes import router
 from .schemas import Limits
 
 DESCRIPTION = "OpenAI-compatible completions with lossless speculative decoding"
-REQUESTS = ("CompletionsRequest", "ChatRequest")
+REQUESTS = (CompletionsRequest, ChatRequest)
 
 
 def openapi_document(limits: Limits, version: str) -> dict:
@@ -21,8 +21,8 @@ def openapi_document(limits: Limits, version: str) -> dict:
     schemas = document["components"]["schemas"]
     schemas.update(_exact_schemas(set(schemas)))
     fits = FITS.format(of=f" of {limits.max_context} tokens")
-    for name in REQUESTS:
-        fields = schemas[name]["properties"]
+    for model in REQUESTS:
+        fields = schemas[model.__name__]["properties"]
         fields["model"]["enum"] = list(limits.model_names)
         fields["n"]["maximum"] = limits.max_choices
         for tokens in ("max_tokens", "max_completion_tokens"):
@@ -37,7 +37,7 @@ def _exact_schemas(names: set[str]) -> dict:
     """The protocol's schemas as pydantic writes them: FastAPI's OpenAPI model keeps bounds as floats, and a float
     is not an exact bound for an integer beyond 2**53 (a seed's 2**63 - 1)."""
     out = {}
-    for model in (CompletionsRequest, ChatRequest):
+    for model in REQUESTS:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update({name: sub for name, sub in schema.pop("$defs", {}).items() if name in names})
         # a null field of a request is the field left out (protocol.GenerationBody): each shows its own type

@@ -24,15 +24,13 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from ..config import Constraint
 from ..errors import ConfigError
 from ..structured import check
 
 from .errors import bad_request, unsupported
 from .protocol import ToolFields
-from .validation import api_error
+from .validation import validated
 
 PARSERS = ("hermes",)
 CALL_TAG = "<tool_call>"  # how a hermes call opens
@@ -161,10 +159,7 @@ def parse_tool_calling(
     """A chat request's tools and tool_choice (protocol.ToolFields, a ChatRequest's, or a dict of those fields
     alone, validated here); None when it gives no tools. Raises APIError (400)."""
     if isinstance(request, dict):
-        try:
-            request = ToolFields.model_validate(request)
-        except ValidationError as exc:
-            raise api_error(exc.errors()) from None
+        request = validated(ToolFields, request)
     tools, given = request.tools, request.tool_choice
     if not tools:
         if given not in (None, "none"):

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from .errors import APIError
+
+M = TypeVar("M", bound=BaseModel)
 
 # pydantic names the member of a union it tried in an error's location ("str", "list[int]", "function-after[...]",
 # "NamedToolChoice"); the protocol's fields are snake_case words, never a builtin type's name
@@ -40,6 +44,14 @@ def param(location: tuple) -> str | None:
         if item in _MAPS:
             break
     return out or None
+
+
+def validated(model: type[M], body: object) -> M:
+    """`body` validated by one of the protocol's models; what it refuses is the APIError (400) api_error makes."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise api_error(exc.errors()) from None
 
 
 def _code(kind: str) -> str:

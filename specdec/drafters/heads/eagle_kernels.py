@@ -34,8 +34,7 @@ def head_bits(target, config: EagleConfig | Eagle3Config) -> int:
     file's quantized weights (the head then costs what the target's own products cost a byte, a quarter of
     float32's bytes), where the products' inner sizes allow groups of 32; else 0 (as the target's dtype)."""
     inner = (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim)
-    quantized = bool(getattr(target.backend, "quantized_weights", False))
-    return 8 if quantized and all(size % 32 == 0 for size in inner) else 0
+    return 8 if target.backend.quantized_weights and all(size % 32 == 0 for size in inner) else 0
 
 
 def stacked(*weights: torch.Tensor, bfloat16: bool) -> torch.Tensor:
