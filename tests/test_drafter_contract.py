@@ -18,7 +18,7 @@ MEMBERS = ("name", "feature_layers", "needs_scores", "sizing", "begin", "propose
 
 def test_every_built_in_drafter_declares_the_protocol():
     for module in ("models.cross_tokenizer", "models.draft_model", "heads.eagle", "lookup.lookahead", "heads.medusa",
-                   "lookup.ngram", "models.quantized", "routing.select", "lookup.suffix"):
+                   "lookup.ngram", "models.quantized", "routing.select", "lookup.suffix", "lookup.recycle"):
         importlib.import_module(f"specdec.drafters.{module}")
     classes = [c for c in _all_subclasses(Drafter) if c.__module__.startswith("specdec.")]
     assert len(classes) >= 7

@@ -94,7 +94,7 @@ def test_a_pass_over_several_tokens_gives_each_token_what_a_pass_over_it_alone_g
     assert torch.equal(torch.stack(steps), whole[3:])
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix", "layerskip", "draft-model", "eagle"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "recycle", "layerskip", "draft-model", "eagle"])
 def test_greedy_speculation_over_a_quantized_target_is_plain_decoding(target, quantized_file, drafter, tmp_path):
     options = {"draft_model": load_model(str(quantized_file), device="cpu")} if drafter == "draft-model" else {}
     if drafter == "eagle":  # a random head, whose products run in the file's 8-bit arithmetic (head_bits)
@@ -120,11 +120,12 @@ def test_greedy_speculation_over_a_quantized_target_is_plain_decoding(target, qu
     assert drafted > 0
 
 
-def test_seeded_sampling_over_a_quantized_target_is_the_same_with_and_without_speculation(target):
+@pytest.mark.parametrize("drafter", ["ngram", "recycle"])
+def test_seeded_sampling_over_a_quantized_target_is_the_same_with_and_without_speculation(target, drafter):
     config = GenerationConfig(max_new_tokens=30, ignore_eos=True, sampling=SamplingConfig(temperature=0.9, seed=11))
     spec = SpeculationConfig(num_speculative_tokens=4, adaptive=False, sampling_verifier="coupled")
     plain = SpecDecoder(target, None, spec)
-    speculative = SpecDecoder(target, create_drafter("ngram", target), spec)
+    speculative = SpecDecoder(target, create_drafter(drafter, target), spec)
     for prompt in prompt_ids()[:3]:
         assert speculative.generate_ids(prompt * 2, config)[0] == plain.generate_ids(prompt * 2, config)[0]
 

@@ -23,8 +23,8 @@ def target():
     return load_model(GOLDEN["model"], dtype=GOLDEN["dtype"])
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "draft-model", "eagle", "eagle-chain", "medusa",
-                                     "medusa-chain", "layerskip", "quantized", "select"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "recycle", "draft-model", "eagle", "eagle-chain",
+                                     "medusa", "medusa-chain", "layerskip", "quantized", "select"])
 def test_golden_greedy_output(target, drafter):
     # The only draft model with this tokenizer here is the model itself (every draft accepted);
     # eagle and medusa are the heads shipped in specdec/assets for this model (a tree, or a chain).

@@ -6,6 +6,7 @@ from specdec.config import GenerationConfig, SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.drafters.lookup.suffix import SuffixDrafter
+from specdec.drafters.lookup.recycle import RecycleDrafter
 from specdec.engine import SpecDecoder
 from tiny import loaded, tiny_llama
 
@@ -40,13 +41,15 @@ def _drafter(kind: str, target_model, random_draft_model, backend: str):
         return NgramDrafter(min_n=1, max_n=3)
     if kind == "suffix":  # one drafter for every prompt: it drafts from the earlier prompts' outputs too
         return SuffixDrafter(min_n=1)
+    if kind == "recycle":  # one for every prompt too: its table keeps the target's choices of earlier prompts
+        return RecycleDrafter(min_n=1)
     if kind == "self":
         return DraftModelDrafter(loaded(target_model, backend).backend, target_model.config.vocab_size)
     return DraftModelDrafter(loaded(random_draft_model, backend).backend, target_model.config.vocab_size)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["ngram", "suffix", "self", "random"])
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "recycle", "self", "random"])
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (8, False), (8, True)])
 def test_speculation_equals_baseline(target_model, random_draft_model, backend, kind, k, adaptive):
     target = loaded(target_model, backend)

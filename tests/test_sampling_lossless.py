@@ -18,6 +18,7 @@ from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.heads.medusa import MedusaDrafter
 from specdec.drafters.heads.medusa_head import MedusaConfig, MedusaHeads
 from specdec.drafters.lookup.ngram import NgramDrafter
+from specdec.drafters.lookup.recycle import RecycleDrafter
 from specdec.drafters.routing.select import SelectingDrafter
 from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder
@@ -80,6 +81,8 @@ def make_drafter(kind: str):
         return NgramDrafter(min_n=1, max_n=2)
     if kind == "suffix":  # drafts from the samples drawn before: the distribution must not shift with them
         return SuffixDrafter(min_n=1, max_n=3)
+    if kind == "recycle":  # chains from the target's choices at every row scored before, samples included
+        return RecycleDrafter(min_n=1, max_n=2)
     if kind == "self":
         return DraftModelDrafter(TableLM(VOCAB, seed=0), VOCAB)  # q == p: everything accepted
     if kind == "draft-p-min":  # the unrelated draft, stopping after a token it drew with q < 0.5 (from PROMPT at

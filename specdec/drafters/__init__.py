@@ -90,6 +90,13 @@ def _ngram(target, options: NgramOptions) -> Drafter:
     return NgramDrafter(min_n=options.min_n, max_n=options.max_n)
 
 
+@register("recycle", NgramOptions)
+def _recycle(target, options: NgramOptions) -> Drafter:
+    from .lookup.recycle import RecycleDrafter
+
+    return RecycleDrafter(min_n=options.min_n, max_n=options.max_n)
+
+
 @register("suffix", SuffixOptions)
 def _suffix(target, options: SuffixOptions) -> Drafter:
     from .lookup.suffix import SuffixDrafter, SuffixIndex, tokenizer_id

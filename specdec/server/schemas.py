@@ -16,7 +16,7 @@ class Limits:
     """What the server accepts: the names it answers to, the drafters a request may pick, defaults."""
 
     model_names: tuple[str, ...]
-    # "none", "ngram", "suffix", shipped heads ("eagle", "eagle3", "medusa"), "select", the server's own
+    # "none", "ngram", "suffix", "recycle", shipped heads ("eagle", "eagle3", "medusa"), "select", the server's own
     drafters: tuple[str, ...]
     default_drafter: str
     vocab_size: int

@@ -44,7 +44,7 @@ class ServerState:
         )
         self.limits = Limits(
             model_names=(settings.model_name, *settings.aliases),
-            drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", *shipped, "select", drafter))),
+            drafters=tuple(dict.fromkeys(("none", "ngram", "suffix", "recycle", *shipped, "select", drafter))),
             default_drafter=drafter,
             vocab_size=decoder.target.info.vocab_size,
             default_max_tokens=settings.default_max_tokens,
