@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("fastapi")
 
 from specdec.choice import OWN_DRAFTER, PLAIN  # noqa: E402
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig  # noqa: E402
+from specdec.config import GenerationConfig, SamplingConfig
+from specdec.speculation_config import SpeculationConfig  # noqa: E402
 from specdec.drafters.lookup.ngram import NgramDrafter  # noqa: E402
 from specdec.engine import SpecDecoder  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
@@ -151,8 +152,8 @@ def test_requests_may_pick_the_head_specdec_ships_for_the_model():
         worker = SimpleNamespace(decoder=SimpleNamespace(target=target), default_drafter="ngram")
         return ServerState(ServerSettings(model_name=model), worker, None).limits.drafters
 
-    assert limits("smollm2-135m") == ("none", "ngram", "suffix", "eagle", "medusa", "select")
-    assert limits("tiny") == ("none", "ngram", "suffix", "select")
+    assert limits("smollm2-135m") == ("none", "ngram", "suffix", "recycle", "eagle", "medusa", "select")
+    assert limits("tiny") == ("none", "ngram", "suffix", "recycle", "select")
 
 
 @pytest.mark.parametrize("verifier", ["coupled", "rejection"])

@@ -31,7 +31,7 @@ from ..base import Budget, Draft, Drafter, DraftRequest
 from ..options import NgramOptions
 from .ngram import ngram_lookup
 
-MAX_PAIRS = 1 << 20  # pairs of tokens the table holds before it forgets them all (each about 100 bytes)
+MAX_PAIRS = 1 << 18  # pairs of tokens the table holds before it forgets them all (about 100 bytes each)
 SOURCES = ("lookup", "table")  # where a step's chain comes from: a copy of the context, or the SuccessorTable
 POLICY_LENGTH = 16  # positions each source's acceptance estimates cover
 
