@@ -24,7 +24,8 @@ import torch
 
 from specdec.benchmarks.prompts import load_prompts
 from specdec.benchmarks.runner import PromptRun, SpecdecMethod, machine_info, run_methods
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, Drafter, DraftRequest
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model

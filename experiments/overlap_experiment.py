@@ -25,7 +25,7 @@ import torch
 
 from specdec.benchmarks.prompts import load_prompts
 from specdec.benchmarks.runner import SpecdecMethod, machine_info, run_methods
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
 from pipelined import PipelinedChain

@@ -2,7 +2,8 @@
 output equals plain decoding. Acceptance on random weights means nothing and is not reported as a figure."""
 import json
 import torch
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder
 from specdec.models.shapes import load_shape

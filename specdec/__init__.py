@@ -6,20 +6,21 @@
 
 Imports are lazy so that `import specdec` stays light.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "SpecDecoder": ".engine",
-    "GenerationResult": ".engine",
-    "TextStream": ".engine",
+    "GenerationResult": ".stream_core",
+    "TextStream": ".stream_core",
     "DrafterChoice": ".choice",
     "OWN_DRAFTER": ".choice",
     "PLAIN": ".choice",
     "GenerationConfig": ".config",
     "SamplingConfig": ".config",
-    "SpeculationConfig": ".config",
+    "SpeculationConfig": ".speculation_config",
     "GenerationMetrics": ".metrics",
     "SpecdecError": ".errors",
     "load_model": ".models.loading",

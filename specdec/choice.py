@@ -4,14 +4,17 @@
 - PLAIN: none, plain decoding (the same step with nothing drafted: the baseline);
 - DrafterChoice(drafter): that Drafter instance (a drafter chosen by name, a fork); DrafterChoice(None) is PLAIN.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .drafters.base import Drafter
+
 
 @dataclass(frozen=True)
 class DrafterChoice:
-    drafter: object = None  # a Drafter (drafters/base.py), or None for plain decoding unless `own`
+    drafter: Drafter | None = None  # or None for plain decoding unless `own`
     own: bool = False  # the engine's own drafter, whatever it is
 
     @property

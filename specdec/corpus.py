@@ -5,6 +5,7 @@ An input is a text file (one document), a folder (walked in name order; names st
 `completion` (a prompt/completion pair's answer), `messages` (each assistant turn of a chat; user and system
 turns are not what the model writes). Files holding a NUL byte or not decoding as UTF-8 are skipped and counted.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,4 +114,4 @@ def record_documents(record) -> list[str]:
 
 def pieces(ids: list[int], size: int) -> list[list[int]]:
     """`ids` cut into runs of at most `size` tokens (the index forgets whole runs, oldest first)."""
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
+    return [ids[i : i + size] for i in range(0, len(ids), size)]

@@ -1,5 +1,6 @@
 """What the draft-length policy reads: the measured cost of a target pass by tokens scored (the verify curve) and
 each kind of drafter's cost and acceptance, kept across the requests an engine serves."""
+
 from __future__ import annotations
 
 import bisect
@@ -123,8 +124,9 @@ def interpolate(points: list[tuple[int, float]], T: int) -> float:
     return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
 
 
-def fade_position_counts(tried: list[float], accepted: list[float], reached: int, kept: int,
-               decay: float) -> tuple[list[float], list[float]]:
+def fade_position_counts(
+    tried: list[float], accepted: list[float], reached: int, kept: int, decay: float
+) -> tuple[list[float], list[float]]:
     """Per-position counts after a step that reached its first `reached` positions and kept its first `kept`
     drafts: earlier counts fade by `decay`, then each reached position counts one try, and a kept one an acceptance."""
     tried = [t * decay + (i < reached) for i, t in enumerate(tried)]
@@ -174,7 +176,7 @@ def time_by_size(run, reset, sizes, repeats: int = 3, clock=time.perf_counter) -
     for size in sizes:
         run(size)
         reset(size)
-    times = {size: [] for size in sizes}
+    times: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(repeats + 1):
         for size in sizes:
             start = clock()

@@ -5,60 +5,46 @@ cancel; a request alone is a batch of one. With PLAIN for its drafter (choice.py
 autoregressive decoding (the baseline), so both run the same code. Text comes out of one stream core (TextSteps,
 stream_core.py): generate, stream, generate_many and the server all read it.
 """
+
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
-from typing import Iterator
 
 from .choice import OWN_DRAFTER, PLAIN, DrafterChoice
-from .config import GenerationConfig, SpeculationConfig
+from .config import GenerationConfig
+from .speculation_config import SpeculationConfig
 from .drafters.base import Drafter
 from .errors import ConfigError, ConstraintError
-from .logprobs import TokenLogprob
 from .metrics import GenerationMetrics
 from .costs import CostModel, measure_verify_costs
 from .loader import load_decoder, warm_up_drafter
 from .request import Request
 from .scheduler import BatchEngine
-from .stream_core import TextSteps
-
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # generated tokens, the final EOS included
-    prompt_ids: list[int]
-    metrics: GenerationMetrics
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    logprobs: list[TokenLogprob] | None = None  # per generated token, when the config asked for them
-    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first has none), when asked for
-
-    @classmethod
-    def of(cls, request: Request) -> "GenerationResult":
-        """The result of a request that ended, its text flushed."""
-        return cls(text=request.text.text, token_ids=request.generated, prompt_ids=request.tokens[: request.prompt_len],
-                   metrics=request.metrics, finish_reason=request.finished or "length", logprobs=request.logprobs,
-                   prompt_logprobs=request.prompt_logprobs)
+from .stream_core import GenerationResult, TextSteps, TextStream
 
 
 class SpecDecoder:
     """Speculative decoding over one target model and one drafter: lossless, unless its SpeculationConfig asks for
-    a lossy acceptance rule (config.Acceptance)."""
+    a lossy acceptance rule (acceptance.Acceptance)."""
 
     warmed_up = False  # after warm_up(): drafters built later by name are warmed up too
     tracer = None  # a TraceWriter (specdec/trace.py) recording every request, after trace_to()
 
-    def __init__(self, target, drafter: Drafter | None = None, speculation: SpeculationConfig | None = None,
-                 chat: bool = True, costs: CostModel | None = None):
+    def __init__(
+        self,
+        target,
+        drafter: Drafter | None = None,
+        speculation: SpeculationConfig | None = None,
+        chat: bool = True,
+        costs: CostModel | None = None,
+    ):
         self.target = target  # LoadedModel
         self.drafter = drafter
         self.speculation = speculation or SpeculationConfig()
         self.chat = chat
         self.costs = costs or CostModel()
         self.drafter_options: dict = {}  # create_drafter's options for drafters that calls pick by name
-        self._named_drafters: dict[tuple, Drafter] = {}  # by (name, options)
+        self._named_drafters: dict[tuple, Drafter | None] = {}  # by (name, options); None: plain decoding
 
     load = classmethod(load_decoder)  # SpecDecoder.load(model, drafter=..., ...): the one loader (loader.py)
 
@@ -152,18 +138,33 @@ class SpecDecoder:
         return self._named_drafters[key]
 
     # ---- public generation API ---------------------------------------------------------------
-    def generate(self, prompt, config: GenerationConfig | None = None, *, drafter: str | None = None,
-                 speculation: SpeculationConfig | bool | None = None, **kwargs) -> GenerationResult:
+    def generate(
+        self,
+        prompt,
+        config: GenerationConfig | None = None,
+        *,
+        drafter: str | None = None,
+        speculation: SpeculationConfig | bool | None = None,
+        **kwargs,
+    ) -> GenerationResult:
         """Generates a whole completion. kwargs: GenerationConfig.create's (max_new_tokens, temperature, top_k, top_p,
         seed, stop, penalties, logit_bias, logprobs). drafter and speculation choose this call's speculation, as a
         server request's `speculation` object does: see stream()."""
         stream = self.stream(prompt, config, drafter=drafter, speculation=speculation, **kwargs)
         for _ in stream:
             pass
+        assert stream.result is not None  # set once the stream is exhausted
         return stream.result
 
-    def stream(self, prompt, config: GenerationConfig | None = None, *, drafter: str | None = None,
-               speculation: SpeculationConfig | bool | None = None, **kwargs) -> "TextStream":
+    def stream(
+        self,
+        prompt,
+        config: GenerationConfig | None = None,
+        *,
+        drafter: str | None = None,
+        speculation: SpeculationConfig | bool | None = None,
+        **kwargs,
+    ) -> "TextStream":
         """An iterator of text deltas; `.result` holds the GenerationResult once it is exhausted.
         drafter: a drafter's name for this call ("none": plain decoding; not given: the decoder's own).
         speculation: this call's SpeculationConfig (draft length, adaptive, sampling verifier), or False for plain
@@ -172,19 +173,27 @@ class SpecDecoder:
         if speculation is not None and speculation is not False and not isinstance(speculation, SpeculationConfig):
             raise ConfigError(f"speculation must be a SpeculationConfig or False, got {speculation!r}")
         if speculation is False or drafter == "none":
-            return TextStream(self, self.encode(prompt), cfg, PLAIN, None)
+            return TextStream(self.engine_for_one, self.encode(prompt), cfg, PLAIN, None)
         chosen = self.drafter if drafter is None else self.drafter_named(drafter)
         if chosen is not None and not self.costs.measured:  # loaded without a drafter: time the target now
             self.costs = CostModel(measure_verify_costs(self.target.backend))
-        return TextStream(self, self.encode(prompt), cfg, DrafterChoice(chosen), speculation)
+        return TextStream(self.engine_for_one, self.encode(prompt), cfg, DrafterChoice(chosen), speculation)
 
     def generate_ids(self, prompt_ids: list[int], config: GenerationConfig) -> tuple[list[int], GenerationMetrics]:
         """Token-level generation without text handling (no stop strings): (generated ids, metrics)."""
         state = self.complete(prompt_ids, config)
         return state.generated, state.metrics
 
-    def complete(self, prompt_ids: list[int], config: GenerationConfig, drafter: DrafterChoice = OWN_DRAFTER,
-                 speculation: SpeculationConfig | None = None, *, learn: bool = True, traced: bool = True) -> Request:
+    def complete(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        drafter: DrafterChoice = OWN_DRAFTER,
+        speculation: SpeculationConfig | None = None,
+        *,
+        learn: bool = True,
+        traced: bool = True,
+    ) -> Request:
         """Runs one request to its end, token by token (no text, no stop strings), and returns its finished state.
         drafter: the decoder's own (OWN_DRAFTER), none (PLAIN) or DrafterChoice(a drafter); speculation: default the
         decoder's; learn: hand the output to the drafter (Drafter.learn); traced: recorded by trace_to's trace."""
@@ -201,14 +210,15 @@ class SpecDecoder:
             engine.cancel(0)  # nothing left to do once it ended
         return state
 
-    def generate_many(self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16,
-                      **kwargs) -> list[GenerationResult]:
+    def generate_many(
+        self, prompts: list, config: GenerationConfig | None = None, max_batch: int = 16, **kwargs
+    ) -> list[GenerationResult]:
         """Generates for several prompts at once, in batches that share each target pass (of up to max_batch
         sequences; steps with more than speculation.max_batch_for_drafting of them draft nothing)."""
         cfg = config or GenerationConfig.create(**kwargs)
         steps = TextSteps(self.batch_engine(max_batch))
         pending = list(enumerate(self.encode(p) for p in prompts))
-        results: dict[int, GenerationResult] = {}
+        results: dict[object, GenerationResult] = {}
         while pending or len(steps.engine):
             while pending and steps.engine.free_slots > 0:
                 i, ids = pending.pop(0)
@@ -224,36 +234,27 @@ class SpecDecoder:
         """A BatchEngine over this decoder's target, drafter (OWN_DRAFTER: one fork per request) and costs.
         prefill_chunk: the prompt tokens a step prefills while other requests run (prefill.py; None: whole)."""
         factory = (lambda: self.drafter.fork()) if self.drafter is not None else (lambda: None)
-        return BatchEngine(self.target.backend, factory, self.speculation, self.costs, max_batch=max_batch,
-                           tokenizer=self.target.tokenizer, tracer=self.tracer, prefill_chunk=prefill_chunk)
+        return BatchEngine(
+            self.target.backend,
+            factory,
+            self.speculation,
+            self.costs,
+            max_batch=max_batch,
+            tokenizer=self.target.tokenizer,
+            tracer=self.tracer,
+            prefill_chunk=prefill_chunk,
+        )
 
     def engine_for_one(self, learn: bool = True, traced: bool = True) -> BatchEngine:
         """A BatchEngine for one request at a time, whose own drafter (OWN_DRAFTER) is this decoder's itself, not a
         fork: what it learns and measures carries on to the next request. A request alone may draft trees."""
-        return BatchEngine(self.target.backend, lambda: self.drafter, self.speculation, self.costs, max_batch=1,
-                           tokenizer=self.target.tokenizer, tracer=self.tracer if traced else None, learn=learn)
-
-
-class TextStream:
-    """Iterates over text deltas of one generation; stop strings end it early and are cut off."""
-
-    def __init__(self, decoder: SpecDecoder, prompt_ids: list[int], config: GenerationConfig,
-                 drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None):
-        self.decoder = decoder
-        self.prompt_ids, self.config = list(prompt_ids), config
-        self.drafter, self.speculation = drafter, speculation  # as BatchEngine.submit takes them
-        self.result: GenerationResult | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        steps = TextSteps(self.decoder.engine_for_one())
-        state = steps.submit(0, self.prompt_ids, self.config, self.drafter, self.speculation)  # holds a cache slot
-        try:
-            while not state.finished:
-                for update in steps.step():
-                    if update.error:
-                        raise ConstraintError(update.error)
-                    if update.text:
-                        yield update.text
-        finally:
-            steps.cancel(0)  # frees its slot if it was left unfinished
-        self.result = GenerationResult.of(state)
+        return BatchEngine(
+            self.target.backend,
+            lambda: self.drafter,
+            self.speculation,
+            self.costs,
+            max_batch=1,
+            tokenizer=self.target.tokenizer,
+            tracer=self.tracer if traced else None,
+            learn=learn,
+        )

@@ -1,5 +1,6 @@
 """The cache folder; writing files so that a reader never sees half of one (write under a temporary name, then rename), and reading
 JSON Lines files line by line as their format defines lines."""
+
 from __future__ import annotations
 
 import os
@@ -51,5 +52,6 @@ def read_tensors(path: Path, what: str) -> dict:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise IncompatibleDraftError(f"{what} {path} cannot be read (damaged or not safetensors): "
-                                     f"{first_line(exc)}") from None
+        raise IncompatibleDraftError(
+            f"{what} {path} cannot be read (damaged or not safetensors): {first_line(exc)}"
+        ) from None

@@ -6,6 +6,7 @@ penalties of that text (penalties.py) and the constraint's mask after it (struct
 choice and distribution at every position are those plain decoding would see there. Requests that ask for neither
 never reach this module (Request.logits_processor is None).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,11 @@ class LogitsProcessor:
         """info: the target's ModelInfo (vocabulary, device, EOS ids); tokenizer: the target's, for a constraint."""
         self.sampling = config.sampling
         self.history = TokenHistory(prompt_ids, info.vocab_size, info.device) if self.sampling.penalized else None
-        self.constraint = None if config.constraint is None else ConstraintState(
-            config.constraint, tokenizer, info.vocab_size, info.eos_token_ids)
+        self.constraint = (
+            None
+            if config.constraint is None
+            else ConstraintState(config.constraint, tokenizer, info.vocab_size, info.eos_token_ids)
+        )
 
     @staticmethod
     def wanted(config: GenerationConfig) -> bool:

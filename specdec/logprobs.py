@@ -7,6 +7,7 @@ target's raw logits, before temperature, penalties and top-k/top-p/min-p (vLLM's
 logprobs_mode "processed", of the distribution the token was drawn from (penalties, the constraint's mask, then
 temperature and the filters; greedy requests at temperature 1); tokens filtered out are not listed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,5 +49,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
     if top <= 0:
         return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
     values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)
-    return [TokenLogprob(t, lp, tuple((a, b) for a, b in zip(i, v) if b != float("-inf"))) for t, lp, i, v in
-            zip(tokens, chosen, indices.tolist(), values.tolist())]
+    return [
+        TokenLogprob(t, lp, tuple((a, b) for a, b in zip(i, v) if b != float("-inf")))
+        for t, lp, i, v in zip(tokens, chosen, indices.tolist(), values.tolist())
+    ]

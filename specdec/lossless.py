@@ -12,6 +12,7 @@ and the check fails with probability at most alpha (Bonferroni over all tests); 
 rule shifts the speculative sample, and its p-values go to 0 as N grows. The reference is plain decoding's own
 sampler, whatever it holds (temperature, top-k, top-p, min-p, penalties, logit bias).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -21,7 +22,8 @@ from typing import Callable
 import torch
 
 from .choice import OWN_DRAFTER, PLAIN
-from .config import GenerationConfig, SamplingConfig, SpeculationConfig
+from .config import GenerationConfig, SamplingConfig
+from .speculation_config import SpeculationConfig
 from .tokens import first_difference
 
 MIN_EXPECTED = 5.0  # outcomes expected fewer times than this (in either sample) are pooled into one bin
@@ -46,9 +48,15 @@ class SamplingCheck:
     batch: int = 1  # speculative requests verified side by side (the batched engine where > 1)
 
     def to_dict(self) -> dict:
-        return {"setting": describe(self.sampling), "samples": self.samples, "tokens": self.tokens, "batch": self.batch,
-                "drafted": self.drafted, "accepted": self.accepted,
-                "tests": [vars(t) for t in self.tests]}
+        return {
+            "setting": describe(self.sampling),
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "batch": self.batch,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "tests": [vars(t) for t in self.tests],
+        }
 
 
 @dataclass
@@ -79,10 +87,17 @@ class LosslessReport:
 
     def failures(self) -> list[str]:
         """One line per failed check (none: lossless as far as these checks can tell)."""
-        out = [f"greedy: prompt {i + 1} differs at token {g.divergence} (margin {g.margin:.3g} > {self.tie_margin:g})"
-               for i, g in enumerate(self.greedy) if not g.identical and not g.near_tie(self.tie_margin)]
-        out += [f"sampling {describe(c.sampling)}: {t.name} p = {t.p_value:.3g} < {self.threshold:.3g}"
-                for c in self.sampling for t in c.tests if t.p_value < self.threshold]
+        out = [
+            f"greedy: prompt {i + 1} differs at token {g.divergence} (margin {g.margin:.3g} > {self.tie_margin:g})"
+            for i, g in enumerate(self.greedy)
+            if not g.identical and not g.near_tie(self.tie_margin)
+        ]
+        out += [
+            f"sampling {describe(c.sampling)}: {t.name} p = {t.p_value:.3g} < {self.threshold:.3g}"
+            for c in self.sampling
+            for t in c.tests
+            if t.p_value < self.threshold
+        ]
         return out
 
     def unexercised(self) -> list[str]:
@@ -90,22 +105,47 @@ class LosslessReport:
         rejection branch tested)."""
         runs = [(f"greedy prompt {i + 1}", g.drafted, g.accepted) for i, g in enumerate(self.greedy)]
         runs += [(f"sampling {describe(c.sampling)}", c.drafted, c.accepted) for c in self.sampling]
-        return [f"{name}: " + ("nothing was drafted, so verification was not exercised" if not drafted else
-                               "no draft was accepted, so only rejections were exercised")
-                for name, drafted, accepted in runs if not accepted]
+        return [
+            f"{name}: "
+            + (
+                "nothing was drafted, so verification was not exercised"
+                if not drafted
+                else "no draft was accepted, so only rejections were exercised"
+            )
+            for name, drafted, accepted in runs
+            if not accepted
+        ]
 
     def to_dict(self) -> dict:
-        return {"alpha": self.alpha, "threshold": self.threshold, "tie_margin": self.tie_margin,
-                "passed": not self.failures(), "failures": self.failures(), "unexercised": self.unexercised(),
-                "greedy": [vars(g) for g in self.greedy], "sampling": [c.to_dict() for c in self.sampling]}
+        return {
+            "alpha": self.alpha,
+            "threshold": self.threshold,
+            "tie_margin": self.tie_margin,
+            "passed": not self.failures(),
+            "failures": self.failures(),
+            "unexercised": self.unexercised(),
+            "greedy": [vars(g) for g in self.greedy],
+            "sampling": [c.to_dict() for c in self.sampling],
+        }
 
 
 def describe(s: SamplingConfig) -> str:
     """The setting's non-default sampler fields, as `name=value` pairs."""
     default = SamplingConfig()
-    parts = [f"{name}={getattr(s, name)}" for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                                         "frequency_penalty", "presence_penalty", "logit_bias")
-             if getattr(s, name) != getattr(default, name) or name == "temperature"]
+    parts = [
+        f"{name}={getattr(s, name)}"
+        for name in (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "logit_bias",
+        )
+        if getattr(s, name) != getattr(default, name) or name == "temperature"
+    ]
     return ",".join(parts)
 
 
@@ -115,32 +155,47 @@ def forced(speculation: SpeculationConfig) -> SpeculationConfig:
 
 
 # ---- greedy --------------------------------------------------------------------------------------------
-def check_greedy(decoder, prompt_ids: list[int], max_new_tokens: int, speculation: SpeculationConfig,
-                 label: str = "") -> GreedyCheck:
+def check_greedy(
+    decoder, prompt_ids: list[int], max_new_tokens: int, speculation: SpeculationConfig, label: str = ""
+) -> GreedyCheck:
     """Greedy output with drafting forced on against plain greedy output (with its top-2 logprobs)."""
     spec_config = GenerationConfig(max_new_tokens=max_new_tokens)
     plain_config = replace(spec_config, logprobs=2)
     spec_state = decoder.complete(prompt_ids, spec_config, OWN_DRAFTER, forced(speculation))
     plain_state = decoder.complete(prompt_ids, plain_config, PLAIN)
     spec, plain = spec_state.generated, plain_state.generated
-    check = GreedyCheck(label, len(plain), spec == plain, drafted=spec_state.metrics.drafted_tokens,
-                        accepted=spec_state.metrics.accepted_tokens)
+    check = GreedyCheck(
+        label,
+        len(plain),
+        spec == plain,
+        drafted=spec_state.metrics.drafted_tokens,
+        accepted=spec_state.metrics.accepted_tokens,
+    )
+    logprobs = plain_state.logprobs or []
     if not check.identical:
         i = check.divergence = first_difference(spec, plain)
-        if i < len(plain_state.logprobs or ()) and len(plain_state.logprobs[i].top) >= 2:
-            (_, first), (_, second) = plain_state.logprobs[i].top[:2]
+        if i is not None and i < len(logprobs) and len(logprobs[i].top) >= 2:
+            (_, first), (_, second) = logprobs[i].top[:2]
             check.margin = first - second
     return check
 
 
 # ---- sampling ------------------------------------------------------------------------------------------
-def check_sampling(decoder, prompt_ids: list[int], sampling: SamplingConfig, samples: int, tokens: int,
-                   speculation: SpeculationConfig, batch: int = 1,
-                   progress: Callable[[int], None] | None = None) -> SamplingCheck:
+def check_sampling(
+    decoder,
+    prompt_ids: list[int],
+    sampling: SamplingConfig,
+    samples: int,
+    tokens: int,
+    speculation: SpeculationConfig,
+    batch: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> SamplingCheck:
     """Draws `samples` continuations of `tokens` tokens with speculation (seeds 0..N-1; `batch` > 1: that many at a
     time through the batched engine, the server's path) and as many plainly, one at a time (seeds N..2N-1), and
     tests the two samples for homogeneity. progress(n) is called as pairs are drawn."""
-    spec_counts, plain_counts = Counter(), Counter()
+    spec_counts: Counter[tuple[int, ...]] = Counter()
+    plain_counts: Counter[tuple[int, ...]] = Counter()
     drafted = accepted = 0
     config = GenerationConfig(max_new_tokens=tokens, ignore_eos=True, sampling=sampling)
     for first in range(0, samples, batch):
@@ -157,8 +212,9 @@ def check_sampling(decoder, prompt_ids: list[int], sampling: SamplingConfig, sam
             progress(len(seeds))
     tests = [homogeneity("joint", spec_counts, plain_counts)]
     for position in range(tokens):
-        tests.append(homogeneity(f"position {position + 1}", _marginal(spec_counts, position),
-                                 _marginal(plain_counts, position)))
+        tests.append(
+            homogeneity(f"position {position + 1}", _marginal(spec_counts, position), _marginal(plain_counts, position))
+        )
     return SamplingCheck(sampling, samples, tokens, tests, drafted, accepted, batch)
 
 
@@ -167,7 +223,8 @@ def homogeneity(name: str, a: Counter, b: Counter, min_expected: float = MIN_EXP
     with the outcomes expected fewer than `min_expected` times in either sample pooled into one column."""
     n_a, n_b = sum(a.values()), sum(b.values())
     total = n_a + n_b
-    columns, rare = [], [0, 0]
+    columns: list[tuple[int, int]] = []
+    rare = [0, 0]
     for outcome in sorted(set(a) | set(b)):
         both = a[outcome] + b[outcome]
         if both * min(n_a, n_b) / total < min_expected:
@@ -176,7 +233,7 @@ def homogeneity(name: str, a: Counter, b: Counter, min_expected: float = MIN_EXP
         else:
             columns.append((a[outcome], b[outcome]))
     if rare[0] + rare[1]:
-        columns.append(tuple(rare))
+        columns.append((rare[0], rare[1]))
     if len(columns) < 2:
         return HomogeneityTest(name, 0.0, 0, 1.0)
     statistic = 0.0
@@ -196,7 +253,7 @@ def chi2_survival(statistic: float, dof: int) -> float:
 
 
 def _marginal(counts: Counter, position: int) -> Counter:
-    out = Counter()
+    out: Counter[int] = Counter()
     for outcome, n in counts.items():
         out[outcome[position]] += n
     return out

@@ -9,6 +9,7 @@ A verify pass scores several positions at once, and row r continues the text by 
 each row gets its own counts, those of the text so far plus those of the drafts before it. So the target's
 distribution at every position is what plain decoding would see there, and speculation stays lossless.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,11 +26,12 @@ class TokenHistory:
         self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=device)] = True
 
     @classmethod
-    def of(cls, prompt_ids: list[int], context: list[int], vocab_size: int,
-           device: torch.device | str = "cpu") -> "TokenHistory":
+    def of(
+        cls, prompt_ids: list[int], context: list[int], vocab_size: int, device: torch.device | str = "cpu"
+    ) -> "TokenHistory":
         """The history of a context that opens with prompt_ids, the rest being output (what drafters see)."""
         history = cls(prompt_ids, vocab_size, device)
-        history.extend(context[len(prompt_ids):])
+        history.extend(context[len(prompt_ids) :])
         return history
 
     def extend(self, tokens: list[int]) -> None:
@@ -50,8 +52,9 @@ class TokenHistory:
         rows, nodes = ancestors.nonzero(as_tuple=True)
         if rows.numel():
             columns = draft_tokens.to(counts.device)[nodes.to(counts.device)]
-            counts.index_put_((rows.to(counts.device), columns), torch.ones(rows.numel(), device=counts.device),
-                              accumulate=True)
+            counts.index_put_(
+                (rows.to(counts.device), columns), torch.ones(rows.numel(), device=counts.device), accumulate=True
+            )
         return counts, self.seen | (counts > 0)
 
 

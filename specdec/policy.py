@@ -13,6 +13,7 @@ noisy verify curve, and each failed probe costs a whole step. In a batch a probe
 join: drafts that pay alone can cost more than they find in a pass over many sequences, where the verify pass is
 compute-bound.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -34,8 +35,17 @@ class DraftLengthPolicy:
     acceptance and the cheapest drafting cost measured, so that stale estimates are measured again.
     """
 
-    def __init__(self, k_max: int, costs: CostModel, adaptive: bool = True, prior: float = 0.5,
-                 prior_weight: float = 1.0, decay: float = 0.95, cooldown: int = 8, max_cooldown: int = 256):
+    def __init__(
+        self,
+        k_max: int,
+        costs: CostModel,
+        adaptive: bool = True,
+        prior: float = 0.5,
+        prior_weight: float = 1.0,
+        decay: float = 0.95,
+        cooldown: int = 8,
+        max_cooldown: int = 256,
+    ):
         self.k_max = k_max
         self.costs = costs
         self.adaptive = adaptive
@@ -113,7 +123,7 @@ class DraftLengthPolicy:
     def probe_pays(self, sequences: int, length: int) -> bool:
         """Whether `length` drafts for one of `sequences` sequences verified together would raise the pass's
         tokens per second by PROBE_MARGIN, at the prior acceptance and the cheapest drafting cost measured."""
-        gain = sum(self.prior ** j for j in range(1, length + 1))
+        gain = sum(self.prior**j for j in range(1, length + 1))
         rate = (sequences + gain) / (self.costs.verify_s(sequences + length) + self.costs.draft_s(length, True))
         return rate > (1.0 + PROBE_MARGIN) * sequences / self.costs.verify_s(sequences)
 
@@ -144,13 +154,17 @@ class LengthPlan:
         """Applies each policy's turn (a pause counts down, a probe is spent or deferred, a miss pauses); returns
         the lengths. Once per step that runs the plan."""
         for policy, turn in zip(self.policies, self.turns):
-            if turn is not None:
+            if policy is not None and turn is not None:
                 policy.take_turn(turn)
         return self.lengths
 
 
-def plan_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, caps: list[int],
-                 shared: list[SharedPasses | None] | None = None) -> LengthPlan:
+def plan_lengths(
+    policies: list[DraftLengthPolicy | None],
+    costs: CostModel,
+    caps: list[int],
+    shared: list[SharedPasses | None] | None = None,
+) -> LengthPlan:
     """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
     drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
     drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes sequence i shares
@@ -169,9 +183,9 @@ def plan_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, cap
     turns: list[str | None] = [None] * len(policies)
     candidates = []
     for i, (policy, cap) in enumerate(zip(policies, caps)):
-        cap = min(cap, policy.k_max) if policy is not None else 0
-        if cap <= 0:
+        if policy is None or min(cap, policy.k_max) <= 0:
             continue
+        cap = min(cap, policy.k_max)
         turns[i] = turn = policy.turn(len(policies), cap)
         if turn == "fixed":
             ks[i] = cap
@@ -184,13 +198,15 @@ def plan_lengths(policies: list[DraftLengthPolicy | None], costs: CostModel, cap
 
     def added_cost(i: int, depth: int) -> float:
         """What sequence i's draft at `depth` (0-based) adds to the step's drafting time."""
-        per_draft = policies[i].costs.draft_s(1)
-        if shared[i] is None:
+        policy, passes = policies[i], shared[i]
+        assert policy is not None  # only sequences with a policy draft
+        per_draft = policy.costs.draft_s(1)
+        if passes is None:
             return per_draft
-        width = widths.setdefault(id(shared[i]), [])
+        width = widths.setdefault(id(passes), [])
         width.extend([0] * (depth + 1 - len(width)))
         width[depth] += 1
-        return per_draft * (shared[i].ratio(width[depth]) - shared[i].ratio(width[depth] - 1))
+        return per_draft * (passes.ratio(width[depth]) - passes.ratio(width[depth] - 1))
 
     tokens = len(policies) + sum(ks)
     drafting = sum(added_cost(i, depth) for i, k in enumerate(ks) for depth in range(k))  # fixed-length ones

@@ -10,9 +10,16 @@ The budget is a number of tokens, or "auto": a chunk about as long to run as the
 step with a chunk costs about twice one without (measured as the engine runs: the step's seconds and the seconds a
 prefilled token takes, each a moving average). Where nothing else runs, nobody waits: prompts are prefilled whole.
 """
+
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .request import Request
 
 AUTO = "auto"
 FIRST_GUESS_TOKENS = 64  # auto's budget before a step and a prefill were timed
@@ -92,3 +99,22 @@ class ChunkBudget:
 
 def _average(mean: float | None, value: float) -> float:
     return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value
+
+
+def prefill_in_chunks(backend: Any, waiting: list[Request], chunks: ChunkBudget) -> tuple[set[int], float]:
+    """Plans this step's prefill under the chunk budget while others run: the indices in `waiting` whose prefill
+    ends this step, and the seconds spent here on a chunk of the next one in line, prefilled in part first (its
+    cache then marked in_prompt: the next chunk goes on with its prefill). backend: the target's CausalLM."""
+    left = [len(r.tokens) - r.cache.length for r in waiting]
+    plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for r in waiting], chunks.tokens())
+    if plan.chunk is None:
+        return set(plan.due), 0.0
+    request, n = waiting[plan.chunk[0]], plan.chunk[1]
+    start = request.cache.length
+    t0 = time.perf_counter()
+    tokens = torch.tensor(request.tokens[start : start + n])
+    backend.forward_batch([request.cache], [tokens], last_only=True, argmax_only=True)  # its keys and values only
+    seconds = time.perf_counter() - t0
+    chunks.observe_prefill(n, seconds)
+    request.cache.in_prompt = True
+    return set(plan.due), seconds

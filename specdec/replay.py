@@ -9,6 +9,7 @@ that read the target (draft models, EAGLE, layer-skip) cannot be replayed withou
 reported as they ran. Sampled and constrained requests are left out: a sampled output is one draw, not what a
 different drafter's run would have produced, and a constraint's forced tokens replace drafts.
 """
+
 from __future__ import annotations
 
 import time
@@ -48,10 +49,18 @@ class ReplayResult:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     def to_dict(self, plain: "ReplayResult | None" = None) -> dict:
-        out = {"name": self.name, "tokens": self.tokens, "steps": self.steps, "drafted": self.drafted,
-               "accepted": self.accepted, "mean_accepted_tokens": self.mean_accepted_tokens,
-               "acceptance_rate": self.acceptance_rate, "predicted_seconds": self.seconds,
-               "draft_seconds": self.draft_seconds, "predicted_tokens_per_s": self.tokens_per_s}
+        out = {
+            "name": self.name,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "predicted_seconds": self.seconds,
+            "draft_seconds": self.draft_seconds,
+            "predicted_tokens_per_s": self.tokens_per_s,
+        }
         if plain is not None:
             out["predicted_speedup"] = plain.seconds / self.seconds if self.seconds else None
         if self.measured_seconds is not None:
@@ -63,8 +72,14 @@ class ReplayResult:
 def replayable(requests: list[dict]) -> list[dict]:
     """The requests a replay can reproduce: greedy, unconstrained, exact acceptance (a lossy rule's steps accepted
     what an exact replay would not), with at least one generated token."""
-    return [r for r in requests if r.get("greedy", True) and not r.get("constrained") and r["output_ids"]
-            and r.get("acceptance", "exact") == "exact"]
+    return [
+        r
+        for r in requests
+        if r.get("greedy", True)
+        and not r.get("constrained")
+        and r["output_ids"]
+        and r.get("acceptance", "exact") == "exact"
+    ]
 
 
 def replay_plain(requests: list[dict], costs: CostModel) -> ReplayResult:
@@ -96,8 +111,14 @@ def replay_logged(requests: list[dict], costs: CostModel) -> ReplayResult:
     return result
 
 
-def replay_drafter(requests: list[dict], make: Callable[[], Drafter], name: str, verify_costs: dict[int, float],
-                   k: int | None, k_max: int = 8) -> ReplayResult:
+def replay_drafter(
+    requests: list[dict],
+    make: Callable[[], Drafter],
+    name: str,
+    verify_costs: dict[int, float],
+    k: int | None,
+    k_max: int = 8,
+) -> ReplayResult:
     """Replays a drafter that needs no model over the requests, in order (one drafter forked per request, so a
     suffix index learns each output as a server's does). k: a fixed draft length (drafting every step, capped by
     the tokens left), or None for specdec's adaptive policy with up to k_max drafts, deciding from the trace's
@@ -129,7 +150,7 @@ def replay_drafter(requests: list[dict], make: Callable[[], Drafter], name: str,
             result.draft_seconds += seconds
             result.drafted += len(draft)
             result.accepted += accepted
-            tokens += output[done:done + emitted]
+            tokens += output[done : done + emitted]
             done += emitted
         drafter.end()
         drafter.learn(output)

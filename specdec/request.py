@@ -6,15 +6,18 @@ the KV cache back, then hands each step's outcome here. A Request records it and
 the tokens up to EOS, the length limit or the end of a constrained text, turns them into text when asked (text.py;
 the first stop string ends the request there), and keeps the request's logprobs and metrics.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from .config import EXACT, GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter, DraftRequest, feature_columns
+from .config import EXACT, GenerationConfig
+
+from .speculation_config import SpeculationConfig
+from .drafters.base import Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError
 from .logits import LogitsProcessor
 from .logprobs import TokenLogprob, logprob_logits, prompt_logprobs, token_logprobs
@@ -29,8 +32,18 @@ from .verify import Draft
 class Request:
     """Invariant between steps: the target's cache (`cache`, given by the scheduler) holds every token but the last."""
 
-    def __init__(self, prompt_ids: list[int], config: GenerationConfig, info, drafter: Drafter | None,
-                 speculation: SpeculationConfig, costs: CostModel, learn: bool = True, tokenizer=None, tracer=None):
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        info,
+        drafter: Drafter | None,
+        speculation: SpeculationConfig,
+        costs: CostModel,
+        learn: bool = True,
+        tokenizer=None,
+        tracer=None,
+    ):
         """info: the target's ModelInfo. costs: the engine's CostModel, where this request's kind of drafter keeps its
         drafting cost. learn: hand the output to the drafter when the request ends (Drafter.learn); off for warm-up
         runs. tokenizer: the target's, for text and a structured-output constraint. tracer: a TraceWriter
@@ -45,8 +58,11 @@ class Request:
             raise ConfigError("the prompt is empty")
         if self.prompt_len + config.max_new_tokens + self.k_max + 1 > info.max_context:
             room = f" and room for {self.k_max + 1} draft tokens" if self.k_max else ""
-            what = f"the prompt ({self.prompt_len} tokens)" if self.prompt_len + 2 > info.max_context else \
-                f"the prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}){room}"
+            what = (
+                f"the prompt ({self.prompt_len} tokens)"
+                if self.prompt_len + 2 > info.max_context
+                else f"the prompt ({self.prompt_len} tokens) plus max_new_tokens ({config.max_new_tokens}){room}"
+            )
             raise ContextLengthError(f"{what} exceeds the context of {info.max_context} tokens")
         sampling = config.sampling
         if sampling.logit_bias and max(t for t, _ in sampling.logit_bias) >= info.vocab_size:
@@ -60,18 +76,27 @@ class Request:
         self.generator = None if sampling.greedy else make_generator(self.seed)  # rejection sampling's draws
         self.coupled = not sampling.greedy and speculation.verifier_for(sampling) == "coupled"
         self.eos = () if config.ignore_eos else info.eos_token_ids
-        self.costs = costs.for_drafter(drafter.name) if drafter is not None else None  # its own drafting cost
-        self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive) if drafter is not None else None
-        self.needs_features = drafter is not None and drafter.feature_layers is not None  # Drafter.observe
-        self.feature_layers = tuple(drafter.feature_layers) if self.needs_features else ()  # its drafter's layout
+        self.costs: CostModel | None = None  # its kind of drafter's own drafting cost
+        self.policy: DraftLengthPolicy | None = None
+        if drafter is not None:
+            self.costs = costs.for_drafter(drafter.name)
+            self.policy = DraftLengthPolicy(self.k_max, self.costs, adaptive=self.adaptive)
+        layers = drafter.feature_layers if drafter is not None else None
+        self.needs_features = layers is not None  # Drafter.observe
+        self.feature_layers = tuple(layers) if layers is not None else ()  # its drafter's layout
         self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
-        self.cache = None  # the KV cache the scheduler holds for it, None once it ended
+        self.cache: Any = None  # the KV cache (a model's SequenceCache) the scheduler holds for it, None once it ended
         self.acceptance = speculation.acceptance if drafter is not None else EXACT  # nothing drafted: exact
         self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len, acceptance=str(self.acceptance))
         # whether the target's rows for it are read for their argmax alone (CausalLM.forward's argmax_only)
-        self.argmax_only = (sampling.greedy and self.logits_processor is None and self.logprobs is None
-                            and config.prompt_logprobs is None and not self.acceptance.lossy)
+        self.argmax_only = (
+            sampling.greedy
+            and self.logits_processor is None
+            and self.logprobs is None
+            and config.prompt_logprobs is None
+            and not self.acceptance.lossy
+        )
         self.finished = ""  # "stop" (EOS, a stop string, a complete constrained text) or "length"
         self.started_at = time.perf_counter()
         self.learn = learn
@@ -81,7 +106,7 @@ class Request:
 
     @property
     def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+        return self.tokens[self.prompt_len :]
 
     @property
     def prefill_all_logits(self) -> bool:
@@ -91,12 +116,6 @@ class Request:
     def draft_cap(self) -> int:
         """Most drafts worth proposing: a step emits at most k + 1 tokens."""
         return min(self.k_max, self.config.max_new_tokens - len(self.generated) - 1)
-
-    def own_features(self, hidden: torch.Tensor, given: tuple[int, ...]) -> torch.Tensor:
-        """hidden (n, H + A*H), laid out for a pass's feature layers `given`, in the layout its drafter declared."""
-        if given == self.feature_layers:
-            return hidden
-        return hidden[:, feature_columns(given, self.feature_layers, hidden.shape[-1] // (1 + len(given)))]
 
     def noise(self, positions: list[int]) -> torch.Tensor:
         """Gumbel noise fixed by (seed, position), for coupled sampling: (len(positions), V)."""
@@ -112,15 +131,17 @@ class Request:
     # ---- what each step decided ----------------------------------------------------------------------
     def take_prompt_logprobs(self, logits: torch.Tensor) -> None:
         """logits (prompt length, V) of every prompt row, from a prefill that returned them all."""
-        self.prompt_logprobs = prompt_logprobs(logits[:-1], self.tokens[: self.prompt_len], self.config.prompt_logprobs)
+        alternatives = self.config.prompt_logprobs or 0  # asked for, or this pass would not have returned every row
+        self.prompt_logprobs = prompt_logprobs(logits[:-1], self.tokens[: self.prompt_len], alternatives)
 
     def take_first(self, token: int, raw: torch.Tensor, processed: torch.Tensor, seconds: float) -> list[int]:
         """The token chosen after the prefill, from its last row's logits (1, V), raw and processed (logits.py)."""
         self.metrics.prefill_time_s = seconds
         return self._emit([token], raw, processed)
 
-    def take_step(self, draft: Draft, path: list[int], token: int, raw: torch.Tensor, processed: torch.Tensor,
-                  seconds: float) -> list[int]:
+    def take_step(
+        self, draft: Draft, path: list[int], token: int, raw: torch.Tensor, processed: torch.Tensor, seconds: float
+    ) -> list[int]:
         """A verified step: the draft's accepted path (node indices) and the next token, from the scored rows'
         logits (1 + k, V), raw and processed; seconds: the target pass. Returns the tokens emitted."""
         self.metrics.verify_time_s += seconds
@@ -131,15 +152,16 @@ class Request:
         count_step_metrics(self.metrics, drafted=len(draft), accepted=len(path), emitted=len(new), source=draft.source)
         return new
 
-    def _emit(self, tokens: list[int], raw: torch.Tensor, processed: torch.Tensor,
-              rows: list[int] | None = None) -> list[int]:
+    def _emit(
+        self, tokens: list[int], raw: torch.Tensor, processed: torch.Tensor, rows: list[int] | None = None
+    ) -> list[int]:
         """Appends the tokens a step chose and records their logprobs; rows[j] (default j) of the logits holds the
         distribution tokens[j] was chosen from."""
         new = self.append(tokens)
         if self.logprobs is not None:
             scored = logprob_logits(raw, processed, self.config.logprobs_mode, self.config.sampling)
-            self.logprobs += token_logprobs(scored if rows is None else scored[rows[: len(new)]], new,
-                                            self.config.logprobs)
+            alternatives = self.config.logprobs or 0  # a list of logprobs means they were asked for
+            self.logprobs += token_logprobs(scored if rows is None else scored[rows[: len(new)]], new, alternatives)
         self.metrics.new_tokens += len(new)
         return new
 
@@ -184,15 +206,9 @@ class Request:
         self.metrics.finish_reason = self.finished or reason
 
 
-def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
-    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
-    (each request then takes its own layout: Request.own_features); None where no drafter reads features."""
-    readers = [r for r in requests if r.needs_features]
-    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
-
-
-def count_step_metrics(m: GenerationMetrics, drafted: int, accepted: int, emitted: int,
-                       source: str | None = None) -> None:
+def count_step_metrics(
+    m: GenerationMetrics, drafted: int, accepted: int, emitted: int, source: str | None = None
+) -> None:
     """Counts one verify step into m: `drafted` proposals, the first `accepted` of them kept, `emitted` tokens
     output; source: the drafter a selector chose for it."""
     m.steps += 1
@@ -223,10 +239,17 @@ def open_request(backend, request: Request) -> Request:
     request.metrics.cached_prompt_tokens = request.cache.length
     if request.drafter is not None:
         generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
-        request.drafter.begin(DraftRequest(prompt_ids=request.tokens[: request.prompt_len],
-                                           sampling=request.config.sampling, generator=generator,
-                                           noise=request.noise if request.coupled else None, costs=request.costs,
-                                           adaptive=request.adaptive, target_cache=request.cache))
+        request.drafter.begin(
+            DraftRequest(
+                prompt_ids=request.tokens[: request.prompt_len],
+                sampling=request.config.sampling,
+                generator=generator,
+                noise=request.noise if request.coupled else None,
+                costs=request.costs,
+                adaptive=request.adaptive,
+                target_cache=request.cache,
+            )
+        )
     return request
 
 
@@ -271,4 +294,3 @@ def _park_or_release(backend, request: Request) -> None:
         if prefix.park(request.tokens[:rows], request.cache, features, request.feature_layers):
             return
     backend.release(request.cache)
-

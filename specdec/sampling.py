@@ -4,6 +4,7 @@ The same chain forms the target's distribution p and a draft model's q, so verif
 like with like. Greedy decoding (temperature 0) never calls these; it takes the argmax of the logits
 (after the penalties of penalties.py, where a request asks for them).
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,7 +75,9 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
-def position_gumbel(seed: int, positions: list[int], vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def position_gumbel(
+    seed: int, positions: list[int], vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Gumbel noise that depends only on (seed, position): (len(positions), V) float32.
 
     argmax(log p + noise) is an exact sample from p, and because the noise at a position does not

@@ -3,59 +3,61 @@ cancel; a request ends in one place (BatchEngine._end). It prefills requests and
 request takes at once.
 
 The step: propose -> forward -> verify -> roll back -> observe. Each request with a drafter gets a draft length
-(policy.py, allocated jointly from the measured cost curve so that speculation shrinks as the batch grows; a
-request without one drafts nothing and the policy is not asked); its drafter proposes; one target pass scores
+(drafting.DraftLengths: from policy.py, allocated jointly from the measured cost curve so that speculation shrinks
+as the batch grows; a request without one drafts nothing and the policy is not asked); its drafter proposes; one target pass scores
 every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch scores
 chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache is
 cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
 A request alone is a batch of one: SpecDecoder.generate and stream run this same step. Requests join and leave
 between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix restored from the prefix
-cache; parked there or freed at its end), drafter and random streams. Above
-SpeculationConfig.max_batch_for_drafting requests a step drafts nothing at all (no probes either). A batch whose
-step the policy gave no drafts asks it again only after IDLE_RECHECK steps at the same size: in large batches,
-where drafts do not pay, asking every step cost about 1% of the step. With a prefill chunk (prefill.py), a step
+cache; parked there or freed at its end), drafter and random streams. With a prefill chunk (prefill.py), a step
 prefills at most that many prompt tokens while other requests run, so that a long prompt stalls nobody.
 """
+
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from .choice import OWN_DRAFTER, DrafterChoice
-from .config import GenerationConfig, SpeculationConfig
-from .drafters.base import Drafter
+from .config import GenerationConfig
+from .speculation_config import SpeculationConfig
+from .drafters.base import Drafter, features_in_layout
 from .errors import ConstraintError
+from .events import StepEvent
 from .costs import CostModel
-from .drafting import propose_all, shared_passes
-from .policy import plan_alone, plan_lengths
-from .prefill import ChunkBudget, plan_prefill
-from .request import Request, close_request, open_request, pass_feature_layers
+from .drafting import DraftLengths, propose_all
+from .prefill import ChunkBudget, prefill_in_chunks
+from .request import Request, close_request, open_request
 from .verify import Draft, tree_mask, verify
 
-IDLE_RECHECK = 8
 ENGINE_PARTS = ("prefill", "draft", "pass", "verify")  # BatchEngine.seconds: where its steps' time went
 
 
-@dataclass
-class StepEvent:
-    """What one step did for one request."""
-
-    request_id: object
-    new_tokens: list[int]
-    finished: str = ""  # "", "stop", "length", or "error" (the request's own step failed: see `error`)
-    state: Request | None = field(default=None, repr=False)
-    error: str = ""  # why a request ended in error (a ConstraintError), for it alone
+def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
+    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
+    (each request then takes its own layout: features_in_layout); None where no drafter reads features."""
+    readers = [r for r in requests if r.needs_features]
+    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
 
 
 class BatchEngine:
     """Owns a set of running requests over one backend; not thread-safe (one step at a time)."""
 
-    def __init__(self, backend, drafter_factory: Callable[[], Drafter | None], speculation: SpeculationConfig,
-                 costs: CostModel, max_batch: int = 16, tokenizer=None, tracer=None, learn: bool = True,
-                 prefill_chunk: int | str | None = None):
+    def __init__(
+        self,
+        backend,
+        drafter_factory: Callable[[], Drafter | None],
+        speculation: SpeculationConfig,
+        costs: CostModel,
+        max_batch: int = 16,
+        tokenizer=None,
+        tracer=None,
+        learn: bool = True,
+        prefill_chunk: int | str | None = None,
+    ):
         """drafter_factory: the drafter of a request that takes the engine's own (OWN_DRAFTER). tokenizer: the
         target's, for text and constraints; tracer: a TraceWriter that records every request when it ends; learn:
         hand each finished output to its drafter (Drafter.learn), off for warm-up runs; prefill_chunk: the prompt
@@ -72,7 +74,7 @@ class BatchEngine:
         self.waiting: list[tuple[object, Request]] = []  # admitted, not yet (wholly) prefilled
         self.chunks = ChunkBudget(prefill_chunk) if prefill_chunk is not None and backend.exact_chunks else None
         self.running: dict[object, Request] = {}
-        self._idle = (0, 0)  # (batch size, steps left) after a batched step the policy gave no drafts
+        self.draft_lengths = DraftLengths(costs, speculation.max_batch_for_drafting)
         self.seconds = dict.fromkeys(ENGINE_PARTS, 0.0)  # cumulative: prefill passes, drafting, the step's target
         # pass, and verification (sampling, cache rollback, what the drafters and policies observe)
 
@@ -83,8 +85,14 @@ class BatchEngine:
     def free_slots(self) -> int:
         return self.max_batch - len(self)
 
-    def submit(self, request_id, prompt_ids: list[int], config: GenerationConfig,
-               drafter: DrafterChoice = OWN_DRAFTER, speculation: SpeculationConfig | None = None) -> Request:
+    def submit(
+        self,
+        request_id,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        drafter: DrafterChoice = OWN_DRAFTER,
+        speculation: SpeculationConfig | None = None,
+    ) -> Request:
         """Admits a request (the one place a Request is built): it takes its cache and drafter now, is prefilled at
         the next step, and ends when a step finishes it or cancel(request_id) drops it; its events carry request_id.
         Returns its state, to read. drafter: the engine's own, none (PLAIN) or a given one; speculation: default the
@@ -92,8 +100,17 @@ class BatchEngine:
         if self.free_slots <= 0:
             raise RuntimeError("the batch is full")
         made = self.drafter_factory() if drafter.own else drafter.drafter
-        request = Request(prompt_ids, config, self.backend.info, made, speculation or self.speculation, self.costs,
-                          learn=self.learn, tokenizer=self.tokenizer, tracer=self.tracer)
+        request = Request(
+            prompt_ids,
+            config,
+            self.backend.info,
+            made,
+            speculation or self.speculation,
+            self.costs,
+            learn=self.learn,
+            tokenizer=self.tokenizer,
+            tracer=self.tracer,
+        )
         open_request(self.backend, request)
         self.waiting.append((request_id, request))
         return request
@@ -120,13 +137,17 @@ class BatchEngine:
         ids, requests = [rid for rid, _ in ready], [r for _, r in ready]
         solo = len(requests) == 1  # alone, a request may draft a tree (the batched pass scores chains only)
         t0 = time.perf_counter()
-        lengths = self._draft_lengths(requests, solo)
+        drafting = any(r.drafter is not None for r in requests)
+        lengths = self.draft_lengths.plan(requests, solo) if drafting else [0] * len(requests)
         drafts = propose_all(requests, lengths, solo) if any(lengths) else [Draft.empty()] * len(requests)
         self.seconds["draft"] += time.perf_counter() - t0
         inputs = [torch.tensor([r.tokens[-1]] + d.tokens.tolist()) for r, d in zip(requests, drafts)]  # (1 + k,)
         layers = pass_feature_layers(requests)
-        wanted = dict(output_hidden=layers is not None, feature_layers=layers or (),
-                      argmax_only=all(r.argmax_only for r in requests))
+        wanted = dict(
+            output_hidden=layers is not None,
+            feature_layers=layers or (),
+            argmax_only=all(r.argmax_only for r in requests),
+        )
         t0 = time.perf_counter()
         if solo:
             mask = tree_mask(drafts[0].parents) if drafts[0].parents is not None else None  # (1 + k, 1 + k)
@@ -140,47 +161,41 @@ class BatchEngine:
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
             self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
         t1 = time.perf_counter()
-        events += [self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
-                   for rid, r, draft, out in zip(ids, requests, drafts, outputs)]
+        events += [
+            self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)
+            for rid, r, draft, out in zip(ids, requests, drafts, outputs)
+        ]
         self.seconds["verify"] += time.perf_counter() - t1
         return events
 
-    def _draft_lengths(self, requests: list[Request], solo: bool) -> list[int]:
-        """Each request's draft length this step: 0 without a drafter, and for every request when the batch is over
-        the engine's limit for drafting (the engine's SpeculationConfig decides it, not a request's own)."""
-        limit = self.speculation.max_batch_for_drafting
-        if all(r.drafter is None for r in requests) or (limit is not None and len(requests) > limit):
-            return [0] * len(requests)  # no drafter runs, no policy probes or counts down its pause
-        if solo:  # the plan this step runs, committed: its policy's step
-            r = requests[0]
-            return plan_alone(r.policy, self.costs, r.draft_cap(), r.drafter.sizing).commit()
-        size, left = self._idle
-        if size == len(requests) and left > 0:
-            self._idle = (size, left - 1)
-            return [0] * len(requests)
-        lengths = plan_lengths([r.policy for r in requests], self.costs, [r.draft_cap() for r in requests],
-                               [shared_passes(r) for r in requests]).commit()
-        self._idle = (len(requests), 0 if any(lengths) else IDLE_RECHECK)
-        return lengths
-
-    def _verify(self, request: Request, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,
-                layers: tuple[int, ...] | None, seconds: float) -> list[int]:
+    def _verify(
+        self,
+        request: Request,
+        draft: Draft,
+        logits: torch.Tensor,
+        hidden: torch.Tensor | None,
+        layers: tuple[int, ...] | None,
+        seconds: float,
+    ) -> list[int]:
         """Verifies the target's logits (1 + k, V) of a request's scored rows, rolls its cache back to the accepted
         path (a chain's cache is truncated, a tree's compacted), lets its drafter (hidden (1 + k, H + A*H) for the
         pass's feature `layers`) and policy observe, and hands the outcome to the request: the tokens it emitted."""
         processed = request.logits_processor.rows(logits, draft) if request.logits_processor is not None else logits
-        path, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead(),
-                             request.acceptance)
+        path, token = verify(
+            draft, processed, request.config.sampling, request.generator, request.noise_ahead(), request.acceptance
+        )
         rows = [0] + [i + 1 for i in path]
         if draft.parents is not None:
             self.backend.compact(request.cache, len(request.tokens) - 1, rows)
         else:
             self.backend.truncate(request.cache, len(request.tokens) + len(path))
-        if request.needs_scores:  # every row's choice, rejected drafts included (lookahead's Jacobi window)
-            request.drafter.scored(draft, processed.argmax(-1).cpu(), path)
+        drafter = request.drafter
+        if request.needs_scores and drafter is not None:  # every row's choice, rejected drafts included
+            drafter.scored(draft, processed.argmax(-1).cpu(), path)
         if request.needs_features:
-            kept = request.own_features(hidden[rows], layers)
-            request.drafter.observe(kept)
+            assert drafter is not None and hidden is not None and layers is not None  # a reader's pass returns them
+            kept = features_in_layout(hidden[rows], layers, request.feature_layers)
+            drafter.observe(kept)
             if request.features is not None:
                 request.features.append(kept)
         if request.policy is not None:
@@ -208,11 +223,14 @@ class BatchEngine:
             layers = pass_feature_layers([r for members in groups.values() for _, r in members])
             tokens = sum(len(r.tokens) - r.cache.length for r in leads)
             t0 = time.perf_counter()
-            outputs = self.backend.forward_batch([r.cache for r in leads],  # after the prefix the cache restored
-                                                 [torch.tensor(r.tokens[r.cache.length:]) for r in leads],
-                                                 output_hidden=layers is not None, feature_layers=layers or (),
-                                                 last_only=not every_row, argmax_only=all(
-                                                     r.argmax_only for m in groups.values() for _, r in m))
+            outputs = self.backend.forward_batch(
+                [r.cache for r in leads],  # after the prefix the cache restored
+                [torch.tensor(r.tokens[r.cache.length :]) for r in leads],
+                output_hidden=layers is not None,
+                feature_layers=layers or (),
+                last_only=not every_row,
+                argmax_only=all(r.argmax_only for m in groups.values() for _, r in m),
+            )
             seconds = time.perf_counter() - t0
             self.seconds["prefill"] += seconds
             if self.chunks is not None:
@@ -222,8 +240,9 @@ class BatchEngine:
                     self.backend.copy_cache(lead.cache, request.cache)
                 for rid, request in members:
                     self.running[rid] = request
-                    events.append(self._outcome(rid, request, self._first_token, request, out.logits, out.hidden,
-                                                layers, seconds))
+                    events.append(
+                        self._outcome(rid, request, self._first_token, request, out.logits, out.hidden, layers, seconds)
+                    )
         return events
 
     def _prompts_due(self, others_running: bool) -> list[tuple[object, Request]]:
@@ -232,26 +251,20 @@ class BatchEngine:
         if self.chunks is None or not others_running:  # whole prompts: nobody would wait for them
             batch, self.waiting = self.waiting, []
             return batch
-        budget = self.chunks.tokens()
-        left = [len(r.tokens) - r.cache.length for _, r in self.waiting]
-        plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for _, r in self.waiting], budget)
-        if plan.chunk is not None:
-            request, n = self.waiting[plan.chunk[0]][1], plan.chunk[1]
-            start = request.cache.length
-            t0 = time.perf_counter()
-            self.backend.forward_batch([request.cache], [torch.tensor(request.tokens[start:start + n])],
-                                       last_only=True, argmax_only=True)  # only its keys and values are wanted
-            seconds = time.perf_counter() - t0
-            self.seconds["prefill"] += seconds
-            self.chunks.observe_prefill(n, seconds)
-            request.cache.in_prompt = True
-        due = set(plan.due)
+        due, seconds = prefill_in_chunks(self.backend, [r for _, r in self.waiting], self.chunks)
+        self.seconds["prefill"] += seconds
         batch = [w for i, w in enumerate(self.waiting) if i in due]
         self.waiting = [w for i, w in enumerate(self.waiting) if i not in due]
         return batch
 
-    def _first_token(self, request: Request, logits: torch.Tensor, hidden: torch.Tensor | None,
-                     layers: tuple[int, ...] | None, seconds: float) -> list[int]:
+    def _first_token(
+        self,
+        request: Request,
+        logits: torch.Tensor,
+        hidden: torch.Tensor | None,
+        layers: tuple[int, ...] | None,
+        seconds: float,
+    ) -> list[int]:
         """Chooses a request's first token from its prefill's logits, (1, V) for the last prompt token or (prompt
         length, V) when it asked for prompt logprobs; hidden: the prompt's rows (prompt length, H + A*H) for the
         pass's feature `layers`, for drafters that read features."""
@@ -259,7 +272,8 @@ class BatchEngine:
             request.take_prompt_logprobs(logits)
         last = logits[-1:]
         if request.needs_features:
-            hidden = request.own_features(hidden, layers)
+            assert request.drafter is not None and hidden is not None and layers is not None  # a reader's pass
+            hidden = features_in_layout(hidden, layers, request.feature_layers)
             if request.features is not None:  # restored rows first, then the prefill's (prompt length, H) in all
                 features = request.features
                 hidden = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden

@@ -7,18 +7,23 @@ back), so drafts that break the constraint are rejected like any other wrong gue
 what constrained plain decoding gives: greedy token for token, sampling in distribution. When the text is
 complete only the end-of-sequence token is allowed, and the request ends there.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import Constraint
 from .errors import ConfigError, ConstraintError
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), unless the schema's "x-guidance" says otherwise: with any
 # whitespace allowed, small models tend to fill objects with runs of spaces and newlines.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @lru_cache(maxsize=64)
@@ -81,7 +86,9 @@ class ConstraintState:
         from llguidance import LLMatcher
 
         self.vocab_size = vocab_size
-        self.matcher = LLMatcher(_ll_tokenizer(tokenizer, vocab_size, tuple(eos)), grammar_text(constraint), log_level=0)
+        self.matcher = LLMatcher(
+            _ll_tokenizer(tokenizer, vocab_size, tuple(eos)), grammar_text(constraint), log_level=0
+        )
         if self.matcher.is_error():
             raise _invalid(constraint, self.matcher.get_error())
         self._words = torch.empty((vocab_size + 31) // 32, dtype=torch.int32)

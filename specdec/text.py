@@ -1,5 +1,6 @@
 """A request's tokens as text: decoded one token at a time without splitting a character, and cut at the first
 stop string (TextAssembler, which Request.take_text feeds)."""
+
 from __future__ import annotations
 
 from .errors import ConfigError
@@ -21,11 +22,11 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
         decode = self.tokenizer.decode
-        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        new_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        prefix_text = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        new_text = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""
 
 
@@ -76,12 +77,12 @@ class TextAssembler:
                 kept = i + 1
                 break
         safe = len(self.text) if self.stopped else self.stops.safe_length(self.text)
-        delta = self.text[self.released:safe] if safe > self.released else ""
+        delta = self.text[self.released : safe] if safe > self.released else ""
         self.released = max(self.released, safe)
         return delta, kept
 
     def flush(self) -> str:
         """Whatever text was held back (a possible stop-string start) once generation has ended."""
-        delta = self.text[self.released:]
+        delta = self.text[self.released :]
         self.released = len(self.text)
         return delta

@@ -1,4 +1,5 @@
 """Comparing token sequences (the lowest layer: imported by models, drafters, the harness and the benchmark)."""
+
 from __future__ import annotations
 
 

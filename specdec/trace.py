@@ -7,6 +7,7 @@ other drafters and draft lengths would have done on the same traffic, without th
 A trace holds the token ids of every prompt and output (their text, in effect): it is written only when asked for
 (`--trace FILE`), appended to, and should be kept as private as the requests themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,19 +39,39 @@ class TraceWriter:
         self._lock = threading.Lock()
         self._good = self._file.tell()  # the end of the last complete record
         self.dropped = 0  # records not written (a full disk, an I/O error): generation goes on without them
-        self._line({"type": "header", "model": model, "created": time.time(), "machine": platform.machine(),
-                    "processor": platform.processor(),
-                    "verify_costs_s": {str(t): s for t, s in sorted(verify_costs.items())}})
+        self._line(
+            {
+                "type": "header",
+                "model": model,
+                "created": time.time(),
+                "machine": platform.machine(),
+                "processor": platform.processor(),
+                "verify_costs_s": {str(t): s for t, s in sorted(verify_costs.items())},
+            }
+        )
 
     def write(self, state) -> None:
         """One ended request (a Request that kept its step log)."""
         config, m = state.config, state.metrics
-        self._line({"type": "request", "drafter": state.drafter.name if state.drafter is not None else "none",
-                    "k_max": state.k_max, "adaptive": state.adaptive, "greedy": config.sampling.greedy,
-                    "constrained": config.constraint is not None, "max_new_tokens": config.max_new_tokens,
-                    "finish_reason": state.finished or m.finish_reason, "prompt_ids": state.tokens[: state.prompt_len],
-                    "output_ids": state.generated, "steps": state.step_log, "prefill_s": m.prefill_time_s,
-                    "draft_s": m.draft_time_s, "verify_s": m.verify_time_s, "acceptance": m.acceptance})
+        self._line(
+            {
+                "type": "request",
+                "drafter": state.drafter.name if state.drafter is not None else "none",
+                "k_max": state.k_max,
+                "adaptive": state.adaptive,
+                "greedy": config.sampling.greedy,
+                "constrained": config.constraint is not None,
+                "max_new_tokens": config.max_new_tokens,
+                "finish_reason": state.finished or m.finish_reason,
+                "prompt_ids": state.tokens[: state.prompt_len],
+                "output_ids": state.generated,
+                "steps": state.step_log,
+                "prefill_s": m.prefill_time_s,
+                "draft_s": m.draft_time_s,
+                "verify_s": m.verify_time_s,
+                "acceptance": m.acceptance,
+            }
+        )
 
     def _line(self, record: dict) -> None:
         """Appends one record; a failed write (a full disk) is cut back to the last complete record, logged once
@@ -63,8 +84,9 @@ class TraceWriter:
             except OSError as exc:
                 self.dropped += 1
                 if self.dropped == 1:
-                    logging.getLogger("specdec.trace").error("cannot write the trace %s (%s): requests go on, "
-                                                             "unrecorded", self.path, exc.strerror or exc)
+                    logging.getLogger("specdec.trace").error(
+                        "cannot write the trace %s (%s): requests go on, unrecorded", self.path, exc.strerror or exc
+                    )
                 try:
                     self._file.seek(self._good)
                     self._file.truncate()
@@ -90,8 +112,11 @@ def read_trace(path: str | Path) -> tuple[dict[int, float], list[dict]]:
             if record["type"] == "header":
                 costs = costs or {int(t): float(s) for t, s in record["verify_costs_s"].items()}
             elif record["type"] == "request":
-                if not (isinstance(record["prompt_ids"], list) and isinstance(record["output_ids"], list)
-                        and isinstance(record["steps"], list)):
+                if not (
+                    isinstance(record["prompt_ids"], list)
+                    and isinstance(record["output_ids"], list)
+                    and isinstance(record["steps"], list)
+                ):
                     raise ValueError("prompt_ids, output_ids and steps must be lists")
                 requests.append(record)
         except (ValueError, KeyError, TypeError) as exc:

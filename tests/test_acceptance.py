@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from specdec.config import EXACT, Acceptance, GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import EXACT, Acceptance, GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError

@@ -63,7 +63,7 @@ def served(tiny_folder):
     pytest.importorskip("fastapi")
     from starlette.testclient import TestClient
 
-    from specdec.config import SpeculationConfig
+    from specdec.speculation_config import SpeculationConfig
     from specdec.drafters.lookup.ngram import NgramDrafter
     from specdec.engine import SpecDecoder
     from specdec.models.loading import load_model
@@ -111,7 +111,8 @@ def test_a_bad_acceptance_in_a_request_is_a_400_naming_the_field(served, value, 
 
 def test_traces_record_the_rule_and_replays_leave_lossy_requests_out(tmp_path):
     """A replay judges drafts by exact agreement with the output: a lossy request's logged steps are not that."""
-    from specdec.config import GenerationConfig, SpeculationConfig
+    from specdec.config import GenerationConfig
+    from specdec.speculation_config import SpeculationConfig
     from specdec.drafters.lookup.ngram import NgramDrafter
     from specdec.engine import SpecDecoder
     from specdec.costs import CostModel

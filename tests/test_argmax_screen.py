@@ -5,7 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder

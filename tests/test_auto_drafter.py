@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import specdec.drafters as drafters
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.costs import CostModel
 from specdec.drafters import create_drafter
 from specdec.drafters.routing.auto import AUTO_SELECT

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, Draft, Drafter
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter
@@ -117,7 +119,7 @@ def test_cancel_frees_the_slot_at_once():
 def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeypatch):
     """Where the policy gives a batch no drafts (large batches, where drafts do not pay), it is asked again after
     IDLE_RECHECK steps at the same size, and at once when the batch's size changes."""
-    from specdec import scheduler
+    from specdec import drafting
 
     asked = []
 
@@ -125,13 +127,13 @@ def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeyp
         asked.append(len(policies))
         return LengthPlan([0] * len(policies), policies, [None] * len(policies))
 
-    monkeypatch.setattr(scheduler, "plan_lengths", no_drafts)
+    monkeypatch.setattr(drafting, "plan_lengths", no_drafts)
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     engine = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3)).batch_engine(max_batch=3)
     for name in "abc":
         engine.submit(name, [1, 2, 3], GenerationConfig(max_new_tokens=60, ignore_eos=True))
     engine.step()  # the prefill
-    for _ in range(2 * (scheduler.IDLE_RECHECK + 1)):
+    for _ in range(2 * (drafting.IDLE_RECHECK + 1)):
         engine.step()
     assert asked == [3, 3]
     engine.cancel("a")

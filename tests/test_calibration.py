@@ -2,7 +2,7 @@
 scoring and sizing its trees; the output stays exactly the target's."""
 import torch
 
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.heads.calibration import Calibration, accepted_path, node_depths
 from specdec.drafters.heads.eagle import EagleDrafter
 from specdec.drafters.heads.eagle_head import new_head

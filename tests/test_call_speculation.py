@@ -2,7 +2,7 @@
 `speculation` object chooses it. The output is the target's whatever the choice."""
 import pytest
 
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError

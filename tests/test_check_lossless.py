@@ -6,7 +6,9 @@ from collections import Counter
 import pytest
 from scipy import stats
 
-from specdec.config import SamplingConfig, SpeculationConfig
+from specdec.config import SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder
 from specdec.lossless import LosslessReport, check_greedy, check_sampling, chi2_survival, homogeneity

@@ -5,7 +5,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.compiled_pass import compiled_steps, inductor_problem

@@ -2,7 +2,9 @@
 target's, greedy and seed-stable sampled, and a draft that predicts the target well is accepted across tokenizers."""
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.models.cross_tokenizer import CrossTokenizerDrafter
 from specdec.engine import SpecDecoder

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder
 

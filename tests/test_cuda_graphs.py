@@ -8,7 +8,9 @@ test_device_sampling.py. On a GPU machine: python -m pytest -n 0 tests/test_cuda
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder
 from test_cuda import PROMPTS, _hf_greedy

@@ -4,7 +4,9 @@ with it gives plain decoding's tokens. tests/test_cuda_graphs.py checks the capt
 import pytest
 import torch
 
-from specdec.config import SamplingConfig, SpeculationConfig
+from specdec.config import SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.heads.eagle import EagleDrafter
 from specdec.drafters.heads.eagle3_head import new_eagle3_head

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.models.draft_model import DraftModelDrafter

@@ -3,7 +3,7 @@ backends), and building one leaves a target shared with another decoder as it wa
 import pytest
 import torch
 
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder
 from eagle3_heads import LAYERS, write_eagle3

@@ -4,7 +4,9 @@ lookup-only drafts mixed with the head's trees."""
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget
 from specdec.drafters.heads.eagle import EagleDrafter
 from specdec.drafters.heads.eagle_head import new_head

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.heads.eagle_head import new_head
 from specdec.drafters.heads.eagle_loading import load_head

@@ -8,7 +8,9 @@ import json
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.heads.eagle3_head import new_eagle3_head
 from specdec.drafters.heads.eagle_head import new_head

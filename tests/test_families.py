@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from families import VARIANTS, family_model, prompt_ids
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.heads.eagle import EagleDrafter
 from specdec.drafters.heads.eagle_head import new_head

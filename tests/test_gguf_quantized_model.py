@@ -13,7 +13,8 @@ import torch
 
 from families import _COMMON, bpe_tokenizer, prompt_ids
 from gguf_writer import write_gguf
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder
 from specdec.errors import ModelLoadError

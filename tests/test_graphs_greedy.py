@@ -3,7 +3,9 @@ decoding's tokens and transformers' own, for every kind of drafter, alone and in
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.heads.eagle import EagleDrafter

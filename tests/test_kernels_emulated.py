@@ -72,7 +72,8 @@ def _logits_on(module, monkeypatch, target_of):
 
 
 def test_a_model_and_its_drafting_copy_give_the_avx2_builds_logits(emulated, avx2, monkeypatch):
-    from specdec.config import GenerationConfig, SpeculationConfig
+    from specdec.config import GenerationConfig
+    from specdec.speculation_config import SpeculationConfig
     from specdec.drafters import create_drafter
     from specdec.engine import SpecDecoder
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specdec import kernels
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 

@@ -60,7 +60,8 @@ def test_compaction_moves_bfloat16_entries_whole(model):
 
 @pytest.mark.parametrize("drafter", ["ngram", "quantized"])
 def test_speculation_on_a_bfloat16_cache_gives_plain_decodings_tokens(model, drafter):
-    from specdec.config import GenerationConfig, SpeculationConfig
+    from specdec.config import GenerationConfig
+    from specdec.speculation_config import SpeculationConfig
     from specdec.drafters import create_drafter
     from specdec.engine import SpecDecoder
 

@@ -7,7 +7,9 @@ and that drafts of any kind (chain, tree, batch) leave them unchanged.
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder

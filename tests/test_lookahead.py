@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.lookup.jacobi import JacobiWindow
 from specdec.drafters.lookup.lookahead import FIRST_PAUSE, LookaheadDrafter, pool_guesses, trie

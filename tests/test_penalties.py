@@ -7,7 +7,9 @@ transformers' own `generate(repetition_penalty=...)` and plain decoding, for cha
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec.cli.main import main
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.drafters.lookup.suffix import SuffixDrafter
 from specdec.engine import SpecDecoder

@@ -13,7 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from specdec.config import GenerationConfig, SamplingConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.heads.medusa import MedusaDrafter
 from specdec.drafters.heads.medusa_head import MedusaConfig, MedusaHeads

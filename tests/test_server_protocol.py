@@ -101,7 +101,7 @@ def test_a_refused_body_names_its_field_and_why(change, param, code):
 def test_the_verifiers_a_request_may_name_are_the_engines():
     from typing import get_args
 
-    from specdec.config import SAMPLING_VERIFIERS
+    from specdec.speculation_config import SAMPLING_VERIFIERS
     from specdec.server.protocol import Speculation
 
     assert set(get_args(get_args(Speculation.model_fields["sampling_verifier"].annotation)[0])) == \

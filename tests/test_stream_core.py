@@ -5,7 +5,9 @@ import queue
 
 import pytest
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model

@@ -1,7 +1,7 @@
 """Text streaming and stop strings, through the engine and a real (word-level) tokenizer."""
 import pytest
 
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model

@@ -10,7 +10,9 @@ import re
 import pytest
 import torch
 
-from specdec.config import Constraint, GenerationConfig, SpeculationConfig
+from specdec.config import Constraint, GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter

@@ -7,7 +7,7 @@ import sys
 
 from specdec.benchmarks.prompts import load_prompts
 from specdec.benchmarks.runner import SpecdecMethod, run_methods
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.costs import CostModel, measure_verify_costs
 from specdec.drafters import create_drafter
 from specdec.engine import SpecDecoder

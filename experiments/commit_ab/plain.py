@@ -2,7 +2,7 @@
 import hashlib, json, sys
 from specdec.benchmarks.prompts import load_prompts
 from specdec.benchmarks.runner import SpecdecMethod, run_methods
-from specdec.config import SpeculationConfig
+from specdec.speculation_config import SpeculationConfig
 from specdec.engine import SpecDecoder
 from specdec.models.loading import load_model
 prompts = load_prompts(sys.argv[1], limit=26)

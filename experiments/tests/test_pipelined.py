@@ -3,7 +3,9 @@ have drafted anyway, it is used only where its context came true, and output sta
 import pytest
 import torch
 
-from specdec.config import GenerationConfig, SpeculationConfig
+from specdec.config import GenerationConfig
+
+from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle_head import new_head

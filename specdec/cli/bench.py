@@ -113,7 +113,8 @@ def run(args) -> int:
     import torch
 
     from ..costs import CostModel, measure_verify_costs
-    from ..config import GenerationConfig, SpeculationConfig
+    from ..config import GenerationConfig
+    from ..speculation_config import SpeculationConfig
     from ..drafters import bundled_head, create_drafter
     from ..engine import SpecDecoder
     from ..errors import ConfigError

@@ -8,6 +8,7 @@ declare it with pass_sharing() and draft them with propose_together(). Drafters 
 q, their distribution at each drafted position, so verification can accept with min(1, p/q); deterministic
 drafters return probs=None (q is one-hot). fork() gives another concurrent request a drafter of its own.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -61,6 +62,14 @@ def feature_columns(given: tuple[int, ...], wanted: tuple[int, ...], hidden_size
     H = hidden_size
     blocks = [0] + [1 + given.index(i) for i in wanted]
     return torch.cat([torch.arange(H) + H * block for block in blocks])
+
+
+def features_in_layout(hidden: torch.Tensor, given: tuple[int, ...], wanted: tuple[int, ...]) -> torch.Tensor:
+    """hidden (n, H + len(given) * H), laid out for feature layers `given`, in the layout for `wanted` (each of them
+    one of `given`): (n, H + len(wanted) * H)."""
+    if given == wanted:
+        return hidden
+    return hidden[:, feature_columns(given, wanted, hidden.shape[-1] // (1 + len(given)))]
 
 
 class DraftJob(NamedTuple):

@@ -14,11 +14,21 @@ from typing import Any
 
 import torch
 
-from ..config import check_device_dtype
+from ..config import DTYPES, check
 from ..errors import ConfigError, ModelLoadError, first_line
 from .backend import CausalLM, ModelInfo
 from .backend_choice import check_backend, check_graphs, make_backend
 from .registry import KNOWN_MODELS
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_device_dtype(device: str, dtype: str) -> None:
+    """Refuses (ConfigError) a device or dtype a model cannot be loaded on or in."""
+    check(
+        device in DEVICES or device.startswith("cuda:"), f"device must be one of {', '.join(DEVICES)}, got {device!r}"
+    )
+    check(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 @dataclass

@@ -26,7 +26,7 @@ MAX_STOPS = 16
 MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 MAX_SPECULATIVE_TOKENS = 64
 _FRACTION = r"0?\.[0-9]*[1-9][0-9]*"  # a decimal in (0, 1)
-# what config.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
+# what acceptance.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
 ACCEPTANCE_PATTERN = rf"^(exact|top-k:[1-9][0-9]{{0,17}}|threshold:({_FRACTION}|1(\.0*)?)|typical:{_FRACTION})$"
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -86,7 +86,7 @@ class Speculation(Closed):
     enabled: Boolean | None = None
     drafter: StrictStr | None = Field(None, description="one of this server's drafters (default: the server's)")
     num_speculative_tokens: DraftLength | None = None
-    sampling_verifier: Literal["auto", "rejection", "coupled"] | None = None  # config.SAMPLING_VERIFIERS
+    sampling_verifier: Literal["auto", "rejection", "coupled"] | None = None  # speculation_config.SAMPLING_VERIFIERS
     adaptive: Boolean | None = None
     acceptance: AcceptanceRule | None = Field(
         None, description=f"{ACCEPTANCE_FORMS}; all but exact are LOSSY (default: the server's)"

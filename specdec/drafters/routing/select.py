@@ -25,7 +25,7 @@ from ...policy import DraftLengthPolicy
 from ...errors import ConfigError
 from ...verify import tree_children
 from ...tokens import common_prefix
-from ..base import Budget, Draft, Drafter, DraftRequest, feature_columns
+from ..base import Budget, Draft, Drafter, DraftRequest, features_in_layout
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128
@@ -152,12 +152,10 @@ class SelectingDrafter(Drafter):
 
     def observe(self, features) -> None:
         """features (m, H + A*H) for this drafter's feature_layers: each reader gets those of its own layers."""
-        H = features.shape[-1] // (1 + len(self.feature_layers))
         for candidate in self.candidates.values():
             own = candidate.feature_layers
             if own is not None:
-                candidate.observe(features if own == self.feature_layers else
-                                  features[:, feature_columns(self.feature_layers, own, H)])
+                candidate.observe(features_in_layout(features, self.feature_layers, own))
 
     def scored(self, draft: Draft, choices, path: list[int]) -> None:
         """To the candidate that drafted the step, where it reads every row's choice (lookahead)."""
