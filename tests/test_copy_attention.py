@@ -3,7 +3,7 @@ order up to float rounding, at every context length around the pieces' edges, an
 import pytest
 import torch
 
-from specdec.models.kernel_llama import kernel_model_args
+from specdec.models.kernel_args import kernel_model_args
 from tiny import loaded, tiny_llama
 
 PIECE = 128  # kPieceKeys

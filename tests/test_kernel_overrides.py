@@ -6,7 +6,8 @@ import torch
 
 from specdec import kernels
 from specdec.errors import ConfigError
-from specdec.models.kernel_llama import KernelLlama, kernel_model_args
+from specdec.models.kernel_args import kernel_model_args
+from specdec.models.kernel_llama import KernelLlama
 from specdec.models.loading import model_info
 
 from tiny import _NoTokenizer, tiny_llama

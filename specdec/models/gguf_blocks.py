@@ -15,6 +15,7 @@ maps them, and returns `QuantizedRows`: the kernels' format and its numbers, one
 | Q5_K | K5 | as Q4_K, with u in 0..31 |
 | Q6_K | K6 | (d * sc) * q, q in -32..31 (stored as 6 bits); sc int8 per 16 weights, d per 256 |
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,9 +48,22 @@ class QuantizedRows:
 
     def take(self, order: np.ndarray) -> QuantizedRows:
         """The same weight with its rows in `order` (a permutation of its rows)."""
-        pick = (lambda a: None if a is None else np.ascontiguousarray(a[order]))
-        return QuantizedRows(self.fmt, pick(self.codes), pick(self.first), pick(self.second), pick(self.super_d),
-                             pick(self.super_m), self.kind)
+
+        def rows(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a[order])
+
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else rows(a)
+
+        return QuantizedRows(
+            self.fmt,
+            rows(self.codes),
+            rows(self.first),
+            pick(self.second),
+            pick(self.super_d),
+            pick(self.super_m),
+            self.kind,
+        )
 
 
 def _blocks(raw: np.ndarray, block_bytes: int) -> tuple[np.ndarray, int]:
@@ -60,7 +74,7 @@ def _blocks(raw: np.ndarray, block_bytes: int) -> tuple[np.ndarray, int]:
 
 def _half(blocks: np.ndarray, start: int) -> np.ndarray:
     """The float16 at byte `start` of every block: (rows, blocks)."""
-    return np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0]
+    return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
 
 
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
@@ -161,8 +175,14 @@ class GGUFMatrix:
 # the kernels' format of each GGUF type the readers take
 FORMATS = {"Q4_0": Q40, "Q4_1": Q4, "Q8_0": Q8, "Q4_K": K4, "Q5_K": K5, "Q6_K": K6}
 
-READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q8_0": read_q8_0, "Q4_K": read_q4_k, "Q5_K": read_q5_k,
-           "Q6_K": read_q6_k}
+READERS = {
+    "Q4_0": read_q4_0,
+    "Q4_1": read_q4_1,
+    "Q8_0": read_q8_0,
+    "Q4_K": read_q4_k,
+    "Q5_K": read_q5_k,
+    "Q6_K": read_q6_k,
+}
 
 
 def read_rows(type_name: str, raw: np.ndarray) -> QuantizedRows:

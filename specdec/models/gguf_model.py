@@ -7,6 +7,7 @@ rounded to int8 per group of 32: kernels/quantized.h); float tensors (F32, F16, 
 any other type is dequantized to float32, with one line naming its type. The model object that transformers'
 callers read (config, generation settings) is a skeleton on the meta device: it holds no weights.
 """
+
 from __future__ import annotations
 
 import sys
@@ -149,8 +150,10 @@ def read_state(reader, path: Path, model) -> dict:
         shape = tuple(reversed([int(n) for n in tensor.shape]))
         state[hf_name] = torch.from_numpy(np.ascontiguousarray(values)).reshape(shape)
     for kind in sorted(dequantized):
-        print(f"specdec: {path.name}: {kind} matrices are dequantized to float32 (the kernels do not read {kind})",
-              file=sys.stderr)
+        print(
+            f"specdec: {path.name}: {kind} matrices are dequantized to float32 (the kernels do not read {kind})",
+            file=sys.stderr,
+        )
     missing = [n for n in model.state_dict() if n not in state and not n.endswith("lm_head.weight")]
     if missing:
         raise ModelLoadError(f"{path.name} lacks tensors the model needs, e.g. {missing[0]}")

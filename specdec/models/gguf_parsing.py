@@ -12,6 +12,7 @@ through `GGUFReader`, which transformers imports from the gguf package when it i
 makes `gguf.GGUFReader` hand out one reader per file for the block's length (readers opened for reading only: none
 of them writes); both are put back when the block ends, and the shared readers are dropped with it.
 """
+
 from __future__ import annotations
 
 import os

@@ -8,7 +8,10 @@ without waiting; on CUDA the host buffers are pinned, so the copies are asynchro
 step's copies (an event) before it writes the buffers again. The values are padded_inputs' (pass_graphs.py), which
 stays their definition (tests/test_static_pass.py checks both give the same inputs).
 """
+
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,9 +24,14 @@ def packed_inputs(longs, flags, batch: int, tokens: int) -> StaticInputs:
     """StaticInputs whose fields are views of longs (3 * B * T + 2 * B,) int64 and flags (B * T * T,) bool: tensors,
     or numpy arrays of the same memory."""
     bt = batch * tokens
-    return StaticInputs(ids=longs[:bt].reshape(batch, tokens), positions=longs[bt:2 * bt].reshape(batch, tokens),
-                        write_rows=longs[2 * bt:3 * bt].reshape(batch, tokens), slots=longs[3 * bt:3 * bt + batch],
-                        lengths=longs[3 * bt + batch:], tree=flags.reshape(batch, tokens, tokens))
+    return StaticInputs(
+        ids=longs[:bt].reshape(batch, tokens),
+        positions=longs[bt : 2 * bt].reshape(batch, tokens),
+        write_rows=longs[2 * bt : 3 * bt].reshape(batch, tokens),
+        slots=longs[3 * bt : 3 * bt + batch],
+        lengths=longs[3 * bt + batch :],
+        tree=flags.reshape(batch, tokens, tokens),
+    )
 
 
 class HostInputs:
@@ -37,7 +45,8 @@ class HostInputs:
         longs = torch.zeros(3 * batch * tokens + 2 * batch, dtype=torch.long, pin_memory=on_gpu)
         flags = torch.zeros(batch * tokens * tokens, dtype=torch.bool, pin_memory=on_gpu)
         self._host = (longs, flags)
-        self._numpy = packed_inputs(longs.numpy(), flags.numpy(), batch, tokens)  # the same memory, as arrays
+        # the same memory, as numpy arrays (a StaticInputs of arrays: its fields are typed for tensors)
+        self._numpy: Any = packed_inputs(longs.numpy(), flags.numpy(), batch, tokens)
         if device.type == "cpu":  # the pass reads the host buffers themselves
             self._device = None
             self.device = packed_inputs(longs, flags, batch, tokens)
@@ -73,7 +82,7 @@ class HostInputs:
             else:
                 host.tree[b, :n, :n] = self._lower[:n, :n]
                 host.positions[b, :n] = host.write_rows[b, :n]
-        if self._device is not None:
+        if self._device is not None and self._copied is not None:  # on a GPU, both
             for device, host_buffer in zip(self._device, self._host):
                 device.copy_(host_buffer, non_blocking=True)
             self._copied.record()

@@ -11,6 +11,7 @@ pass (kernels-bf16), or in a sequence's first pass only (its prompt, where the p
 compute-bound: the default for bfloat16 weights on a CPU with AVX-512 BF16). A prompt is prefilled
 the same way whatever shares its pass, so plain and speculative decoding still agree token for token.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,89 +19,9 @@ import itertools
 import torch
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
-from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
-from .kvpool import KVPool, PooledCaches, rope_tables
+from .kernel_args import head_dim_of, kernel_model_args, kernel_shape_problem
+from .kvpool import KVPool, PooledCaches
 from .quantized_args import packed_arguments, quantized_kinds
-
-
-def kernel_shape_problem(config) -> str | None:
-    """Why the kernels cannot run this (Llama-family) config, or None."""
-    hd = _head_dim(config)
-    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size),
-                       ("head dim", hd), ("attention width", config.num_attention_heads * hd)):
-        if size % 16:
-            return f"{name} {size} is not a multiple of 16"
-    if hd > 256:
-        return f"head dim {hd} is above 256"
-    return None
-
-
-def kernel_model_args(hf_model, max_context: int, state: dict | None = None) -> list:
-    """CpuLlama's arguments for a model of a family the fast paths run (family.py): dims, eps, 12 tensors per layer,
-    embeddings, final norm, LM head, RoPE tables for max_context positions, each layer's attention window, local
-    RoPE tables and which layers use them (Gemma 3), and the family's scalars (the packing flags follow).
-    state: the weights by transformers' names, instead of hf_model's; a matrix there may be a GGUF file's quantized
-    rows (gguf_blocks.QuantizedRows), which stay so here as a list of parts (quantized_args packs them)."""
-    cfg = hf_model.config
-    H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = _head_dim(cfg)
-    sd = hf_model.state_dict() if state is None else state
-    family = family_of(cfg)
-    none = torch.empty(0)
-
-    def matrix(value):
-        return value.contiguous() if isinstance(value, torch.Tensor) else [value]
-
-    def cat(names: list[str], suffix: str):
-        parts = [sd.get(f"{n}.{suffix}") for n in names]
-        if parts[0] is None:
-            return none
-        return torch.cat(parts).contiguous() if all(isinstance(p, torch.Tensor) for p in parts) else parts
-
-    def norm(name: str | None) -> torch.Tensor:
-        return none if name is None else norm_weight(sd[name + ".weight"], family).float()
-
-    tensors = []
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        qkv, norms, qk = qkv_names(p, family), norm_names(p, family), family.qk_norm
-        tensors += [norm(norms["input"]), cat(qkv, "weight"), cat(qkv, "bias").float(),
-                    matrix(sd[p + "self_attn.o_proj.weight"]),
-                    sd.get(p + "self_attn.o_proj.bias", none).float(), norm(norms["mlp_in"]),
-                    cat(gate_up_names(p, family), "weight"), matrix(sd[p + "mlp.down_proj.weight"]),
-                    norm(p + "self_attn.q_norm" if qk else None), norm(p + "self_attn.k_norm" if qk else None),
-                    norm(norms.get("attn_out")), norm(norms.get("mlp_out"))]
-    embed = matrix(sd["model.embed_tokens.weight"])
-    lm_head = matrix(sd["lm_head.weight"]) if "lm_head.weight" in sd else embed
-    local = "sliding_attention"
-    global_kind = "full_attention" if family.rope_kinds else None
-    cos, sin = (first_half(t) for t in rope_tables(hf_model, max_context, global_kind))
-    local_tables = [first_half(t) for t in rope_tables(hf_model, max_context, local)] if family.rope_kinds else []
-    local_layers = [int(family.rope_kind(i) == local) for i in range(cfg.num_hidden_layers)]
-    # the embeddings' scale rounded to the weights' dtype, as Gemma's embedding module rounds it
-    embed_scale = float(torch.tensor(family.embed_scale).to(embed.dtype)) if family.embed_scale else 0.0
-    vocab = lm_head.shape[0] if isinstance(lm_head, torch.Tensor) else lm_head[0].shape[0]
-    scalars = [embed_scale, family.attn_scale or 0.0, family.attn_softcap or 0.0, family.logit_softcap or 0.0,
-               float(family.gelu)]
-    dims = [H, nh, nkv, hd, cfg.intermediate_size, cfg.num_hidden_layers, vocab]
-    return [dims, float(cfg.rms_norm_eps), tensors, embed, norm("model.norm"), lm_head, cos, sin,
-            list(family.windows), local_tables, local_layers, scalars]
-
-
-def first_half(table: torch.Tensor) -> torch.Tensor:
-    """A RoPE table (positions, rotated dims) -> its first half of columns, on the CPU: in the rotate-half form both
-    halves hold the same angles, so the kernels keep one (cos and sin of 128k positions for a 64-dim head: 32 MB, not
-    64)."""
-    return table[:, : table.shape[1] // 2].cpu().contiguous()
-
-
-def four_bit_problem(config) -> str | None:
-    """Why the kernels cannot hold a 4-bit copy of this config (groups of 32 along every product's inner size)."""
-    for name, size in (("hidden size", config.hidden_size), ("intermediate size", config.intermediate_size),
-                       ("attention width", config.num_attention_heads * _head_dim(config))):
-        if size % 32:
-            return f"{name} {size} is not a multiple of 32"
-    return kernel_shape_problem(config)
 
 
 class KernelLlama(PooledCaches, CausalLM):
@@ -111,9 +32,18 @@ class KernelLlama(PooledCaches, CausalLM):
     early_exit = True
     exact_chunks = True  # batch-invariant kernels; a chunk after the first still prefills (_first_pass)
 
-    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 bf16_products: bool = False, bf16_prefill: bool | None = None, bf16_cache: bool = False,
-                 screened_head: bool = True, state: dict | None = None):
+    def __init__(
+        self,
+        hf_model,
+        info: ModelInfo,
+        slots: int = 1,
+        max_context: int | None = None,
+        bf16_products: bool = False,
+        bf16_prefill: bool | None = None,
+        bf16_cache: bool = False,
+        screened_head: bool = True,
+        state: dict | None = None,
+    ):
         """bf16_products: with bfloat16 weights, round activations to bfloat16 at each product's input and sum
         pairs of products in float32 (AVX-512 BF16); twice the arithmetic rate for verify passes.
         bf16_prefill: the same for each sequence's first pass only (None: wherever the weights and CPU allow,
@@ -131,11 +61,13 @@ class KernelLlama(PooledCaches, CausalLM):
 
         bf16_ready = info.dtype == torch.bfloat16 and has_bf16_products()
         if bf16_cache and info.dtype != torch.bfloat16 and state is None:
-            raise ConfigError("a bfloat16 KV cache (the kernels-bf16kv backend) needs --dtype bfloat16 or a "
-                              "quantized GGUF file")
+            raise ConfigError(
+                "a bfloat16 KV cache (the kernels-bf16kv backend) needs --dtype bfloat16 or a quantized GGUF file"
+            )
         if bf16_products and not bf16_ready:
-            raise ConfigError("bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with "
-                              "AVX-512 BF16")
+            raise ConfigError(
+                "bfloat16 products (the kernels-bf16 backend) need --dtype bfloat16 and a CPU with AVX-512 BF16"
+            )
         self.bf16_prefill = (bf16_prefill_wanted() if bf16_prefill is None else bf16_prefill) and bf16_ready
         module = load()
         cfg = hf_model.config
@@ -143,7 +75,7 @@ class KernelLlama(PooledCaches, CausalLM):
             raise ValueError("the CPU kernels run on the CPU")
         self.info = info
         nkv = cfg.num_key_value_heads
-        hd = _head_dim(cfg)
+        hd = head_dim_of(cfg)
         problem = kernel_shape_problem(cfg)
         if problem:
             raise ValueError(problem)
@@ -153,7 +85,7 @@ class KernelLlama(PooledCaches, CausalLM):
         args = kernel_model_args(hf_model, self.max_context, state)
         self.weight_types = quantized_kinds(args)  # a GGUF file's quantized types kept as they are
         self.quantized_weights = bool(self.weight_types)
-        packing = []
+        packing: list = []
         if self.quantized_weights:
             args, packing = packed_arguments(module, args)
             # the embeddings' and the head's bytes, for drafters that read them as floats (float_matrix)
@@ -165,8 +97,7 @@ class KernelLlama(PooledCaches, CausalLM):
         self._hf_model = hf_model  # for four_bit_copy
         # Only rows below a sequence's length are ever read, so the cache can start uninitialised.
         kv_dtype = torch.bfloat16 if bf16_cache else torch.float32
-        self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, kv_dtype, info.device,
-                           zeroed=False)
+        self.pool = KVPool(cfg.num_hidden_layers, slots, nkv, self.max_context, hd, kv_dtype, info.device, zeroed=False)
 
     def four_bit_copy(self):
         """The same model with 4-bit layers and a screened LM head (kernels/quantized.h), on this one's RoPE tables: a
@@ -176,8 +107,10 @@ class KernelLlama(PooledCaches, CausalLM):
         from ..kernels import load
 
         if self.quantized_weights:
-            raise ConfigError("the quantized drafter copies float weights: this model's are already quantized "
-                              "(pass --dequantize to run a GGUF file's weights as floats)")
+            raise ConfigError(
+                "the quantized drafter copies float weights: this model's are already quantized "
+                "(pass --dequantize to run a GGUF file's weights as floats)"
+            )
         return load().CpuLlama(*kernel_model_args(self._hf_model, self.max_context), False, True, False)
 
     @property
@@ -203,8 +136,18 @@ class KernelLlama(PooledCaches, CausalLM):
         cache.length = start + len(keep)
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=(), argmax_only=False):
+    def forward(
+        self,
+        cache,
+        input_ids,
+        *,
+        tree_mask=None,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
         ids = input_ids.reshape(-1).to(torch.long).cpu()
         T = ids.numel()
         if tree_mask is not None:
@@ -214,21 +157,39 @@ class KernelLlama(PooledCaches, CausalLM):
             positions = torch.arange(cache.length, cache.length + T)
             masks = _NO_MASKS
         rows = torch.tensor([T - 1]) if last_only else torch.arange(T)
-        logits, hidden = self._run([cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers,
-                                   argmax_only)
+        logits, hidden = self._run(
+            [cache], ids, [T], positions, masks, rows, layers, output_hidden, feature_layers, argmax_only
+        )
         return ForwardOutput(logits=logits, hidden=hidden if output_hidden else None)
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
-                      feature_layers=(), argmax_only=False):
+    def forward_batch(
+        self,
+        caches,
+        input_ids,
+        *,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
         fresh = [_first_pass(c) for c in caches]
         if self.bf16_prefill and not self.bf16_products and any(fresh) and not all(fresh):
             # first passes and later ones multiply differently: two passes, each as it would run alone
             parts = [[i for i, f in enumerate(fresh) if f == want] for want in (True, False)]
-            outs = [self.forward_batch([caches[i] for i in part], [input_ids[i] for i in part],
-                                       output_hidden=output_hidden, last_only=last_only, layers=layers,
-                                       feature_layers=feature_layers, argmax_only=argmax_only)
-                    for part in parts]
+            outs = [
+                self.forward_batch(
+                    [caches[i] for i in part],
+                    [input_ids[i] for i in part],
+                    output_hidden=output_hidden,
+                    last_only=last_only,
+                    layers=layers,
+                    feature_layers=feature_layers,
+                    argmax_only=argmax_only,
+                )
+                for part in parts
+            ]
             merged = dict(zip(parts[0] + parts[1], outs[0] + outs[1]))
             return [merged[i] for i in range(len(caches))]
         lengths = [int(ids.numel()) for ids in input_ids]
@@ -236,16 +197,28 @@ class KernelLlama(PooledCaches, CausalLM):
         positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
         ends = torch.tensor(lengths).cumsum(0)
         rows = ends - 1 if last_only else torch.arange(ids.numel())  # the LM head runs on these rows only
-        logits, hidden = self._run(caches, ids, lengths, positions, _NO_MASKS, rows, layers,
-                                   output_hidden, feature_layers, argmax_only)
+        logits, hidden = self._run(
+            caches, ids, lengths, positions, _NO_MASKS, rows, layers, output_hidden, feature_layers, argmax_only
+        )
         out = []
         for s, (n, end) in enumerate(zip(lengths, ends.tolist())):
-            scored = logits[s:s + 1] if last_only else logits[end - n:end]
-            out.append(ForwardOutput(logits=scored, hidden=hidden[end - n:end] if output_hidden else None))
+            scored = logits[s : s + 1] if last_only else logits[end - n : end]
+            out.append(ForwardOutput(logits=scored, hidden=hidden[end - n : end] if output_hidden else None))
         return out
 
-    def _run(self, caches: list[SequenceCache], ids, lengths, positions, masks, rows, layers=None,
-             output_hidden: bool = False, feature_layers: tuple[int, ...] = (), argmax_only: bool = False):
+    def _run(
+        self,
+        caches: list[SequenceCache],
+        ids,
+        lengths,
+        positions,
+        masks,
+        rows,
+        layers=None,
+        output_hidden: bool = False,
+        feature_layers: tuple[int, ...] = (),
+        argmax_only: bool = False,
+    ):
         """One kernel pass; hidden holds the inputs of feature_layers too when output_hidden (and no early exit)."""
         offsets = torch.tensor(list(itertools.accumulate(lengths, initial=0)))
         for c, n in zip(caches, lengths):
@@ -254,10 +227,21 @@ class KernelLlama(PooledCaches, CausalLM):
         bf16 = self.bf16_products or (self.bf16_prefill and all(_first_pass(c) for c in caches))
         aux_wanted = feature_layers if output_hidden and not layers else ()
         aux_layers = torch.tensor(aux_wanted, dtype=torch.long) if aux_wanted else _NO_LAYERS
-        logits, hidden, aux = self.model.forward(ids, offsets, torch.tensor([c.slot for c in caches]),
-                                                 torch.tensor([c.length for c in caches]), positions.to(torch.long),
-                                                 masks, self.pool.keys, self.pool.values, rows, layers or 0, bf16,
-                                                 aux_layers, argmax_only)
+        logits, hidden, aux = self.model.forward(
+            ids,
+            offsets,
+            torch.tensor([c.slot for c in caches]),
+            torch.tensor([c.length for c in caches]),
+            positions.to(torch.long),
+            masks,
+            self.pool.keys,
+            self.pool.values,
+            rows,
+            layers or 0,
+            bf16,
+            aux_layers,
+            argmax_only,
+        )
         if aux.numel():
             hidden = torch.cat([hidden, aux], dim=-1)
         for c, n in zip(caches, lengths):
@@ -275,10 +259,6 @@ class KernelLlama(PooledCaches, CausalLM):
 
 # a pass without a tree's masks, and one that returns no feature layers (read only, made once)
 _NO_MASKS, _NO_LAYERS = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
-
-
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _first_pass(cache: SequenceCache) -> bool:

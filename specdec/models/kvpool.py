@@ -1,5 +1,8 @@
 """A static KV cache of fixed slots, one sequence per slot: rollback is resetting a length."""
+
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -9,8 +12,17 @@ from .backend import SequenceCache
 class KVPool:
     """Keys and values (layers, slots, kv_heads, capacity, head_dim); the pool grows a slot at a time."""
 
-    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, zeroed: bool = True):
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        zeroed: bool = True,
+    ):
         self.capacity = capacity
         self.zeroed = zeroed
         make = torch.zeros if zeroed else torch.empty
@@ -87,7 +99,7 @@ class PooledCaches:
     cache (prefix_cache.py) parks finished sequences in the slots no running one needs."""
 
     pool: KVPool
-    prefix_cache = None
+    prefix_cache: Any = None  # a PrefixCache, once enable_prefix_cache made one
     copies_caches = True
 
     def enable_prefix_cache(self, max_entries: int) -> bool:

@@ -6,37 +6,26 @@ rollback is free: the length is reset and rejected entries are overwritten later
 Llama (family.py: q/k norms, sliding windows, fused projections, partial RoPE, Gemma's norms, GeGLU and soft caps)
 are data and small branches in the one pass; each step's arithmetic is a function of ops.py.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from .backend import CausalLM, ForwardOutput, ModelInfo, SequenceCache, tree_positions
-from .family import family_of, gate_up_names, norm_names, norm_weight, qkv_names
+from .family import family_of, norm_weight
+from .llama_layers import LlamaLayer, llama_layers
 from .kvpool import KVPool, PooledCaches, rope_tables
-from .ops import FusedLinear, Linear, attention_by_row, attention_mask, fitting_groups, padding_groups
+from .ops import Linear, attention_by_row, attention_mask, fitting_groups, padding_groups
 from .ops import attend as _attend, gated as _gated, gemma_rms_norm as _gemma_rms_norm  # the per-layer steps
 from .ops import rms_norm as _rms_norm, rope as _rope, soft_cap as _soft_cap
 
+if TYPE_CHECKING:
+    from .pass_graphs import PassGraphs
+
 GRAPH_MODES = ("off", "eager", "cuda")
-
-
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor  # (H,)
-    qkv: FusedLinear  # H -> (nh * hd, nkv * hd, nkv * hd)
-    o: Linear  # nh * hd -> H
-    post_norm: torch.Tensor  # (H,)
-    gate_up: FusedLinear  # H -> (I, I)
-    down: Linear  # I -> H
-    q_norm: torch.Tensor | None = None  # (hd,): Qwen3's and Gemma 3's RMSNorm of each query head, before RoPE
-    k_norm: torch.Tensor | None = None  # (hd,): the same for each key head
-    attn_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the attention's output
-    mlp_out_norm: torch.Tensor | None = None  # (H,): Gemma's norm of the MLP's output
-    window: int = 0  # positions a query sees back (0: all), family.window(layer)
-    rope_kind: str | None = None  # its RoPE table, family.rope_kind(layer)
 
 
 class FastLlama(PooledCaches, CausalLM):
@@ -45,8 +34,15 @@ class FastLlama(PooledCaches, CausalLM):
     batched = True
     early_exit = True
 
-    def __init__(self, hf_model, info: ModelInfo, slots: int = 1, max_context: int | None = None,
-                 graphs: str = "off", compile: bool = False):
+    def __init__(
+        self,
+        hf_model,
+        info: ModelInfo,
+        slots: int = 1,
+        max_context: int | None = None,
+        graphs: str = "off",
+        compile: bool = False,
+    ):
         """graphs: "off" (eager passes), "eager" (decode and verify passes shape-static, pass_graphs.py, uncaptured)
         or "cuda" (the same, captured as CUDA graphs); compile: those passes' steps compiled by torch.compile
         (compiled_pass.py), graphs "eager" or "cuda" only."""
@@ -66,49 +62,25 @@ class FastLlama(PooledCaches, CausalLM):
         sd = hf_model.state_dict()
         pack = info.device.type == "cpu"
 
-        fuse = info.dtype != torch.float32
-
-        def proj(names: list[str], sizes: list[int]) -> FusedLinear:
-            return FusedLinear([sd[n + ".weight"] for n in names], [sd.get(n + ".bias") for n in names], fuse, pack,
-                               sizes)
-
-        def norm(name: str | None) -> torch.Tensor | None:
-            return None if name is None else norm_weight(sd[name + ".weight"], self.family)
-
         self.norm = _gemma_rms_norm if self.family.gemma_norms else _rms_norm
-        self.layers = []
-        for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            norms = norm_names(p, self.family)
-            qk_norm = self.family.qk_norm
-            self.layers.append(_Layer(
-                input_norm=norm(norms["input"]),
-                qkv=proj(qkv_names(p, self.family), [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd]),
-                o=Linear(sd[p + "self_attn.o_proj.weight"], sd.get(p + "self_attn.o_proj.bias"), pack),
-                post_norm=norm(norms["mlp_in"]),
-                gate_up=proj(gate_up_names(p, self.family), [cfg.intermediate_size] * 2),
-                down=Linear(sd[p + "mlp.down_proj.weight"], None, pack),
-                q_norm=norm(p + "self_attn.q_norm" if qk_norm else None),
-                k_norm=norm(p + "self_attn.k_norm" if qk_norm else None),
-                attn_out_norm=norm(norms.get("attn_out")), mlp_out_norm=norm(norms.get("mlp_out")),
-                window=self.family.window(i), rope_kind=self.family.rope_kind(i),
-            ))
+        fuse = info.dtype != torch.float32
+        self.layers = llama_layers(sd, cfg, self.family, (self.nh, self.nkv, self.hd), fuse, pack)
         self.embed = sd["model.embed_tokens.weight"]  # (V, H)
         # Gemma's sqrt(hidden), rounded to the model's dtype as its embedding module rounds it
         scale = self.family.embed_scale
         self.embed_scale = None if scale is None else torch.tensor(scale).to(info.device, info.dtype)
-        self.final_norm = norm("model.norm")
+        self.final_norm = norm_weight(sd["model.norm.weight"], self.family)
         self.lm_head = Linear(sd.get("lm_head.weight", self.embed), None, pack)
         self.rope = {}  # rope kind (None: the model's one table) -> cos, sin (max_context, rotated dims)
         for kind in set(self.family.rope_kinds or (None,)):
             cos, sin = rope_tables(hf_model, self.max_context, kind)
             self.rope[kind] = cos.to(info.device, info.dtype), sin.to(info.device, info.dtype)
-        self.attn_scale = self.family.attn_scale or self.hd ** -0.5
+        self.attn_scale = self.family.attn_scale or self.hd**-0.5
         # Unused cache rows stay zero: SDPA multiplies masked-out values by 0, and 0 * NaN would leak.
         # static passes write padding tokens to a scratch row past the usable ones (static_pass.py)
         rows = self.max_context + (graphs != "off")
         self.pool = KVPool(cfg.num_hidden_layers, slots, self.nkv, rows, self.hd, info.dtype, info.device)
-        self.pass_graphs = None
+        self.pass_graphs: PassGraphs | None = None
         if graphs != "off":
             from .pass_graphs import PassGraphs
 
@@ -118,18 +90,45 @@ class FastLlama(PooledCaches, CausalLM):
 
     # ---- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=(), argmax_only=False):
+    def forward(
+        self,
+        cache,
+        input_ids,
+        *,
+        tree_mask=None,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
         static = self._static([cache], [input_ids], tree_mask, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return ForwardOutput(logits=static[0][0], hidden=static[0][1] if output_hidden else None)
-        out_logits, hidden = self._forward([cache], input_ids.view(1, -1), [input_ids.numel()], tree_mask,
-                                           output_hidden, last_only, layers, feature_layers)
+        out_logits, hidden = self._forward(
+            [cache],
+            input_ids.view(1, -1),
+            [input_ids.numel()],
+            tree_mask,
+            output_hidden,
+            last_only,
+            layers,
+            feature_layers,
+        )
         return ForwardOutput(logits=out_logits[0], hidden=None if hidden is None else hidden[0])
 
     @torch.inference_mode()
-    def forward_batch(self, caches, input_ids, *, output_hidden=False, last_only=False, layers=None,
-                      feature_layers=(), argmax_only=False):
+    def forward_batch(
+        self,
+        caches,
+        input_ids,
+        *,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
         static = self._static(caches, input_ids, None, last_only, layers, output_hidden, feature_layers)
         if static is not None:
             return [ForwardOutput(logits=lo, hidden=hi if output_hidden else None) for lo, hi in static]
@@ -139,30 +138,62 @@ class FastLlama(PooledCaches, CausalLM):
             groups = padding_groups(lengths)
         if len(groups) > 1:  # padded to the longest row, the rows together would run past the cache's end, or
             # would mostly compute padding (prompts of unequal lengths)
-            outs = {i: out for group in groups for i, out in zip(group, self.forward_batch(
-                [caches[i] for i in group], [input_ids[i] for i in group], output_hidden=output_hidden,
-                last_only=last_only, layers=layers, feature_layers=feature_layers))}
+            outs = {
+                i: out
+                for group in groups
+                for i, out in zip(
+                    group,
+                    self.forward_batch(
+                        [caches[i] for i in group],
+                        [input_ids[i] for i in group],
+                        output_hidden=output_hidden,
+                        last_only=last_only,
+                        layers=layers,
+                        feature_layers=feature_layers,
+                    ),
+                )
+            }
             return [outs[i] for i in range(len(caches))]
         T = max(lengths)
         padded = torch.zeros(len(caches), T, dtype=torch.long, device=self.info.device)
         for b, ids in enumerate(input_ids):
             padded[b, : lengths[b]] = ids.to(self.info.device)
         logits, hidden = self._forward(caches, padded, lengths, None, output_hidden, last_only, layers, feature_layers)
-        return [ForwardOutput(logits=logits[b] if last_only else logits[b, : lengths[b]],
-                              hidden=None if hidden is None else hidden[b, : lengths[b]])
-                for b in range(len(caches))]
+        return [
+            ForwardOutput(
+                logits=logits[b] if last_only else logits[b, : lengths[b]],
+                hidden=None if hidden is None else hidden[b, : lengths[b]],
+            )
+            for b in range(len(caches))
+        ]
 
-    def _static(self, caches, input_ids, tree_mask, last_only: bool, layers: int | None, output_hidden: bool,
-                feature_layers: tuple[int, ...] = ()):
+    def _static(
+        self,
+        caches,
+        input_ids,
+        tree_mask,
+        last_only: bool,
+        layers: int | None,
+        output_hidden: bool,
+        feature_layers: tuple[int, ...] = (),
+    ):
         """Each row's (logits, hidden) from a shape-static pass (pass_graphs.py), or None where the eager forward
         runs: graphs off, a prefill's last_only, an early exit, or a pass that fits no bucket."""
         if self.pass_graphs is None or last_only or layers is not None:
             return None
         return self.pass_graphs.run(caches, input_ids, tree_mask, output_hidden, feature_layers)
 
-    def _forward(self, caches: list[SequenceCache], ids: torch.Tensor, lengths: list[int],
-                 tree_mask: torch.Tensor | None, output_hidden: bool, last_only: bool, layers: int | None = None,
-                 feature_layers: tuple[int, ...] = ()):
+    def _forward(
+        self,
+        caches: list[SequenceCache],
+        ids: torch.Tensor,
+        lengths: list[int],
+        tree_mask: torch.Tensor | None,
+        output_hidden: bool,
+        last_only: bool,
+        layers: int | None = None,
+        feature_layers: tuple[int, ...] = (),
+    ):
         """ids: (B, T), padded; lengths: valid tokens per row. Returns logits (B, T, V), or (B, 1, V) of each
         row's last valid token with last_only, and hidden (B, T, H + A*H): the final state, then the inputs of the A
         feature_layers."""
@@ -184,12 +215,19 @@ class FastLlama(PooledCaches, CausalLM):
         slot_t = torch.tensor(slots, device=device)
         # per attention window: (B, 1, T, end) or None, and for rows in scattered slots, which attend one at a time
         # as each one's pass alone would (_attention_by_row), each row's mask
-        masks = {w: (attention_mask(starts, T, end, tree_mask, positions, w),
-                     None if contiguous else [attention_mask([s], T, s + T, None, positions[b:b + 1], w)
-                                              for b, s in enumerate(starts)])
-                 for w in set(self.family.windows[:layers] or (0,))}
-        angles = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))  # (B, 1, T, rotated dims)
-                  for kind, (cos, sin) in self.rope.items()}
+        masks = {
+            w: (
+                attention_mask(starts, T, end, tree_mask, positions, w),
+                None
+                if contiguous
+                else [attention_mask([s], T, s + T, None, positions[b : b + 1], w) for b, s in enumerate(starts)],
+            )
+            for w in set(self.family.windows[:layers] or (0,))
+        }
+        angles = {
+            kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))  # (B, 1, T, rotated dims)
+            for kind, (cos, sin) in self.rope.items()
+        }
         write_at = start_t[:, None] + torch.arange(T, device=device)[None, :]  # (B, T): cache rows written
         x = F.embedding(ids, self.embed)  # (B, T, H)
         if self.embed_scale is not None:
@@ -202,17 +240,17 @@ class FastLlama(PooledCaches, CausalLM):
             q, k, v = self._qkv(layer, x, *angles[layer.rope_kind])
             kc, vc = self.pool.keys[li], self.pool.values[li]  # (S, nkv, P, hd)
             if B == 1:
-                kc[slots[0], :, starts[0]:starts[0] + T] = k[0].transpose(0, 1)
-                vc[slots[0], :, starts[0]:starts[0] + T] = v[0].transpose(0, 1)
+                kc[slots[0], :, starts[0] : starts[0] + T] = k[0].transpose(0, 1)
+                vc[slots[0], :, starts[0] : starts[0] + T] = v[0].transpose(0, 1)
             else:
                 kc[slot_t[:, None], :, write_at] = k
                 vc[slot_t[:, None], :, write_at] = v
             if contiguous:
-                keys, values = kc[slots[0]:slots[0] + B, :, :end], vc[slots[0]:slots[0] + B, :, :end]
+                keys, values = kc[slots[0] : slots[0] + B, :, :end], vc[slots[0] : slots[0] + B, :, :end]
                 attn = _attend(q, keys, values, mask, self.attn_scale, self.family.attn_softcap)
             else:
-                attn = attention_by_row(q, kc, vc, slots, starts, row_masks, self.attn_scale,
-                                        self.family.attn_softcap)
+                assert row_masks is not None  # made for scattered slots (above)
+                attn = attention_by_row(q, kc, vc, slots, starts, row_masks, self.attn_scale, self.family.attn_softcap)
             x = self._finish_layer(layer, x, attn)
         for c, n in zip(caches, lengths):
             c.length += n
@@ -221,11 +259,15 @@ class FastLlama(PooledCaches, CausalLM):
         if output_hidden:
             hidden = torch.cat([x] + [feature_inputs[i] for i in feature_layers if i in feature_inputs], dim=-1)
         if last_only:  # the LM head runs on each row's last token only
-            x = x[:, -1:] if B == 1 else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
+            x = (
+                x[:, -1:]
+                if B == 1
+                else x[torch.arange(B, device=device), torch.tensor(lengths, device=device) - 1, None]
+            )
         logits = _soft_cap(self.lm_head(x), self.family.logit_softcap)
         return logits, hidden
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """A layer's rotated queries (B, nh, T, hd), keys (B, T, nkv, hd) and values (B, T, nkv, hd) of x (B, T, H);
         cos, sin: (B, 1, T, rotated dims) of the tokens' positions in the layer's RoPE table. Shared by the eager and
         the shape-static pass."""
@@ -234,13 +276,13 @@ class FastLlama(PooledCaches, CausalLM):
         h = self.norm(x, layer.input_norm, self.eps)
         q, k, v = layer.qkv(h)
         q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and layer.k_norm is not None:  # both or neither (family.py)
             q, k = self.norm(q, layer.q_norm, self.eps), self.norm(k, layer.k_norm, self.eps)
         q = _rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, hd)
         k = _rope(k.transpose(1, 2), cos, sin).transpose(1, 2)  # (B, T, nkv, hd)
         return q, k, v.view(B, T, nkv, hd)
 
-    def _finish_layer(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _finish_layer(self, layer: LlamaLayer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The residual stream (B, T, H) after a layer whose attention output is attn (B, nh, T, hd): the output
         projection, then the MLP (each with its output norm where the family has one)."""
         B, T, _ = x.shape

@@ -4,6 +4,7 @@ A name is a built-in alias (`smollm2-135m`), a local transformers folder (safete
 quantized matrices kept in their formats on the CPU kernels, gguf_model.py, or dequantized to float), or a Hugging
 Face hub id where the hub is reachable.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,12 +88,23 @@ def locate(spec: str) -> tuple[str, str | None]:
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return spec, None  # a hub id
     known = ", ".join(KNOWN_MODELS)
-    raise ModelLoadError(f"unknown model {spec!r}: not a built-in alias ({known}), a local folder, a .gguf file or a hub id")
+    raise ModelLoadError(
+        f"unknown model {spec!r}: not a built-in alias ({known}), a local folder, a .gguf file or a hub id"
+    )
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-               backend: str = "auto", slots: int = 1, max_context: int | None = None,
-               graphs: str = "auto", compile: str = "auto", dequantize: bool = False) -> LoadedModel:
+def load_model(
+    spec: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    backend: str = "auto",
+    slots: int = 1,
+    max_context: int | None = None,
+    graphs: str = "auto",
+    compile: str = "auto",
+    dequantize: bool = False,
+) -> LoadedModel:
     """Loads weights and tokenizer, and wraps them in the fastest backend that supports the model. max_context:
     sequences (prompt, output and drafts) of at most this many tokens, below the model's own context: the KV pool
     holds that many rows a slot, and info.max_context, which every length check reads, says it. graphs, compile:
@@ -106,8 +118,9 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     folder, gguf = locate(spec)
     dev = resolve_device(device)
     if gguf and not dequantize and dev.type == "cpu" and backend in ("auto", "kernels", "kernels-bf16kv"):
-        quantized = _load_quantized_gguf(spec, Path(folder) / gguf, trust_remote_code, slots, max_context,
-                                         bf16_cache=backend != "kernels")
+        quantized = _load_quantized_gguf(
+            spec, Path(folder) / gguf, trust_remote_code, slots, max_context, bf16_cache=backend != "kernels"
+        )
         if quantized is not None:
             return quantized
     torch_dtype = resolve_dtype(dtype, dev)
@@ -116,21 +129,33 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", trust_remot
     info = model_info(spec, hf_model, tokenizer, dev, torch_dtype)
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
-    return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer,
-                       backend=make_backend(hf_model, info, backend, slots, max_context, graphs, compile))
+    return LoadedModel(
+        name=spec,
+        hf_model=hf_model,
+        tokenizer=tokenizer,
+        backend=make_backend(hf_model, info, backend, slots, max_context, graphs, compile),
+    )
 
 
-def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: int,
-                         max_context: int | None, bf16_cache: bool = False) -> LoadedModel | None:
+def _load_quantized_gguf(
+    spec: str, path: Path, trust_remote_code: bool, slots: int, max_context: int | None, bf16_cache: bool = False
+) -> LoadedModel | None:
     """A GGUF file's model on the CPU kernels with its quantized matrices as they are, or None where the kernels or
     the file's architecture do not allow it (then it loads dequantized)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from ..kernels import unavailable_reason
     from .family import fast_path_problem
-    from .gguf_model import (architecture_problem, open_gguf, quantized_matrix_types, read_state,
-                             release_freed_memory, skeleton)
-    from .kernel_llama import KernelLlama, four_bit_problem
+    from .gguf_model import (
+        architecture_problem,
+        open_gguf,
+        quantized_matrix_types,
+        read_state,
+        release_freed_memory,
+        skeleton,
+    )
+    from .kernel_args import four_bit_problem
+    from .kernel_llama import KernelLlama
 
     with gguf_parsing(path.name):
         reader = open_gguf(path)
@@ -143,8 +168,9 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
         except (OSError, ValueError, ImportError, KeyError) as exc:
             raise _load_error(str(path.parent), path.name, exc) from None
-    problem = (unavailable_reason() or fast_path_problem(config) or four_bit_problem(config)
-               or architecture_problem(config))
+    problem = (
+        unavailable_reason() or fast_path_problem(config) or four_bit_problem(config) or architecture_problem(config)
+    )
     if problem:
         print(f"specdec: {path.name} is dequantized to float: {problem}", file=sys.stderr)
         return None
@@ -154,8 +180,7 @@ def _load_quantized_gguf(spec: str, path: Path, trust_remote_code: bool, slots: 
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
     try:
-        backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state,
-                              bf16_cache=bf16_cache)
+        backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state, bf16_cache=bf16_cache)
     except ValueError as exc:  # a scale that is not finite, found as the matrix is packed
         raise ModelLoadError(f"{path.name}: {first_line(exc)}") from None
     del state, reader
@@ -219,7 +244,7 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    kwargs = {"trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if gguf:
         kwargs["gguf_file"] = gguf
     try:
@@ -231,7 +256,7 @@ def _load_transformers(folder: str, gguf: str | None, dtype: torch.dtype, trust_
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as exc:  # SafetensorError: a damaged file
         raise _load_error(folder, gguf, exc) from None
     if gguf and getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None  # GGUF weights arrive dequantized
+        model.hf_quantizer = None  # type: ignore[assignment]  # GGUF weights arrive dequantized
     return model, tokenizer
 
 
@@ -241,7 +266,14 @@ def model_info(name: str, model, tokenizer, device: torch.device, dtype: torch.d
     if eos is None:
         eos = tokenizer.eos_token_id
     eos_ids = tuple(e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
-    return ModelInfo(name=name, model_type=cfg.model_type, vocab_size=model.get_output_embeddings().weight.shape[0],
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_hidden_layers,
-                     max_context=getattr(cfg, "max_position_embeddings", 4096), eos_token_ids=eos_ids,
-                     device=device, dtype=dtype)
+    return ModelInfo(
+        name=name,
+        model_type=cfg.model_type,
+        vocab_size=model.get_output_embeddings().weight.shape[0],
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_hidden_layers,
+        max_context=getattr(cfg, "max_position_embeddings", 4096),
+        eos_token_ids=eos_ids,
+        device=device,
+        dtype=dtype,
+    )

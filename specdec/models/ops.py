@@ -7,6 +7,7 @@
   casts: RMSNorm (Llama's and Gemma's), RoPE, the MLP's gated activation, soft-capping and attention.
 - Attention masks of the eager pass, and how a batch pass groups its rows.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,12 +53,18 @@ class FusedLinear:
     differently from separate ones, and separate ones reproduce transformers bit for bit).
     """
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], fuse: bool, pack: bool = True,
-                 sizes: list[int] | None = None):
+    def __init__(
+        self,
+        weights: list[torch.Tensor],
+        biases: list[torch.Tensor | None],
+        fuse: bool,
+        pack: bool = True,
+        sizes: list[int] | None = None,
+    ):
         """sizes: the outputs' widths, where one weight holds several (Phi-3's qkv_proj); default: each weight's."""
         self.sizes = sizes or [w.shape[0] for w in weights]
         if fuse:
-            bias = None if biases[0] is None else torch.cat(biases)
+            bias = None if any(b is None for b in biases) else torch.cat([b for b in biases if b is not None])
             self.parts = [Linear(torch.cat(weights).contiguous(), bias, pack)]
         else:
             self.parts = [Linear(w, b, pack) for w, b in zip(weights, biases)]
@@ -114,8 +121,9 @@ def attend(q, keys, values, mask, scale: float, softcap: float | None) -> torch.
     gqa = keys.shape[1] != q.shape[1]
     T, S = q.shape[2], keys.shape[2]
     if softcap is None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                              is_causal=mask is None and T > 1, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=scale, is_causal=mask is None and T > 1, enable_gqa=gqa
+        )
     groups = q.shape[1] // keys.shape[1]
     keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     scores = soft_cap(torch.matmul(q, keys.transpose(2, 3)) * scale, softcap)
@@ -125,8 +133,9 @@ def attend(q, keys, values, mask, scale: float, softcap: float | None) -> torch.
     return torch.matmul(weights, values)
 
 
-def attention_mask(starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None, positions: torch.Tensor,
-               window: int = 0):
+def attention_mask(
+    starts: list[int], T: int, end: int, tree_mask: torch.Tensor | None, positions: torch.Tensor, window: int = 0
+):
     """(B, 1, T, end) bool: query t of row b sees cached keys < starts[b] and its new ancestors; with a window,
     only those whose position is less than `window` before its own (positions: (B, T), the queries').
 
@@ -139,7 +148,7 @@ def attention_mask(starts: list[int], T: int, end: int, tree_mask: torch.Tensor 
             visible = causal_mask(starts, T, end, positions.device)
         key_positions = torch.arange(end, device=positions.device).repeat(B, 1)  # (B, end)
         for b, s in enumerate(starts):
-            key_positions[b, s:s + T] = positions[b]
+            key_positions[b, s : s + T] = positions[b]
         return visible & (positions[:, :, None] - key_positions[:, None, :] < window).unsqueeze(1)
     if B == 1 and tree_mask is None and (T == 1 or starts[0] == 0):
         return None
@@ -149,9 +158,10 @@ def attention_mask(starts: list[int], T: int, end: int, tree_mask: torch.Tensor 
             raise ValueError("tree attention takes one sequence at a time")
         visible = torch.zeros(T, end, dtype=torch.bool, device=device)
         visible[:, : starts[0]] = True
-        visible[:, starts[0]: starts[0] + T] = tree_mask
+        visible[:, starts[0] : starts[0] + T] = tree_mask
         return visible[None, None]
     return causal_mask(starts, T, end, device)
+
 
 def causal_mask(starts: list[int], T: int, end: int, device: torch.device) -> torch.Tensor:
     """(B, 1, T, end) bool: query t of row b sees the keys before starts[b] + t + 1."""
@@ -167,7 +177,8 @@ def fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> list
     sorted by start, so that a row that fits alone always fits its group. One group when all fit together."""
     if max(starts) + max(lengths) <= capacity:
         return [list(range(len(starts)))]
-    groups, current = [], []
+    groups: list[list[int]] = []
+    current: list[int] = []
     for i in sorted(range(len(starts)), key=lambda i: starts[i]):
         if current and max(starts[j] for j in current + [i]) + max(lengths[j] for j in current + [i]) > capacity:
             groups.append(current)
@@ -176,16 +187,27 @@ def fitting_groups(starts: list[int], lengths: list[int], capacity: int) -> list
     return groups + [current]
 
 
-def attention_by_row(q, keys, values, slots: list[int], starts: list[int], masks: list, scale: float,
-                      softcap: float | None) -> torch.Tensor:
+def attention_by_row(
+    q, keys, values, slots: list[int], starts: list[int], masks: list, scale: float, softcap: float | None
+) -> torch.Tensor:
     """Attention (B, nh, T, hd) of each row of q (B, nh, T, hd) over its own slot's cached keys and values (S, nkv,
     P, hd), read in place up to that row's end. Gathering scattered slots into one tensor would copy every row's
     cache up to the longest row's end, in each layer (for 32 rows of 1k tokens in float32, 1.5 GB a step: half the
     soak's decode time); each row's small pass here reads views and equals its pass alone."""
     T = q.shape[2]
-    return torch.cat([attend(q[b:b + 1], keys[slot:slot + 1, :, :start + T], values[slot:slot + 1, :, :start + T],
-                             mask, scale, softcap)
-                      for b, (slot, start, mask) in enumerate(zip(slots, starts, masks))])
+    return torch.cat(
+        [
+            attend(
+                q[b : b + 1],
+                keys[slot : slot + 1, :, : start + T],
+                values[slot : slot + 1, :, : start + T],
+                mask,
+                scale,
+                softcap,
+            )
+            for b, (slot, start, mask) in enumerate(zip(slots, starts, masks))
+        ]
+    )
 
 
 PAD_WASTE_TOKENS = 32  # about what one more pass costs on a CPU (its weights read again), in token rows
@@ -197,7 +219,9 @@ def padding_groups(lengths: list[int], waste: int = PAD_WASTE_TOKENS) -> list[li
     and its attention takes the masked path (measured on a 2-core CPU, smollm2-135m: prompts of 100, 100 and 780
     tokens took 20.6 s together and 6.8 s in passes apart). Verify passes (1 + k tokens a row) stay one group.
     Example: lengths [780, 100, 9, 100] -> [[2], [1, 3], [0]]."""
-    groups, current, longest = [], [], 0
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
         if current and len(current) * (lengths[i] - longest) > waste:
             groups.append(current)

@@ -17,9 +17,11 @@ how the CPU tests cover the graph path. Graphs read the pool's tensors and the t
 they were at capture; when the pool grows (more slots) or a drafter asks for more feature layers, they are captured
 again at their next use.
 """
+
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 import torch
 
@@ -64,8 +66,15 @@ class _Bucket:
 class PassGraphs:
     """Runs FastLlama passes of up to max(batch_sizes) rows x max(token_counts) tokens as shape-static passes."""
 
-    def __init__(self, model, capture: bool, batch_sizes: tuple[int, ...] = BATCH_SIZES,
-                 token_counts: tuple[int, ...] = TOKEN_COUNTS, min_window: int = MIN_WINDOW, compile: bool = False):
+    def __init__(
+        self,
+        model,
+        capture: bool,
+        batch_sizes: tuple[int, ...] = BATCH_SIZES,
+        token_counts: tuple[int, ...] = TOKEN_COUNTS,
+        min_window: int = MIN_WINDOW,
+        compile: bool = False,
+    ):
         """compile: the pass's steps compiled by torch.compile (compiled_pass.py) before capture."""
         if capture and model.info.device.type != "cuda":
             raise ValueError("CUDA graphs are captured on a CUDA device only")
@@ -82,37 +91,47 @@ class PassGraphs:
         self.token_counts = tuple(sorted(token_counts))
         self.windows = key_windows(model.pool.capacity, min_window)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._captured_for = None  # the pool tensor that the captured graphs read
-        self._memory_pool = None
+        self._captured_for: int | None = None  # the pool tensor that the captured graphs read
+        self._memory_pool: Any = None  # torch.cuda's graph pool handle, once a graph is captured
 
     def bucket_shape(self, rows: int, tokens: int) -> tuple[int, int] | None:
         """The smallest bucket (B, T) that holds `rows` rows of `tokens` new tokens, or None."""
         batch, count = smallest_fitting(self.batch_sizes, rows), smallest_fitting(self.token_counts, tokens)
         return None if batch is None or count is None else (batch, count)
 
-    def run(self, caches: list[SequenceCache], input_ids: list[torch.Tensor], tree_mask: torch.Tensor | None = None,
-            output_hidden: bool = True, feature_layers: tuple[int, ...] = ()
-            ) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
+    def run(
+        self,
+        caches: list[SequenceCache],
+        input_ids: list[torch.Tensor],
+        tree_mask: torch.Tensor | None = None,
+        output_hidden: bool = True,
+        feature_layers: tuple[int, ...] = (),
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
         """Scores input_ids[b] (n_b,) appended to caches[b] (tree_mask (n, n) bool: one row's tree); advances the
         caches' lengths. Returns each row's (logits (n_b, V), hidden (n_b, H + A*H): the final state, then the inputs
         of the A feature_layers; None unless output_hidden), or None (nothing run) when the pass fits no bucket or
         would run past the cache's end (the eager forward then runs, and raises)."""
         counts = [int(ids.numel()) for ids in input_ids]
         shape = self.bucket_shape(len(caches), max(counts))
-        if shape is None or min(counts) == 0 or any(
-                c.length + n > self.model.max_context for c, n in zip(caches, counts)):
+        if (
+            shape is None
+            or min(counts) == 0
+            or any(c.length + n > self.model.max_context for c, n in zip(caches, counts))
+        ):
             return None
         bucket = self._bucket(shape)
         bucket.host.fill(caches, input_ids, tree_mask)
         window = smallest_fitting(self.windows, max(c.length + n for c, n in zip(caches, counts)))
-        logits, hidden = self._execute(bucket, window, tuple(feature_layers))
+        assert window is not None  # the whole pool is the largest window, and every row fits it (above)
+        logits, states = self._execute(bucket, window, tuple(feature_layers))
+        hidden: torch.Tensor | None = states
         for cache, n in zip(caches, counts):
             cache.length += n
         if not output_hidden:
             hidden = None
         if self.capture:  # the next replay writes the same tensors: what is returned is copied (one copy each)
-            logits = logits[:len(counts), :max(counts)].clone()
-            hidden = None if hidden is None else hidden[:len(counts), :max(counts)].clone()
+            logits = logits[: len(counts), : max(counts)].clone()
+            hidden = None if hidden is None else hidden[: len(counts), : max(counts)].clone()
         return [(logits[b, :n], None if hidden is None else hidden[b, :n]) for b, n in enumerate(counts)]
 
     def prepare(self) -> None:
@@ -121,8 +140,9 @@ class PassGraphs:
         if not self.capture:
             return
         self._check_captured_state()
-        for shape in sorted(((b, t) for b in self.batch_sizes for t in self.token_counts),
-                            key=lambda s: s[0] * s[1], reverse=True):
+        for shape in sorted(
+            ((b, t) for b in self.batch_sizes for t in self.token_counts), key=lambda s: s[0] * s[1], reverse=True
+        ):
             self._capture(self._bucket(shape), self.windows[0], ())
 
     # ---- internals ------------------------------------------------------------------------------------------
@@ -131,8 +151,9 @@ class PassGraphs:
             self._buckets[shape] = _Bucket(*shape, self.model.pool.capacity - 1, self.model.info.device)
         return self._buckets[shape]
 
-    def _execute(self, bucket: _Bucket, window: int, feature_layers: tuple[int, ...]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _execute(
+        self, bucket: _Bucket, window: int, feature_layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
             return static_pass(self.model, bucket.inputs, window, feature_layers, self.steps)
         self._check_captured_state()
@@ -143,7 +164,8 @@ class PassGraphs:
             bucket.inputs.copy_(live)
         graph, outputs = bucket.graphs[window, feature_layers]
         graph.replay()
-        return outputs
+        logits, hidden = outputs  # what static_pass returns
+        return logits, hidden
 
     def _check_captured_state(self) -> None:
         """Drops every graph when the pool's tensors differ from those captured."""
@@ -161,11 +183,17 @@ class PassGraphs:
             return
         bucket.inputs.copy_(_padding_inputs(*bucket.shape, self.model.pool.capacity - 1))
         bucket.graphs[window, feature_layers] = captured(
-            lambda: static_pass(self.model, bucket.inputs, window, feature_layers, self.steps), self._memory_pool)
+            lambda: static_pass(self.model, bucket.inputs, window, feature_layers, self.steps), self._memory_pool
+        )
 
 
-def padded_inputs(shape: tuple[int, int], caches: list[SequenceCache], input_ids: list[torch.Tensor],
-                  tree_mask: torch.Tensor | None, scratch_row: int) -> StaticInputs:
+def padded_inputs(
+    shape: tuple[int, int],
+    caches: list[SequenceCache],
+    input_ids: list[torch.Tensor],
+    tree_mask: torch.Tensor | None,
+    scratch_row: int,
+) -> StaticInputs:
     """Host inputs (CPU) of a bucket of `shape` (B, T) for rows input_ids[b] (n_b,) appended to caches[b]: row b's
     live tokens write rows length_b.. of its slot (a tree_mask (n, n) bool: one row's tree, positions by depth);
     every other token is padding."""

@@ -7,6 +7,7 @@ a first pass. On specdec's CPU kernels a prompt's output is then the same, token
 whether its prefix came from the cache or not. Entries live only in slots no running sequence needs: taking a
 slot for a new sequence evicts the least recently used entry first (PooledCaches.new_cache).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def claim(self, prompt_ids: list[int], feature_layers: tuple[int, ...] | None = None
-              ) -> tuple[SequenceCache, torch.Tensor | None] | None:
+    def claim(
+        self, prompt_ids: list[int], feature_layers: tuple[int, ...] | None = None
+    ) -> tuple[SequenceCache, torch.Tensor | None] | None:
         """(a cache holding the longest stored prefix of `prompt_ids`, marked `restored`; with `feature_layers`
         (not None), that prefix's hidden states (n, H + A*H) laid out for them, from entries that kept those).
         Never the prompt's last token, which the prefill must score; None when no entry shares at least `min_tokens`
@@ -48,9 +50,9 @@ class PrefixCache:
         and no slot is free, it is handed over itself."""
         limit = len(prompt_ids) - 1
         best, length = None, 0
-        features = feature_layers is not None
+        wanted = tuple(feature_layers) if feature_layers is not None else None
         for entry in self.entries:
-            if features and (entry.features is None or entry.feature_layers != tuple(feature_layers)):
+            if wanted is not None and (entry.features is None or entry.feature_layers != wanted):
                 continue  # kept without features, or with those of other layers
             n = common_prefix(entry.tokens, prompt_ids, limit)
             if n > length:
@@ -69,18 +71,26 @@ class PrefixCache:
             cache = best.cache
             self.backend.truncate(cache, length)
         cache.in_prompt = True
-        return cache, best.features[:length] if features else None
+        return cache, best.features[:length] if wanted is not None and best.features is not None else None
 
-    def park(self, tokens: list[int], cache: SequenceCache, features: torch.Tensor | None = None,
-             feature_layers: tuple[int, ...] = ()) -> bool:
+    def park(
+        self,
+        tokens: list[int],
+        cache: SequenceCache,
+        features: torch.Tensor | None = None,
+        feature_layers: tuple[int, ...] = (),
+    ) -> bool:
         """Keeps the first len(tokens) positions of a finished sequence's cache (and their hidden states
         `features` (>= len(tokens), H + A*H) for the A `feature_layers`, for requests whose drafter reads them);
         False (the caller releases it) when they are too few to be worth a slot or the cache keeps no entries."""
         if self.max_entries <= 0 or len(tokens) < self.min_tokens:
             return False
         for entry in list(self.entries):  # an entry this one extends is redundant (unless it alone has features)
-            if len(entry.tokens) <= len(tokens) and tokens[: len(entry.tokens)] == entry.tokens \
-                    and (features is not None or entry.features is None):
+            if (
+                len(entry.tokens) <= len(tokens)
+                and tokens[: len(entry.tokens)] == entry.tokens
+                and (features is not None or entry.features is None)
+            ):
                 self._drop(entry)
         self.backend.truncate(cache, len(tokens))
         kept = None if features is None else features[: len(tokens)]
@@ -103,4 +113,3 @@ class PrefixCache:
     def _drop(self, entry: _Entry) -> None:
         self.entries.remove(entry)
         self.backend.pool.release(entry.cache)
-

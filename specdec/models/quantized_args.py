@@ -6,6 +6,7 @@ one uint8 tensor of packed bytes and its description for the kernels (format, ro
 the argument CpuLlama takes last; a float part among quantized ones (a type the kernels do not read, dequantized)
 goes as float32 bytes, format 0. A matrix that is a tensor stays as it is, described by an empty list.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ def pack_rows(module, rows: QuantizedRows | GGUFMatrix) -> torch.Tensor:
     def tensor(a):
         return torch.from_numpy(np.ascontiguousarray(EMPTY if a is None else a))
 
-    return module.pack_codes(rows.fmt, tensor(rows.codes), tensor(first), tensor(second), tensor(rows.super_d),
-                             tensor(rows.super_m))
+    return module.pack_codes(
+        rows.fmt, tensor(rows.codes), tensor(first), tensor(second), tensor(rows.super_d), tensor(rows.super_m)
+    )
 
 
 def float_bytes(weight: torch.Tensor) -> torch.Tensor:
@@ -63,5 +65,12 @@ def packed_arguments(module, args: list) -> tuple[list, list[list[int]]]:
 
 def quantized_kinds(args: list) -> list[str]:
     """The GGUF types of the quantized matrices in kernel_model_args' list (none: a float model)."""
-    return sorted({rows.kind for t in (*args[2], args[3], args[5]) if isinstance(t, list) for rows in t
-                   if not isinstance(rows, torch.Tensor)})
+    return sorted(
+        {
+            rows.kind
+            for t in (*args[2], args[3], args[5])
+            if isinstance(t, list)
+            for rows in t
+            if not isinstance(rows, torch.Tensor)
+        }
+    )

@@ -1,4 +1,5 @@
 """Built-in model aliases and the local cache folder."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,11 +52,19 @@ def list_models() -> list[dict]:
     """Known aliases and everything converted in the cache: alias, cached, path, description."""
     rows = []
     for alias, known in KNOWN_MODELS.items():
-        rows.append({"name": alias, "cached": is_cached(alias), "path": str(converted_dir(alias)),
-                     "description": known.description})
+        rows.append(
+            {
+                "name": alias,
+                "cached": is_cached(alias),
+                "path": str(converted_dir(alias)),
+                "description": known.description,
+            }
+        )
     models_dir = cache_root() / "models"
     if models_dir.is_dir():
         for folder in sorted(models_dir.iterdir()):
             if folder.name not in KNOWN_MODELS and (folder / "model.safetensors").is_file():
-                rows.append({"name": folder.name, "cached": True, "path": str(folder), "description": "converted model"})
+                rows.append(
+                    {"name": folder.name, "cached": True, "path": str(folder), "description": "converted model"}
+                )
     return rows

@@ -5,6 +5,7 @@ Hugging Face hub (`source`). The model is built directly on the asked device and
 initialisation (normal, std initializer_range; so logits stay in a sane range), with no tokenizer: prompts are
 random token ids. Outputs of random weights mean nothing, so a shape gives speed only, never acceptance.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -28,40 +29,149 @@ class ModelShape:
 
 
 def _llama3_rope(factor: float) -> dict:
-    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192}
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
 
 
-SHAPES: dict[str, ModelShape] = {s.name: s for s in [
-    ModelShape("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaConfig", dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-        head_dim=64, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
-        rms_norm_eps=1e-5, initializer_range=0.041666666666666664)),
-    ModelShape("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "LlamaConfig", dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0, rope_scaling=_llama3_rope(32.0),
-        max_position_embeddings=131072, rms_norm_eps=1e-5, initializer_range=0.02)),
-    ModelShape("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2Config", dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
-        sliding_window=32768, use_sliding_window=False, max_window_layers=24, rms_norm_eps=1e-6,
-        initializer_range=0.02)),
-    ModelShape("qwen3-0.6b", "Qwen/Qwen3-0.6B", "Qwen3Config", dict(
-        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=128, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=40960,
-        sliding_window=None, use_sliding_window=False, max_window_layers=28, attention_bias=False, rms_norm_eps=1e-6,
-        initializer_range=0.02)),
-    ModelShape("gemma-3-1b", "google/gemma-3-1b-pt", "Gemma3TextConfig", dict(
-        hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=256, vocab_size=262144, tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
-        sliding_window=512, sliding_window_pattern=6, max_position_embeddings=32768, query_pre_attn_scalar=256,
-        hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None, final_logit_softcapping=None,
-        rms_norm_eps=1e-6, initializer_range=0.02)),
-    ModelShape("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "LlamaConfig", dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0, rope_scaling=_llama3_rope(8.0),
-        max_position_embeddings=131072, rms_norm_eps=1e-5, initializer_range=0.02)),
-]}
+SHAPES: dict[str, ModelShape] = {
+    s.name: s
+    for s in [
+        ModelShape(
+            "smollm2-135m",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "LlamaConfig",
+            dict(
+                hidden_size=576,
+                intermediate_size=1536,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                head_dim=64,
+                vocab_size=49152,
+                tie_word_embeddings=True,
+                rope_theta=100000.0,
+                max_position_embeddings=8192,
+                rms_norm_eps=1e-5,
+                initializer_range=0.041666666666666664,
+            ),
+        ),
+        ModelShape(
+            "llama-3.2-1b",
+            "meta-llama/Llama-3.2-1B",
+            "LlamaConfig",
+            dict(
+                hidden_size=2048,
+                intermediate_size=8192,
+                num_hidden_layers=16,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=64,
+                vocab_size=128256,
+                tie_word_embeddings=True,
+                rope_theta=500000.0,
+                rope_scaling=_llama3_rope(32.0),
+                max_position_embeddings=131072,
+                rms_norm_eps=1e-5,
+                initializer_range=0.02,
+            ),
+        ),
+        ModelShape(
+            "qwen2.5-0.5b",
+            "Qwen/Qwen2.5-0.5B",
+            "Qwen2Config",
+            dict(
+                hidden_size=896,
+                intermediate_size=4864,
+                num_hidden_layers=24,
+                num_attention_heads=14,
+                num_key_value_heads=2,
+                vocab_size=151936,
+                tie_word_embeddings=True,
+                rope_theta=1000000.0,
+                max_position_embeddings=32768,
+                sliding_window=32768,
+                use_sliding_window=False,
+                max_window_layers=24,
+                rms_norm_eps=1e-6,
+                initializer_range=0.02,
+            ),
+        ),
+        ModelShape(
+            "qwen3-0.6b",
+            "Qwen/Qwen3-0.6B",
+            "Qwen3Config",
+            dict(
+                hidden_size=1024,
+                intermediate_size=3072,
+                num_hidden_layers=28,
+                num_attention_heads=16,
+                num_key_value_heads=8,
+                head_dim=128,
+                vocab_size=151936,
+                tie_word_embeddings=True,
+                rope_theta=1000000.0,
+                max_position_embeddings=40960,
+                sliding_window=None,
+                use_sliding_window=False,
+                max_window_layers=28,
+                attention_bias=False,
+                rms_norm_eps=1e-6,
+                initializer_range=0.02,
+            ),
+        ),
+        ModelShape(
+            "gemma-3-1b",
+            "google/gemma-3-1b-pt",
+            "Gemma3TextConfig",
+            dict(
+                hidden_size=1152,
+                intermediate_size=6912,
+                num_hidden_layers=26,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=256,
+                vocab_size=262144,
+                tie_word_embeddings=True,
+                rope_theta=1000000.0,
+                rope_local_base_freq=10000.0,
+                sliding_window=512,
+                sliding_window_pattern=6,
+                max_position_embeddings=32768,
+                query_pre_attn_scalar=256,
+                hidden_activation="gelu_pytorch_tanh",
+                attn_logit_softcapping=None,
+                final_logit_softcapping=None,
+                rms_norm_eps=1e-6,
+                initializer_range=0.02,
+            ),
+        ),
+        ModelShape(
+            "llama-3.1-8b",
+            "meta-llama/Llama-3.1-8B",
+            "LlamaConfig",
+            dict(
+                hidden_size=4096,
+                intermediate_size=14336,
+                num_hidden_layers=32,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=128,
+                vocab_size=128256,
+                tie_word_embeddings=False,
+                rope_theta=500000.0,
+                rope_scaling=_llama3_rope(8.0),
+                max_position_embeddings=131072,
+                rms_norm_eps=1e-5,
+                initializer_range=0.02,
+            ),
+        ),
+    ]
+}
 
 
 def get_shape(name: str) -> ModelShape:
@@ -142,8 +252,16 @@ def backend_name(backend: CausalLM) -> str:
     return BACKEND_NAMES.get(type(backend).__name__, type(backend).__name__)
 
 
-def load_shape(name: str, device: str = "auto", dtype: str = "auto", backend: str = "auto", seed: int = 0,
-               max_context: int = 2048, graphs: str = "auto", compile: str = "auto") -> ShapeModel:
+def load_shape(
+    name: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    backend: str = "auto",
+    seed: int = 0,
+    max_context: int = 2048,
+    graphs: str = "auto",
+    compile: str = "auto",
+) -> ShapeModel:
     """The shape on specdec's backend selection (make_backend, as for a loaded model), with a KV cache of
     max_context tokens (the shapes' own contexts, up to 131072, would take gigabytes); graphs, compile: as
     load_model's."""
@@ -169,6 +287,6 @@ def _kernels_problem(hf_model, device: torch.device, asked: str, ran: str) -> st
     if asked != "auto" or device.type != "cpu" or ran != "torch":
         return None
     from ..kernels import unavailable_reason
-    from .kernel_llama import kernel_shape_problem
+    from .kernel_args import kernel_shape_problem
 
     return unavailable_reason() or kernel_shape_problem(hf_model.config) or "the kernels refused the model"

@@ -12,6 +12,7 @@ those values are tensors:
 The per-layer math (norms, projections, RoPE, MLP) is FastLlama's own (_qkv, _finish_layer), so a token's logits
 here are those of the eager pass up to the rounding of a longer attention reduction (tests/test_static_pass.py).
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
@@ -46,11 +47,17 @@ class StaticInputs:
 
     @staticmethod
     def empty(batch: int, tokens: int, device: torch.device) -> "StaticInputs":
-        long = {"dtype": torch.long, "device": device}
-        return StaticInputs(ids=torch.zeros(batch, tokens, **long), positions=torch.zeros(batch, tokens, **long),
-                            write_rows=torch.zeros(batch, tokens, **long), slots=torch.zeros(batch, **long),
-                            lengths=torch.zeros(batch, **long),
-                            tree=torch.zeros(batch, tokens, tokens, dtype=torch.bool, device=device))
+        def longs(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.long, device=device)
+
+        return StaticInputs(
+            ids=longs(batch, tokens),
+            positions=longs(batch, tokens),
+            write_rows=longs(batch, tokens),
+            slots=longs(batch),
+            lengths=longs(batch),
+            tree=torch.zeros(batch, tokens, tokens, dtype=torch.bool, device=device),
+        )
 
     def copy_(self, other: "StaticInputs") -> None:
         """Copies other's values into these tensors in place (a captured graph reads these very tensors)."""
@@ -74,8 +81,9 @@ def visible_keys(inputs: StaticInputs, window: int, scratch_row: int) -> torch.T
 
 
 @torch.inference_mode()
-def static_pass(model, inputs: StaticInputs, window: int, feature_layers: tuple[int, ...] = (),
-                steps: "PassSteps | None" = None):
+def static_pass(
+    model, inputs: StaticInputs, window: int, feature_layers: tuple[int, ...] = (), steps: "PassSteps | None" = None
+):
     """Scores a bucket's tokens with `model` (a FastLlama whose pool has a scratch row) and writes their keys and
     values to its pool. Returns logits (B, T, V) and hidden (B, T, H + len(feature_layers) * H): the final hidden
     state, then each feature layer's input, as FastLlama.forward's output_hidden gives them. Cache lengths are the
@@ -107,10 +115,14 @@ def prologue(model, inputs: StaticInputs, window: int):
     (B, 1, T, window) bool} and each RoPE table's angles {kind: (cos, sin), each (B, 1, T, rotated dims)}."""
     scratch_row = model.pool.capacity - 1
     visible = visible_keys(inputs, window, scratch_row)  # (B, 1, T, window)
-    masks = {w: visible if not w else visible & within_window(inputs, window, w)  # per sliding window (0: none)
-             for w in set(model.family.windows or (0,))}
-    angles = {kind: (cos[inputs.positions].unsqueeze(1), sin[inputs.positions].unsqueeze(1))
-              for kind, (cos, sin) in model.rope.items()}
+    masks = {
+        w: visible if not w else visible & within_window(inputs, window, w)  # per sliding window (0: none)
+        for w in set(model.family.windows or (0,))
+    }
+    angles = {
+        kind: (cos[inputs.positions].unsqueeze(1), sin[inputs.positions].unsqueeze(1))
+        for kind, (cos, sin) in model.rope.items()
+    }
     x = F.embedding(inputs.ids, model.embed)  # (B, T, H)
     if model.embed_scale is not None:
         x = x * model.embed_scale

@@ -12,6 +12,7 @@ the heads shipped with specdec (bundled_head) and whether the target's 4-bit cop
   where plain decoding is expected to be faster (drafters/select.py).
 - Else `ngram` (prompt lookup).
 """
+
 from __future__ import annotations
 
 AUTO_SELECT = ("eagle", "ngram")  # the candidates auto's selector measures, where a head is shipped
@@ -48,14 +49,19 @@ def on_cpu_kernels(target) -> bool:
 
 def quantized_copy_problem(target) -> str | None:
     """Why the quantized drafter cannot run for this LoadedModel, or None."""
-    from ...models.kernel_llama import KernelLlama, four_bit_problem
+    from ...models.kernel_args import four_bit_problem
+    from ...models.kernel_llama import KernelLlama
 
     if not isinstance(target.backend, KernelLlama):
-        return ("the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
-                "AVX2 or AVX-512)")
+        return (
+            "the quantized drafter runs on the CPU kernels (backend kernels, a Llama-family model on a CPU with "
+            "AVX2 or AVX-512)"
+        )
     if target.backend.quantized_weights:
-        return (f"the quantized drafter copies float weights, and {target.name!r} runs its file's quantized ones "
-                "(pass --dequantize to run them as floats)")
+        return (
+            f"the quantized drafter copies float weights, and {target.name!r} runs its file's quantized ones "
+            "(pass --dequantize to run them as floats)"
+        )
     problem = four_bit_problem(target.hf_model.config)
     return f"the quantized drafter cannot hold a 4-bit copy of {target.name!r}: {problem}" if problem else None
 
