@@ -204,7 +204,7 @@ def test_train_medusa_heads_then_generate_with_them(capsys, tiny_folder, tmp_pat
 
 
 def test_train_an_eagle3_head_then_warm_start_one_and_generate_with_it(capsys, tiny_folder, tmp_path):
-    from specdec.drafters.heads.eagle3_head import load_eagle3_head
+    from specdec.drafters.heads.eagle3_loading import load_eagle3_head
     from specdec.models.loading import load_model
 
     prompts = tmp_path / "prompts.jsonl"

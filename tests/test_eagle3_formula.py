@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.base import feature_columns
-from specdec.drafters.heads.eagle3_head import default_feature_layers, load_eagle3_head
+from specdec.drafters.heads.eagle3_head import default_feature_layers
+from specdec.drafters.heads.eagle3_loading import load_eagle3_head
 from specdec.errors import ConfigError
 from specdec.models.backend import check_feature_layers
 from eagle3_heads import LAYERS, THETA, write_eagle3

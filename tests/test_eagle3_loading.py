@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdec.drafters import create_drafter
-from specdec.drafters.heads.eagle3_head import load_eagle3_head, new_eagle3_head
+from specdec.drafters.heads.eagle3_head import new_eagle3_head
+from specdec.drafters.heads.eagle3_loading import load_eagle3_head
 from specdec.errors import ConfigError, IncompatibleDraftError, ModelLoadError
 from eagle3_heads import LAYERS, write_eagle3
 from tiny import loaded, tiny_llama

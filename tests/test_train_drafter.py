@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from specdec.drafters.heads.eagle3_head import default_feature_layers, load_eagle3_head, new_eagle3_head
+from specdec.drafters.heads.eagle3_head import default_feature_layers, new_eagle3_head
+from specdec.drafters.heads.eagle3_loading import load_eagle3_head
 from specdec.drafters.heads.eagle_head import new_head
 from specdec.drafters.heads.eagle_loading import load_head
 from specdec.errors import ConfigError, IncompatibleDraftError

@@ -58,7 +58,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..drafters import bundled_head, read_head
-    from ..drafters.heads.eagle3_head import is_eagle3_folder, load_eagle3_head
+    from ..drafters.heads.eagle3_loading import is_eagle3_folder, load_eagle3_head
     from ..drafters.heads.eagle_loading import load_head
     from ..drafters.heads.head_export import check_out, export_head
     from ..models.loading import load_model

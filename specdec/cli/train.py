@@ -238,7 +238,7 @@ def _feature_layers(args, target) -> tuple[int, ...]:
 
 def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
-    from ..drafters.heads import eagle3_head, eagle_head, eagle_loading, medusa_head
+    from ..drafters.heads import eagle3_head, eagle3_loading, eagle_head, eagle_loading, medusa_head
     from ..training.batching import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 
@@ -249,7 +249,7 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
     load, config_file = (
         (medusa_head.load_medusa_heads, medusa_head.CONFIG_FILE)
         if medusa
-        else (eagle3_head.load_eagle3_head, eagle3_head.CONFIG_FILE)
+        else (eagle3_loading.load_eagle3_head, eagle3_head.CONFIG_FILE)
         if eagle3
         else (eagle_loading.load_head, eagle_head.CONFIG_FILE)
     )

@@ -1,81 +1,27 @@
-"""Drafters, found by name: `create_drafter("ngram", target)`.
+"""Drafters, found by name: `create_drafter("ngram", target)` (registry.py); here, the built-in drafters' factories.
 
 "none" is plain decoding (no drafter); "auto" picks the best drafter available for the target (auto.py). Each drafter's
 options are a frozen dataclass (options.py), validated before anything loads.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Callable
-
 from ..errors import ConfigError
-from .routing.auto import auto_drafter, bundled_head, quantized_copy_problem
 from .base import Budget, Draft, Drafter, DraftRequest
-from .options import (DraftModelOptions, EagleOptions, LayerSkipOptions, LookaheadOptions, MedusaOptions, NgramOptions,
-                      QuantizedOptions, SelectOptions, SuffixOptions, bad_select_from)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    factory: Callable[..., Drafter | None]  # (target, options) -> Drafter, or (target) without options
-    options: type | None  # the drafter's options dataclass; None: it takes none
-    passes_on: bool  # also takes every option given (as a dict), for the drafters it builds in turn
-
-
-_FACTORIES: dict[str, _Entry] = {}
-
-
-def register(name: str, options: type | None = None, passes_on: bool = False):
-    """Decorator: registers a factory `(target: LoadedModel, options) -> Drafter`, whose options are an instance of
-    the frozen dataclass `options` (None: `(target) -> Drafter`, no options); passes_on: it also gets the whole
-    dict of options given, as `(target, options, given)`."""
-
-    def wrap(factory):
-        _FACTORIES[name] = _Entry(factory, options, passes_on)
-        return factory
-
-    return wrap
-
-
-def drafter_names() -> list[str]:
-    return sorted(_FACTORIES)
-
-
-def drafter_options() -> list[str]:
-    """Every option some drafter takes (the fields of the registered options dataclasses)."""
-    return sorted({n for entry in _FACTORIES.values() for n in _takes(entry)})
-
-
-FLOAT_HEADS = ("eagle", "eagle3", "medusa")  # heads built on the target's float embeddings and LM head
-
-
-def create_drafter(name: str, target, **options) -> Drafter | None:
-    """Builds the drafter `name` for the LoadedModel `target`; None for "none".
-
-    `options` is one set shared by all drafters (a server hands the same options to every drafter a request may
-    pick): each drafter takes those it knows. An option no drafter knows is an error that names it."""
-    unknown = sorted(set(options) - set(drafter_options()))
-    if unknown:
-        raise ConfigError(f"unknown drafter option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the "
-                          f"drafters take: {', '.join(drafter_options())}")
-    if name == "auto":
-        name, options = auto_drafter(target, options)
-    if name not in _FACTORIES:
-        raise ConfigError(f"unknown drafter {name!r}; choose one of: auto, {', '.join(drafter_names())}")
-    if name in FLOAT_HEADS and target.backend.quantized_weights:
-        from ..models.gguf_model import attach_float_tables
-
-        attach_float_tables(target)
-    entry = _FACTORIES[name]
-    if entry.options is None:
-        return entry.factory(target)
-    own = entry.options(**{k: v for k, v in options.items() if k in _takes(entry)})
-    return entry.factory(target, own, options) if entry.passes_on else entry.factory(target, own)
-
-
-def _takes(entry: _Entry) -> list[str]:
-    """The options a registered drafter names."""
-    return [f.name for f in fields(entry.options)] if entry.options is not None else []
+from .registry import _FACTORIES, create_drafter, drafter_names, drafter_options, register
+from .routing.auto import bundled_head, quantized_copy_problem
+from .options import (
+    DraftModelOptions,
+    EagleOptions,
+    LayerSkipOptions,
+    LookaheadOptions,
+    MedusaOptions,
+    NgramOptions,
+    QuantizedOptions,
+    SelectOptions,
+    SuffixOptions,
+    bad_select_from,
+)
 
 
 @register("none")
@@ -101,8 +47,13 @@ def _recycle(target, options: NgramOptions) -> Drafter:
 def _suffix(target, options: SuffixOptions) -> Drafter:
     from .lookup.suffix import SuffixDrafter, SuffixIndex, tokenizer_id
 
-    shared = SuffixIndex.open(options.suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer),
-                              model=target.name) if options.suffix_index else None
+    shared = (
+        SuffixIndex.open(
+            options.suffix_index, target.info.vocab_size, tokenizer=tokenizer_id(target.tokenizer), model=target.name
+        )
+        if options.suffix_index
+        else None
+    )
     return SuffixDrafter(shared=shared)
 
 
@@ -123,12 +74,20 @@ def _draft_model(target, options: DraftModelOptions) -> Drafter:
     draft_model, p_min = options.draft_model, options.draft_p_min
     if not isinstance(draft_model, LoadedModel):
         info = target.info
-        draft_model = load_model(draft_model, device=str(info.device), dtype=str(info.dtype).replace("torch.", ""),
-                                 trust_remote_code=options.trust_remote_code)
+        draft_model = load_model(
+            str(draft_model),
+            device=str(info.device),
+            dtype=str(info.dtype).replace("torch.", ""),
+            trust_remote_code=options.trust_remote_code,
+        )
     if None in (target.tokenizer, draft_model.tokenizer) or same_vocabulary(target.tokenizer, draft_model.tokenizer):
         return DraftModelDrafter(draft_model.backend, target.info.vocab_size, p_min=p_min)
-    return CrossTokenizerDrafter(draft_model.backend, draft_model.tokenizer, target.tokenizer,  # through text
-                                 p_min=p_min)
+    return CrossTokenizerDrafter(
+        draft_model.backend,
+        draft_model.tokenizer,
+        target.tokenizer,  # through text
+        p_min=p_min,
+    )
 
 
 @register("layerskip", LayerSkipOptions)
@@ -142,8 +101,9 @@ def _layerskip(target, options: LayerSkipOptions) -> Drafter:
         raise ConfigError(f"layerskip needs 1 <= layers < {total} (the target's layer count), got {layers}")
     if not target.backend.early_exit:
         raise ConfigError("layerskip needs the kernels or torch backend (a Llama-family model)")
-    return DraftModelDrafter(EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip",
-                             p_min=options.draft_p_min)
+    return DraftModelDrafter(
+        EarlyExit(target.backend, layers), target.info.vocab_size, name="layerskip", p_min=options.draft_p_min
+    )
 
 
 @register("quantized", QuantizedOptions)
@@ -178,7 +138,7 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     from ..models.backend import check_feature_layers
     from .heads.eagle import EagleDrafter
     from .heads.calibration import Calibration
-    from .heads.eagle3_head import is_eagle3_folder, load_eagle3_head
+    from .heads.eagle3_loading import is_eagle3_folder, load_eagle3_head
     from .heads.eagle_loading import load_head
     from .heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, head_bits, kernel_head_problem
 
@@ -187,13 +147,17 @@ def _eagle_drafter(target, folder, version: str, options: EagleOptions) -> Draft
     if options.calibrate_trees:
         shape = {**shape, "calibration": Calibration()}
     if folder is None:
-        raise ConfigError(f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
-                          f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
-                          f"--eagle-head DIR")
+        raise ConfigError(
+            f"no EAGLE{'-' + version if version else ''} head is known for {target.name!r}: train one "
+            f"with `specdec train-drafter {kind}--model {target.name} --out DIR` and pass "
+            f"--eagle-head DIR"
+        )
     eagle3 = is_eagle3_folder(folder)
     if version and not eagle3:
-        raise ConfigError(f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
-                          f"'eagle' for EAGLE-1/2 heads")
+        raise ConfigError(
+            f"{folder} holds no EAGLE-3 head (config.json with an Eagle3 architecture); use drafter "
+            f"'eagle' for EAGLE-1/2 heads"
+        )
     head = read_head(load_eagle3_head if eagle3 else load_head, folder, target)
     check_feature_layers(head.feature_layers, target.info.num_layers)  # asked of the target per pass, not set on it
     info, bfloat16 = target.info, target.info.dtype == torch.bfloat16
@@ -220,8 +184,10 @@ def _medusa(target, options: MedusaOptions) -> Drafter:
 
     folder = options.medusa_head or bundled_head(target.name, "medusa")
     if folder is None:
-        raise ConfigError(f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
-                          f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR")
+        raise ConfigError(
+            f"no Medusa heads are known for {target.name!r}: train them with `specdec train-drafter "
+            f"--kind medusa --model {target.name} --out DIR` and pass --medusa-head DIR"
+        )
     tree, shape = options.tree, options.shape()
     heads, info = read_head(load_medusa_heads, folder, target), target.info
     if info.device.type == "cpu" and kernel_heads_problem(heads) is None:
@@ -246,8 +212,9 @@ def read_head(load, folder, target):
     except (ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
         from ..errors import IncompatibleDraftError, first_line
 
-        raise IncompatibleDraftError(f"cannot load the head in {folder}: {type(exc).__name__}: "
-                                     f"{first_line(exc)[:300]}") from None
+        raise IncompatibleDraftError(
+            f"cannot load the head in {folder}: {type(exc).__name__}: {first_line(exc)[:300]}"
+        ) from None
 
 
 SELECT_DEFAULT = ("eagle", "medusa", "ngram", "suffix")  # candidates of "select", those available for the target
@@ -261,10 +228,25 @@ def _select(target, options: SelectOptions, given: dict) -> Drafter:
     if names is not None and any(n not in _FACTORIES for n in names):
         raise bad_select_from(options.select_from)
     if names is None:
-        heads = {"eagle": given.get("eagle_head") or bundled_head(target.name),
-                 "medusa": given.get("medusa_head") or bundled_head(target.name, "medusa")}
-        names = [n for n in SELECT_DEFAULT if heads.get(n, True)]
-    return SelectingDrafter([create_drafter(n, target, **given) for n in names])
+        heads = {
+            "eagle": given.get("eagle_head") or bundled_head(target.name),
+            "medusa": given.get("medusa_head") or bundled_head(target.name, "medusa"),
+        }
+        names = tuple(n for n in SELECT_DEFAULT if heads.get(n, True))
+    made = [create_drafter(n, target, **given) for n in names]
+    return SelectingDrafter([d for d in made if d is not None])  # "none" is no candidate (SelectOptions)
 
 
-__all__ = ["Budget", "Draft", "Drafter", "DraftRequest", "create_drafter", "drafter_names", "register"]
+__all__ = [
+    "Budget",
+    "Draft",
+    "Drafter",
+    "DraftRequest",
+    "_FACTORIES",
+    "bundled_head",
+    "create_drafter",
+    "drafter_names",
+    "drafter_options",
+    "read_head",
+    "register",
+]

@@ -99,6 +99,13 @@ class Drafter(ABC):
     #: the request being drafted for, from begin() on (None before the first)
     request: DraftRequest | None = None
 
+    @property
+    def current(self) -> DraftRequest:
+        """The request being drafted for, between begin() and end(): what propose and the steps it calls read."""
+        if self.request is None:
+            raise RuntimeError(f"drafter {self.name!r} drafts for no request: begin() was not called")
+        return self.request
+
     def begin(self, request: DraftRequest) -> None:
         """Starts a new request."""
         self.request = request

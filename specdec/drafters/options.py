@@ -1,6 +1,7 @@
 """Each drafter's options: one frozen dataclass per drafter that takes any, validated at construction, so that a bad
 value is refused (a ConfigError naming it) before anything loads. create_drafter (drafters/__init__.py) hands each
 drafter the options its dataclass names; an option no drafter names is an error too."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,12 @@ from ..errors import ConfigError
 
 def check_p_min(p_min: float) -> float:
     """p_min itself, or a ConfigError unless 0 <= p_min < 1 (1 would stop every draft at one token whatever q)."""
-    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not math.isfinite(p_min) \
-            or not 0.0 <= p_min < 1.0:
+    if (
+        isinstance(p_min, bool)
+        or not isinstance(p_min, (int, float))
+        or not math.isfinite(p_min)
+        or not 0.0 <= p_min < 1.0
+    ):
         raise ConfigError(f"draft_p_min must be in [0, 1), got {p_min!r}")
     return float(p_min)
 
@@ -37,8 +42,9 @@ class NgramOptions:
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_n <= self.max_n <= 32):
-            raise ConfigError(f"ngram sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={self.min_n}, "
-                              f"max_n={self.max_n}")
+            raise ConfigError(
+                f"ngram sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={self.min_n}, max_n={self.max_n}"
+            )
 
 
 @dataclass(frozen=True)
@@ -181,13 +187,18 @@ class LookaheadOptions:
     def __post_init__(self) -> None:
         for name, (letter, low, high) in LOOKAHEAD_LIMITS.items():
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not low <= value <= high):
-                raise ConfigError(f"{name} (--{name.replace('_', '-')}, {letter}) must be an integer in "
-                                  f"[{low}, {high}], got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+            ):
+                raise ConfigError(
+                    f"{name} (--{name.replace('_', '-')}, {letter}) must be an integer in "
+                    f"[{low}, {high}], got {value!r}"
+                )
 
     def sizes(self) -> tuple[int, int, int]:
         """(W, N, G), the defaults where not given."""
-        w, n, g = (LOOKAHEAD_DEFAULTS[name] if getattr(self, name) is None else getattr(self, name)
-                   for name in LOOKAHEAD_LIMITS)
+        w, n, g = (
+            LOOKAHEAD_DEFAULTS[name] if getattr(self, name) is None else getattr(self, name)
+            for name in LOOKAHEAD_LIMITS
+        )
         return w, n, g

@@ -5,9 +5,11 @@ target accepts the path to them); `finish_tree` keeps the most probable ones, as
 accepted tokens per second under the measured verify-cost curve, adds the prompt-lookup continuation as
 one more branch (`LookupBranch`), and orders the nodes as verification wants them (by depth).
 """
+
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,7 +35,7 @@ class LookupBranch:
         self.chain = self.lookup.propose(context, Budget(depth_cap)).tokens.tolist()
         self.record.proposed(context, self.chain)
         if self.chain and self.head_expected is not None and self.record.expected(self.chain) >= self.head_expected:
-            return Draft(tokens=torch.tensor(self.chain[:self.record.best_length(self.chain, costs)]))
+            return Draft(tokens=torch.tensor(self.chain[: self.record.best_length(self.chain, costs)]))
         return None
 
     def head_drafted(self, expected: float) -> None:
@@ -41,8 +43,16 @@ class LookupBranch:
         self.head_expected = expected if self.head_expected is None else 0.8 * self.head_expected + 0.2 * expected
 
 
-def finish_tree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], costs,
-                max_nodes: int, branch: LookupBranch | None = None, fixed_size: bool = False) -> Draft:
+def finish_tree(
+    tokens: list[int],
+    parents: list[int],
+    depths: list[int],
+    scores: list[float],
+    costs,
+    max_nodes: int,
+    branch: LookupBranch | None = None,
+    fixed_size: bool = False,
+) -> Draft:
     """The draft of a scored candidate tree (parents[i] < i, -1 under the root; scores: cumulative log-probs):
     the nodes that pay under `costs` (fixed_size: the `max_nodes` most probable), plus the lookup branch's
     continuation, ordered by depth."""
@@ -53,8 +63,10 @@ def finish_tree(tokens: list[int], parents: list[int], depths: list[int], scores
             chosen = add_path(chosen, branch.chain, tokens, parents, depths, scores)
     order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
     index = {node: j for j, node in enumerate(order)}
-    return Draft(tokens=torch.tensor([tokens[i] for i in order], dtype=torch.long),
-                 parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+    return Draft(
+        tokens=torch.tensor([tokens[i] for i in order], dtype=torch.long),
+        parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order],
+    )
 
 
 class LookupRecord:
@@ -75,7 +87,7 @@ class LookupRecord:
             return
         start, chain = self.pending
         self.pending = None
-        after = context[start:start + len(chain)]
+        after = context[start : start + len(chain)]
         if not after:
             return
         kept = common_prefix(chain, after)
@@ -88,13 +100,13 @@ class LookupRecord:
     def expected(self, chain: list[int]) -> float:
         """Expected accepted tokens of the continuation."""
         a = self.rate()
-        return sum(a ** i for i in range(1, len(chain) + 1))
+        return sum(a**i for i in range(1, len(chain) + 1))
 
     def best_length(self, chain: list[int], costs) -> int:
         """The prefix of the continuation with the most expected tokens per second of verification."""
         a, best, best_rate, expected = self.rate(), 1, 0.0, 1.0
         for n in range(1, len(chain) + 1):
-            expected += a ** n
+            expected += a**n
             rate = expected / costs.verify_s(n + 1)
             if rate > best_rate:
                 best, best_rate = n, rate
@@ -110,12 +122,13 @@ def path_tokens(node: int, tokens: list[int], parents: list[int]) -> list[int]:
     return path[::-1]
 
 
-def add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int],
-              scores: list[float]) -> list[int]:
+def add_path(
+    chosen: list[int], chain: list[int], tokens: list[int], parents: list[int], depths: list[int], scores: list[float]
+) -> list[int]:
     """Adds `chain` as a path from the root, through chosen nodes where they already hold its tokens (siblings
     stay distinct); new nodes are appended to the node lists with the lowest score. Returns the chosen set."""
-    chosen = set(chosen)
-    child = {(parents[i], tokens[i]): i for i in chosen}
+    kept = set(chosen)
+    child = {(parents[i], tokens[i]): i for i in kept}
     node = -1
     for depth, token in enumerate(chain, start=1):
         if (node, token) not in child:
@@ -124,9 +137,9 @@ def add_path(chosen: list[int], chain: list[int], tokens: list[int], parents: li
             depths.append(depth)
             scores.append(-math.inf)
             child[(node, token)] = len(tokens) - 1
-            chosen.add(len(tokens) - 1)
+            kept.add(len(tokens) - 1)
         node = child[(node, token)]
-    return sorted(chosen)
+    return sorted(kept)
 
 
 def tree_width(costs, headroom: float = 1.25, low: int = 2, high: int = 8) -> int:
@@ -167,3 +180,54 @@ def paying_count(scores: list[float], costs) -> int:
         if rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+def level_visibility(frontier: list[int], parents: list[int], n_true: int, fed: list[int]) -> torch.Tensor:
+    """Which head keys each node of a tree's new level sees, (F, n_true + len(fed) + F) bool: the n_true true pairs,
+    its ancestors among the nodes already fed (in `fed`'s order after the true pairs), and itself."""
+    visible = torch.zeros(len(frontier), n_true + len(fed) + len(frontier), dtype=torch.bool)
+    visible[:, :n_true] = True
+    slot = {node: n_true + j for j, node in enumerate(fed)}
+    for r, node in enumerate(frontier):
+        a = parents[node]
+        while a >= 0:
+            visible[r, slot[a]] = True
+            a = parents[a]
+        visible[r, n_true + len(fed) + r] = True
+    return visible
+
+
+@dataclass
+class TreeNodes:
+    """A tree being drafted: each node's token, parent (-1: the root), score (the cumulative log-probability of
+    its acceptance) and draft probability, in the order the nodes were made (parents[i] < i)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+
+    def grow(
+        self, frontier: list[int], logits: torch.Tensor, width: int, draft_ids: torch.Tensor, calibrated=None
+    ) -> list[int]:
+        """The next level (EAGLE-2): of every frontier node's `width` most probable children under the head's
+        logits (F, K) over the draft vocabulary (draft_ids: draft index -> token), the `width` with the highest
+        cumulative score (the draft log-probabilities, or calibrated(q) of each probability q where a calibration
+        maps them to log-probabilities of acceptance), added as nodes; returns the new frontier, most probable
+        first. A frontier node -1 is the root."""
+        top = torch.topk(logits, width, dim=-1)  # log-softmax of only the kept values: a pass over K saved
+        top_lp = top.values - torch.logsumexp(logits, -1, keepdim=True)
+        base = torch.tensor([self.scores[n] if n >= 0 else 0.0 for n in frontier])
+        step = top_lp if calibrated is None else calibrated(top_lp.exp())
+        total = (base[:, None] + step).flatten()  # (F * width,) cumulative log-probs of acceptance
+        raw_q = top_lp.exp().flatten().tolist()
+        keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
+        cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
+        grown = []
+        for c in keep:
+            self.tokens.append(int(draft_ids[cand_ids[c]]))
+            self.parents.append(frontier[c // width])
+            self.scores.append(cand_scores[c])
+            self.probs.append(raw_q[c])
+            grown.append(len(self.tokens) - 1)
+        return grown

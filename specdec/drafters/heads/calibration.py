@@ -12,9 +12,14 @@ the trees of the next.
 How a tree's acceptance is read back: the tokens the context gained after the drafted position are matched from
 the root down the tree; every node on that path was accepted, the rest were not (`accepted_path`).
 """
+
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..trees import path_tokens
 
 
 class Calibration:
@@ -64,12 +69,14 @@ def accepted_path(tokens: list[int], parents: list[int], gained: list[int]) -> s
     children: dict[int, dict[int, int]] = {}
     for i, (token, parent) in enumerate(zip(tokens, parents)):
         children.setdefault(parent, {})[token] = i
-    path, node = set(), -1
+    path: set[int] = set()
+    node = -1
     for token in gained:
-        node = children.get(node, {}).get(token)
-        if node is None:
+        child = children.get(node, {}).get(token)
+        if child is None:
             break
-        path.add(node)
+        path.add(child)
+        node = child
     return path
 
 
@@ -79,3 +86,33 @@ def node_depths(parents: list[int]) -> list[int]:
     for parent in parents:
         depths.append(1 if parent < 0 else depths[parent] + 1)
     return depths
+
+
+@dataclass
+class DraftedTree:
+    """A tree drafted at context length `start`: its tokens, parents and each node's draft probability (None for a
+    node the head did not draft, the lookup branch's), until the target's next tokens tell which were accepted."""
+
+    start: int
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float | None]
+
+    @classmethod
+    def of(cls, start: int, draft, tokens: list[int], parents: list[int], probs: list[float]) -> "DraftedTree":
+        """The tree `draft` (a Draft with parents) chose from the head's nodes (tokens, parents, probs)."""
+        q_of = {tuple(path_tokens(i, tokens, parents)): q for i, q in enumerate(probs)}
+        drafted, tree_parents = draft.tokens.tolist(), list(draft.parents)
+        return cls(
+            start,
+            drafted,
+            tree_parents,
+            [q_of.get(tuple(path_tokens(j, drafted, tree_parents))) for j in range(len(drafted))],
+        )
+
+    def observed_by(self, calibration: Calibration, context: list[int]) -> None:
+        """Counts into `calibration` which nodes the target accepted, once the context holds the tokens it kept
+        after the drafted position."""
+        if len(context) > self.start:
+            accepted = accepted_path(self.tokens, self.parents, context[self.start :])
+            calibration.observe(node_depths(self.parents), self.probs, self.parents, accepted)

@@ -17,9 +17,11 @@ step too (more than its largest bucket, as the prompt, eagerly). A tree then has
 and the nodes that pay are chosen on the host from the most probable `max_nodes`. Sampled chains, penalized
 requests and calibrated trees take the host path, over the same cache.
 """
+
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -29,21 +31,31 @@ from ...penalties import SubsetPenalties, TokenHistory, inverse_index
 from ...sampling import probs_from_logits
 from ...tokens import common_prefix
 from ..base import Budget, Draft, Drafter, DraftRequest
-from .calibration import Calibration, accepted_path, node_depths
+from .calibration import Calibration, DraftedTree, node_depths
 from .eagle3_head import Eagle3Head
 from .eagle_device import HeadCache
 from .eagle_head import EagleHead
+from .eagle_kernels import KernelEagle3Head, KernelEagleHead
 from .head_graphs import FEED_BUCKETS, HeadGraphs
-from ..trees import LookupBranch, expand_floor, finish_tree, path_tokens, tree_width
+from ..trees import LookupBranch, expand_floor, finish_tree, TreeNodes, level_visibility, path_tokens, tree_width
 
 
 class EagleDrafter(Drafter):
     name = "eagle"
 
-    def __init__(self, head: EagleHead | Eagle3Head, tree: bool = True, width: int | None = None,
-                 max_depth: int = 8, max_nodes: int = 48, lookup: bool = True,
-                 fixed_size: bool = False, name: str = "eagle", calibration: Calibration | None = None,
-                 device_drafting: bool | None = None):
+    def __init__(
+        self,
+        head: EagleHead | Eagle3Head | KernelEagleHead | KernelEagle3Head,
+        tree: bool = True,
+        width: int | None = None,
+        max_depth: int = 8,
+        max_nodes: int = 48,
+        lookup: bool = True,
+        fixed_size: bool = False,
+        name: str = "eagle",
+        calibration: Calibration | None = None,
+        device_drafting: bool | None = None,
+    ):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
         say (the cost model still decides whether to draft at all when adaptive). lookup: trees also hold
@@ -79,16 +91,26 @@ class EagleDrafter(Drafter):
         self._reset()
 
     def fork(self) -> "EagleDrafter":
-        return EagleDrafter(self.head, self.tree, self.width, self.max_depth, self.max_nodes, self.lookup,
-                            self.fixed_size, self.name, self.calibration, self.device_drafting)
+        return EagleDrafter(
+            self.head,
+            self.tree,
+            self.width,
+            self.max_depth,
+            self.max_nodes,
+            self.lookup,
+            self.fixed_size,
+            self.name,
+            self.calibration,
+            self.device_drafting,
+        )
 
     @property
-    def feature_layers(self) -> tuple[int, ...]:
+    def feature_layers(self) -> tuple[int, ...]:  # type: ignore[override]  # Drafter declares a plain attribute
         """The target layers whose inputs the head reads (EAGLE-3); none: the final hidden state (EAGLE-1/2)."""
         return tuple(self.head.feature_layers)
 
     @property
-    def sizing(self) -> str:
+    def sizing(self) -> str:  # type: ignore[override]  # a property where Drafter declares a plain attribute
         """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
         return "tree" if self.tree else "policy"
 
@@ -101,7 +123,7 @@ class EagleDrafter(Drafter):
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
         self.penalties: SubsetPenalties | None = None  # the request's penalties at the context being drafted
-        self.last_tree: tuple | None = None  # (context length, tokens, parents, draft probs) of the last tree
+        self.last_tree: DraftedTree | None = None  # the last tree, for the calibration
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -117,7 +139,7 @@ class EagleDrafter(Drafter):
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
         if self._past() is None and self.request is not None:
-            self._sync(self.request.prompt_ids)  # the head reads the prompt now, as part of the prefill
+            self._sync(self.current.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
@@ -126,13 +148,15 @@ class EagleDrafter(Drafter):
             return Draft.empty()
         root = self._sync(context)
         self.penalties = self._penalties(context)
-        self._observe_last_tree(context)
+        if self.last_tree is not None and self.calibration is not None:  # which of its nodes the target accepted
+            self.last_tree.observed_by(self.calibration, context)
+        self.last_tree = None
         on_device = self.device_drafting and self.penalties is None
         if self.tree and budget.tree:
             if on_device and self.calibration is None:
                 return self._device_tree(root, context, min(k, self.max_depth))
             return self._tree(root, context, min(k, self.max_depth))
-        if on_device and self.request.sampling.greedy:
+        if on_device and self.current.sampling.greedy:
             return Draft(tokens=self.graphs.chain(root, k).cpu())  # the step's one host read
         return self._chain(root, len(context), k)
 
@@ -140,7 +164,7 @@ class EagleDrafter(Drafter):
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
         n = min(self.feat.shape[0], len(context) - 1)  # pairs known: features of every position but the last
-        want = context[1: n + 1]
+        want = context[1 : n + 1]
         keep = common_prefix(self.pair_tokens, want)
         if self.device_drafting:
             self.cache.length = min(self.cache.length, keep)  # rollback
@@ -149,15 +173,23 @@ class EagleDrafter(Drafter):
         if self.device_drafting and 0 < n - keep <= FEED_BUCKETS[-1]:  # a step's pairs: a bucketed, captured feed
             self.last_out = self.graphs.feed(self.feat[keep:n], self._on_device(want[keep:n])[0])
         elif keep < n:
-            out, new_kv = self.head(self.feat[keep:n][None], self._on_device(want[keep:n]),
-                                    torch.arange(keep, n, device=self.device)[None], past=self._past())
+            out, new_kv = self.head(
+                self.feat[keep:n][None],
+                self._on_device(want[keep:n]),
+                torch.arange(keep, n, device=self.device)[None],
+                past=self._past(),
+            )
             if self.device_drafting:
                 self.cache.append(new_kv)
             else:
-                self.kv = new_kv if self.kv is None else (torch.cat([self.kv[0], new_kv[0]], 2),
-                                                          torch.cat([self.kv[1], new_kv[1]], 2))
+                self.kv = (
+                    new_kv
+                    if self.kv is None
+                    else (torch.cat([self.kv[0], new_kv[0]], 2), torch.cat([self.kv[1], new_kv[1]], 2))
+                )
             self.last_out = out[0, -1]
         self.pair_tokens = list(want)
+        assert self.last_out is not None  # the prompt's pairs were fed at the prefill (observe)
         return self.last_out
 
     def _past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -170,12 +202,12 @@ class EagleDrafter(Drafter):
 
     def _penalties(self, context: list[int]) -> SubsetPenalties | None:
         """The request's penalties over the draft vocabulary at this context, or None where it asks for none."""
-        sampling = self.request.sampling
+        sampling = self.current.sampling
         if not sampling.penalized:
             return None
         if self._inverse is None:
             self._inverse = inverse_index(self.head.draft_ids.cpu(), self.vocab)
-        history = TokenHistory.of(self.request.prompt_ids, context, self.vocab)
+        history = TokenHistory.of(self.current.prompt_ids, context, self.vocab)
         return SubsetPenalties(history, self.head.draft_ids.cpu(), self._inverse, sampling)
 
     def _draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
@@ -185,16 +217,21 @@ class EagleDrafter(Drafter):
 
     def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], kv, mask=None):
         """One head pass over new pairs: features (T, H) -> outputs (T, H), kv extended."""
-        out, new_kv = self.head(features[None], self._on_device(tokens), self._on_device(positions), past=kv,
-                                mask=None if mask is None else mask.to(self.device, non_blocking=True))
+        out, new_kv = self.head(
+            features[None],
+            self._on_device(tokens),
+            self._on_device(positions),
+            past=kv,
+            mask=None if mask is None else mask.to(self.device, non_blocking=True),
+        )
         return out[0], (torch.cat([kv[0], new_kv[0]], 2), torch.cat([kv[1], new_kv[1]], 2))
 
     # ---- chains --------------------------------------------------------------------------------------
     def _chain(self, h: torch.Tensor, context_len: int, k: int) -> Draft:
-        request = self.request
+        request = self.current
         sampling = request.sampling
         position = len(self.pair_tokens)  # pair position of the first draft
-        kv, tokens, rows = self._past(), [], []
+        kv, tokens, rows = self._past(), list[int](), []
         for i in range(k):
             logits = self._draft_logits(h[None], [tokens])[0]  # (K,)
             if sampling.greedy:
@@ -211,13 +248,13 @@ class EagleDrafter(Drafter):
 
     # ---- trees ---------------------------------------------------------------------------------------
     def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
-        costs = self.request.costs or CostModel()  # unmeasured: the cost model's default curve
+        costs = self.current.costs or CostModel()  # unmeasured: the cost model's default curve
         if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
             return copied
         n_true = len(self.pair_tokens)
         width = self.width or tree_width(costs)
-        # node: token, parent (-1 = root), depth, score (cumulative draft log-prob), kv index once fed
-        tokens, parents, depths, scores, draft_probs = [], [], [], [], []
+        nodes = TreeNodes()
+        tokens, parents, scores = nodes.tokens, nodes.parents, nodes.scores
         hidden_of: dict[int, torch.Tensor] = {-1: root}
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
@@ -227,67 +264,35 @@ class EagleDrafter(Drafter):
             # the whole frontier's draft distributions in one product: (F, K)
             paths = [path_tokens(n, tokens, parents) for n in frontier]
             logits = self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths)
-            top = torch.topk(logits, width, dim=-1)  # log-softmax of only the kept values: a pass over K saved
-            top_lp = top.values - torch.logsumexp(logits, -1, keepdim=True)
-            base = torch.tensor([scores[n] if n >= 0 else 0.0 for n in frontier])
-            step = top_lp if self.calibration is None else self.calibration.log_probability(depth, top_lp.exp())
-            total = (base[:, None] + step).flatten()  # (F * width,) cumulative log-probs of acceptance
-            raw_q = top_lp.exp().flatten().tolist()
-            keep = torch.topk(total, min(width, total.numel())).indices.tolist()  # most probable first
-            cand_scores, cand_ids = total.tolist(), top.indices.flatten().tolist()
-            frontier_before, frontier = frontier, []
-            for c in keep:
-                tokens.append(int(self.draft_ids[cand_ids[c]]))
-                parents.append(frontier_before[c // width])
-                depths.append(depth)
-                scores.append(cand_scores[c])
-                draft_probs.append(raw_q[c])
-                frontier.append(len(tokens) - 1)
+            calibrated = None if self.calibration is None else partial(self.calibration.log_probability, depth)
+            frontier = nodes.grow(frontier, logits, width, self.draft_ids, calibrated)
             if depth == depth_cap or math.exp(scores[frontier[0]]) < floor:
                 break
             # one head pass for the new level: node i's pair is (its parent's output, its token)
             feats = torch.stack([hidden_of[parents[i]] for i in frontier])
-            visible = torch.zeros(len(frontier), n_true + len(fed) + len(frontier), dtype=torch.bool)
-            visible[:, :n_true] = True
-            slot = {node: n_true + j for j, node in enumerate(fed)}
-            for r, node in enumerate(frontier):
-                a = parents[node]
-                while a >= 0:
-                    visible[r, slot[a]] = True
-                    a = parents[a]
-                visible[r, n_true + len(fed) + r] = True
-            out, kv = self._step(feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), kv,
-                                 mask=visible[None, None])
+            visible = level_visibility(frontier, parents, n_true, fed)
+            out, kv = self._step(
+                feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), kv, mask=visible[None, None]
+            )
             for r, node in enumerate(frontier):
                 hidden_of[node] = out[r]
             fed += frontier
-        draft = finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)
+        draft = finish_tree(
+            tokens, parents, node_depths(parents), scores, costs, self.max_nodes, self.branch, self.fixed_size
+        )
         if self.calibration is not None:
-            q_of = {tuple(path_tokens(i, tokens, parents)): q for i, q in enumerate(draft_probs)}
-            drafted, tree_parents = draft.tokens.tolist(), list(draft.parents)
-            probs = [q_of.get(tuple(path_tokens(j, drafted, tree_parents))) for j in range(len(drafted))]
-            self.last_tree = (len(context), drafted, tree_parents, probs)
+            self.last_tree = DraftedTree.of(len(context), draft, tokens, parents, nodes.probs)
         return draft
 
     def _device_tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
         """A tree drafted on the device (every level up to depth_cap), then sized on the host as _tree's is."""
-        costs = self.request.costs or CostModel()
+        costs = self.current.costs or CostModel()
         if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
             return copied
         width = min(self.width or tree_width(costs), self.head.config.draft_vocab_size)
         tokens, parents, scores = self.graphs.tree(root, depth_cap, width, self.max_nodes)
         values = torch.stack([tokens.double(), parents.double(), scores.double()]).tolist()  # the one host read
         tokens, parents = [int(t) for t in values[0]], [int(p) for p in values[1]]
-        return finish_tree(tokens, parents, node_depths(parents), values[2], costs, self.max_nodes, self.branch,
-                           self.fixed_size)
-
-    def _observe_last_tree(self, context: list[int]) -> None:
-        """Counts, for the calibration, which nodes of the last tree the target accepted (the context now holds
-        the tokens it kept after the drafted position)."""
-        if self.last_tree is None or self.calibration is None:
-            return
-        start, drafted, tree_parents, probs = self.last_tree
-        self.last_tree = None
-        if len(context) > start:
-            accepted = accepted_path(drafted, tree_parents, context[start:])
-            self.calibration.observe(node_depths(tree_parents), probs, tree_parents, accepted)
+        return finish_tree(
+            tokens, parents, node_depths(parents), values[2], costs, self.max_nodes, self.branch, self.fixed_size
+        )

@@ -18,6 +18,7 @@ convention; vllm/v1/worker/gpu_model_runner.py, _get_eagle3_aux_layers_from_conf
 models/llama.py), while SGLang and SpecForge read eagle_config.eagle_aux_hidden_state_layer_ids as layers whose
 outputs they capture (SGLang's set_eagle3_layers_to_capture adds 1; SpecForge hooks each layer's output).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ...errors import IncompatibleDraftError, ModelLoadError
 from . import eagle_head
 from .eagle_head import EagleConfig, HeadLayer, RMSNorm, frozen_parts
 
@@ -49,8 +49,10 @@ def aux_layer_fields(layers: tuple[int, ...]) -> dict:
     layer's output. Worked example: layers (2, 15, 27) -> top level [2, 15, 27], eagle_config [1, 14, 26]."""
     fields: dict = {"eagle_aux_hidden_state_layer_ids": list(layers)}
     if min(layers) >= 1:
-        fields["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
-                                  "use_aux_hidden_state": True}
+        fields["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+            "use_aux_hidden_state": True,
+        }
     return fields
 
 
@@ -76,8 +78,9 @@ class Eagle3Config(EagleConfig):
     fc_bias: bool = False
 
 
-def config_for_target(hf_model, name: str, draft_vocab_size: int,
-                      feature_layers: tuple[int, ...] | None = None) -> Eagle3Config:
+def config_for_target(
+    hf_model, name: str, draft_vocab_size: int, feature_layers: tuple[int, ...] | None = None
+) -> Eagle3Config:
     shape = eagle_head.config_for_target(hf_model, name, draft_vocab_size)
     layers = tuple(feature_layers or default_feature_layers(hf_model.config.num_hidden_layers))
     return Eagle3Config(**{**asdict(shape), "feature_layers": layers})
@@ -89,8 +92,14 @@ class Eagle3Head(HeadLayer):
 
     predicts_features = False  # trained on tokens only
 
-    def __init__(self, config: Eagle3Config, embed: torch.Tensor, draft_ids: torch.Tensor, inv_freq: torch.Tensor,
-                 lm_head: torch.Tensor | None = None):
+    def __init__(
+        self,
+        config: Eagle3Config,
+        embed: torch.Tensor,
+        draft_ids: torch.Tensor,
+        inv_freq: torch.Tensor,
+        lm_head: torch.Tensor | None = None,
+    ):
         """lm_head: initial draft LM head rows (K, H), e.g. the target's rows of the draft vocabulary."""
         H = config.hidden_size
         super().__init__(config, attention_input=2 * H)
@@ -118,8 +127,14 @@ class Eagle3Head(HeadLayer):
         """The target's layer inputs (..., A*H), in feature_layers order -> the head's input state (..., H)."""
         return self.fc(features.to(self.fc.weight.dtype))
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None):
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ):
         """hidden (B, T, H): fused target states (fuse) or the head's own outputs; tokens (B, T): x_{t+1};
         positions (B, T); past and mask as in EagleHead.forward. Returns (outputs (B, T, H), (keys, values))."""
         both = torch.cat([self.input_norm(self.embed[tokens].to(hidden.dtype)), self.hidden_norm(hidden)], dim=-1)
@@ -146,41 +161,49 @@ class Eagle3Head(HeadLayer):
         tensors["t2d"] = t2d
         write_atomic(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
         c = self.config
-        data = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": c.hidden_size,
-                "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-                "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
-                "vocab_size": c.vocab_size, "draft_vocab_size": K, "num_hidden_layers": 1, "hidden_act": "silu",
-                "bias": c.fc_bias, "tie_word_embeddings": False, "torch_dtype": str(dtype).replace("torch.", ""),
-                **aux_layer_fields(c.feature_layers),
-                "specdec": {"target": c.target, "target_fingerprint": c.target_fingerprint, **(
-                    {"training": extra} if extra else {})}}
+        data = {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": c.hidden_size,
+            "num_attention_heads": c.num_heads,
+            "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "intermediate_size": c.intermediate_size,
+            "rms_norm_eps": c.rms_norm_eps,
+            "vocab_size": c.vocab_size,
+            "draft_vocab_size": K,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "bias": c.fc_bias,
+            "tie_word_embeddings": False,
+            "torch_dtype": str(dtype).replace("torch.", ""),
+            **aux_layer_fields(c.feature_layers),
+            "specdec": {
+                "target": c.target,
+                "target_fingerprint": c.target_fingerprint,
+                **({"training": extra} if extra else {}),
+            },
+        }
         write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
 # the authors' tensor names -> Eagle3Head's
-KEYS = {"fc.weight": "fc.weight", "fc.bias": "fc.bias",
-        "midlayer.hidden_norm.weight": "hidden_norm.weight", "midlayer.input_layernorm.weight": "input_norm.weight",
-        **{f"midlayer.self_attn.{p}_proj.weight": f"{p}_proj.weight" for p in "qkvo"},
-        **{f"midlayer.mlp.{p}_proj.weight": f"{p}_proj.weight" for p in ("gate", "up", "down")},
-        "midlayer.post_attention_layernorm.weight": "post_norm.weight", "norm.weight": "norm.weight",
-        "lm_head.weight": "lm_head.weight"}
+KEYS = {
+    "fc.weight": "fc.weight",
+    "fc.bias": "fc.bias",
+    "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.input_layernorm.weight": "input_norm.weight",
+    **{f"midlayer.self_attn.{p}_proj.weight": f"{p}_proj.weight" for p in "qkvo"},
+    **{f"midlayer.mlp.{p}_proj.weight": f"{p}_proj.weight" for p in ("gate", "up", "down")},
+    "midlayer.post_attention_layernorm.weight": "post_norm.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 
 
-def is_eagle3_folder(folder: str | Path) -> bool:
-    """Whether folder/config.json describes an EAGLE-3 head (its architecture, or a draft vocabulary with the
-    authors' aux-layer setting)."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        return False
-    try:
-        data = json.loads(path.read_text())
-    except ValueError:
-        return False
-    return "Eagle3" in " ".join(data.get("architectures") or []) or "eagle_config" in data
-
-
-def new_eagle3_head(hf_model, name: str, draft_ids: torch.Tensor,
-                    feature_layers: tuple[int, ...] | None = None) -> Eagle3Head:
+def new_eagle3_head(
+    hf_model, name: str, draft_ids: torch.Tensor, feature_layers: tuple[int, ...] | None = None
+) -> Eagle3Head:
     """A fresh head for this target: the draft LM head starts as the target's rows, fc as the identity on the
     deepest feature layer's input (plus small noise), the residual branches small."""
     config = config_for_target(hf_model, name, len(draft_ids), feature_layers)
@@ -189,86 +212,7 @@ def new_eagle3_head(hf_model, name: str, draft_ids: torch.Tensor,
     with torch.no_grad():
         H, deepest = config.hidden_size, max(range(len(config.feature_layers)), key=lambda j: config.feature_layers[j])
         head.fc.weight.normal_(0, 0.02)
-        head.fc.weight[:, deepest * H:(deepest + 1) * H] += torch.eye(H)
+        head.fc.weight[:, deepest * H : (deepest + 1) * H] += torch.eye(H)
         for lin in (head.o_proj, head.down_proj):
             lin.weight.mul_(0.1)
     return head
-
-
-def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
-    """An EAGLE-3 head (specdec's or its authors' layout) onto the target (a LoadedModel). A specdec head is
-    refused on any other target; one from elsewhere must match the target's sizes."""
-    from ...files import read_tensors
-
-    from .eagle_published import PICKLE_FILE, rope_frequencies
-
-    folder = Path(folder)
-    data = json.loads((folder / CONFIG_FILE).read_text())
-    weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        if (folder / PICKLE_FILE).is_file():
-            raise ModelLoadError(f"{folder} holds the EAGLE-3 head as a pickle ({PICKLE_FILE}), which specdec does "
-                                 f"not load: convert it to {WEIGHTS_FILE} once (docs/training.md shows how)")
-        raise ModelLoadError(f"{folder} holds an EAGLE-3 config.json but no {WEIGHTS_FILE}")
-    hf_model = target.hf_model
-    mine = config_for_target(hf_model, target.name, data.get("draft_vocab_size") or data.get("vocab_size", 0))
-    own = data.get("specdec") or {}
-    if own.get("target_fingerprint") and own["target_fingerprint"] != mine.target_fingerprint:
-        raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} was trained for target {own.get('target')!r} "
-                                     f"(fingerprint {own['target_fingerprint']}), not for {target.name!r} "
-                                     f"({mine.target_fingerprint})")
-    layers = feature_layers_of(data, target.info.num_layers)
-    for what, theirs, want in (("hidden size", data.get("hidden_size"), mine.hidden_size),
-                               ("target hidden size", data.get("target_hidden_size", mine.hidden_size),
-                                mine.hidden_size),
-                               ("vocabulary size", data.get("vocab_size"), mine.vocab_size)):
-        if theirs != want:
-            raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} has {what} {theirs}, but {target.name!r} "
-                                         f"has {want}")
-    if data.get("num_hidden_layers", 1) != 1 or data.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{folder / CONFIG_FILE} describes a head of {data.get('num_hidden_layers')} layers "
-                             f"with activation {data.get('hidden_act')!r}; specdec reads EAGLE-3 heads of one layer "
-                             f"with 'silu'")
-    bad = [i for i in layers if not 0 <= int(i) < target.info.num_layers]
-    if bad:
-        raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} reads target layer {bad[0]}, but "
-                                     f"{target.name!r} has {target.info.num_layers} layers")
-    heads = data.get("num_attention_heads", mine.num_heads)
-    config = Eagle3Config(target=own.get("target"), target_fingerprint=own.get("target_fingerprint"),
-                          hidden_size=mine.hidden_size, num_heads=heads,
-                          num_kv_heads=data.get("num_key_value_heads") or heads,
-                          head_dim=data.get("head_dim") or mine.hidden_size // heads,
-                          intermediate_size=data.get("intermediate_size", mine.intermediate_size),
-                          rms_norm_eps=data.get("rms_norm_eps", 1e-6), vocab_size=mine.vocab_size,
-                          draft_vocab_size=mine.draft_vocab_size, feature_layers=tuple(int(i) for i in layers),
-                          fc_bias=bool(data.get("bias", False)))
-    tensors = read_tensors(weights, "the EAGLE-3 head")
-    d2t = tensors.pop("d2t", None)
-    tensors.pop("t2d", None)
-    embed_copy = tensors.pop("embed_tokens.weight", None)
-    embed, _, _, target_inv_freq = frozen_parts(hf_model, None)
-    if embed_copy is not None and embed_copy.shape != embed.shape:
-        raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} holds an embedding of shape "
-                                     f"{tuple(embed_copy.shape)}, but {target.name!r} has {tuple(embed.shape)}")
-    K = config.draft_vocab_size
-    draft_ids = torch.arange(K) + (d2t.long() if d2t is not None else 0)
-    if d2t is None and K != config.vocab_size:
-        raise ModelLoadError(f"{weights} has a draft vocabulary of {K} tokens but no d2t table mapping it to the "
-                             f"target's")
-    if draft_ids.numel() != K or int(draft_ids.min()) < 0 or int(draft_ids.max()) >= config.vocab_size:
-        raise ModelLoadError(f"{weights}: its d2t table does not map {K} draft tokens into the target's vocabulary")
-    unknown = sorted(set(tensors) - set(KEYS))
-    missing = sorted(set(KEYS) - set(tensors) - (set() if config.fc_bias else {"fc.bias"}))
-    if unknown or missing:
-        problems = [f"{what} {', '.join(keys[:4])}" for what, keys in
-                    (("unexpected tensors", unknown), ("missing tensors", missing)) if keys]
-        raise ModelLoadError(f"{weights} is not an EAGLE-3 head in its authors' layout: {'; '.join(problems)}")
-    inv_freq = target_inv_freq if own else rope_frequencies(data, config.head_dim, folder)
-    head = Eagle3Head(config, embed, draft_ids, inv_freq)
-    try:
-        head.load_state_dict({KEYS[k]: v.float() for k, v in tensors.items()})
-    except RuntimeError as e:
-        raise IncompatibleDraftError(f"the EAGLE-3 head in {folder} does not fit its own config.json: "
-                                     f"{str(e).splitlines()[-1].strip()}") from None
-    return head.eval()
-

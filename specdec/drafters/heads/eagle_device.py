@@ -14,6 +14,7 @@ as one graph and replayed (head_graphs.py); on the CPU the same code runs uncapt
     probable nodes (a stable sort, so a parent, never less probable and earlier, precedes its children), put in
     node order so that parents[i] < i.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,26 +49,35 @@ class HeadCache:
         keys, values = self.keys, self.values
         self.keys = keys.new_zeros(*keys.shape[:2], capacity, keys.shape[3])
         self.values = torch.zeros_like(self.keys)
-        self.keys[:, :, :self.length] = keys[:, :, :self.length]
-        self.values[:, :, :self.length] = values[:, :, :self.length]
+        self.keys[:, :, : self.length] = keys[:, :, : self.length]
+        self.values[:, :, : self.length] = values[:, :, : self.length]
 
     def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The true pairs' (keys, values) (1, nkv, length, hd), views of the buffer, or None when there are none."""
         if not self.length:
             return None
-        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 
     def append(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Appends the keys and values (1, nkv, T, hd) of T true pairs after the first `length` rows."""
         n = kv[0].shape[2]
         self.reserve(self.length + n)
-        self.keys[:, :, self.length:self.length + n] = kv[0]
-        self.values[:, :, self.length:self.length + n] = kv[1]
+        self.keys[:, :, self.length : self.length + n] = kv[0]
+        self.values[:, :, self.length : self.length + n] = kv[1]
         self.length += n
 
 
-def _pass(head, cache: HeadCache, window: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-          visible: torch.Tensor, rows: torch.Tensor, among: torch.Tensor | None = None) -> torch.Tensor:
+def _pass(
+    head,
+    cache: HeadCache,
+    window: int,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor,
+    rows: torch.Tensor,
+    among: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One head pass over T new pairs, attending over the buffer's first `window` rows where `visible` (T, window)
     bool says, and over the new pairs where `among` (T, T) bool says (None: each over itself); their keys and
     values go to buffer rows `rows` (T,) int64. hidden (T, H), tokens (T,) token ids, positions (T,) int64.
@@ -83,8 +93,15 @@ def _pass(head, cache: HeadCache, window: int, hidden: torch.Tensor, tokens: tor
     return out[0]
 
 
-def feed_pairs(head, cache: HeadCache, hidden: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
-               length: torch.Tensor, window: int) -> torch.Tensor:
+def feed_pairs(
+    head,
+    cache: HeadCache,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    count: torch.Tensor,
+    length: torch.Tensor,
+    window: int,
+) -> torch.Tensor:
     """Feeds the head the first `count` of T true pairs (hidden (T, H) features, tokens (T,) token ids), padded to
     a bucket of T: pair i takes position and buffer row length + i and sees the true pairs below `length` and the
     new pairs up to itself. Padding rows (i >= count) land past the true pairs, in scratch that no later query
@@ -115,8 +132,9 @@ def draft_chain(head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor
     return torch.cat(tokens)
 
 
-def draft_tree(head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor, depth: int, width: int, nodes: int,
-               window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draft_tree(
+    head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor, depth: int, width: int, nodes: int, window: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A tree of `depth` levels x `width` candidates, of which the `nodes` most probable are returned as
     (token ids (nodes,) int64, parents (nodes,) int64 (-1: under the root; parents[i] < i), scores (nodes,)
     float32: the cumulative draft log-probabilities of their paths), in node order: by depth, then by score.
@@ -141,7 +159,7 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor,
     ancestors[:width, :width] = torch.eye(width, dtype=torch.bool, device=device)
     for level in range(1, depth):
         first = (level - 1) * width  # the frontier's first node
-        frontier = node_ids[first:first + width]
+        frontier = node_ids[first : first + width]
         strict = ancestors[frontier] & (node_ids[None] < first)  # (W, total): ancestors above the frontier
         seen_in_tree = strict.gather(1, rel.clamp(0, total - 1)[None].expand(width, -1)) & in_tree[None]
         visible = (rel < 0)[None] | seen_in_tree  # (W, window)
@@ -156,9 +174,11 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, length: torch.Tensor,
         scores, ids = kept.values, top.indices.flatten()[kept.indices]
         parents = first + rank
         parent_hidden = out[rank]
-        new = node_ids[level * width:(level + 1) * width]
+        new = node_ids[level * width : (level + 1) * width]
         ancestors[new] = ancestors[parents] | (node_ids[None] == new[:, None])
-        level_ids.append(ids), level_parents.append(parents), level_scores.append(scores)
+        level_ids.append(ids)
+        level_parents.append(parents)
+        level_scores.append(scores)
     all_ids, all_parents, all_scores = torch.cat(level_ids), torch.cat(level_parents), torch.cat(level_scores)
     # the `nodes` most probable, ties to the earlier node: closed under ancestors (a child never scores above
     # its parent, log-probs being <= 0, and comes later)

@@ -8,6 +8,7 @@ Drafting feeds the head its own guesses: (h_{t+1}, x_{t+2}) -> h_{t+2}, and so o
 
 Loading a head from a folder (specdec's own or the EAGLE authors' layout) is eagle_loading.py's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,8 @@ HEAD_FILE, CONFIG_FILE = "eagle_head.safetensors", "eagle_config.json"
 
 @dataclass(frozen=True)
 class EagleConfig:
-    target: str  # the target's name (alias, folder or hub id) when trained
-    target_fingerprint: str  # a hash of the target's embedding table; a head only loads onto its own target
+    target: str | None  # the target's name (alias, folder or hub id) when trained; None: a head from elsewhere
+    target_fingerprint: str | None  # a hash of the target's embedding table: a head loads onto its own target only
     hidden_size: int
     num_heads: int
     num_kv_heads: int
@@ -50,12 +51,18 @@ def target_fingerprint(embed: torch.Tensor) -> str:
 
 def config_for_target(hf_model, name: str, draft_vocab_size: int) -> EagleConfig:
     cfg = hf_model.config
-    return EagleConfig(target=name, target_fingerprint=target_fingerprint(hf_model.get_input_embeddings().weight),
-                       hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-                       num_kv_heads=cfg.num_key_value_heads,
-                       head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-                       intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
-                       vocab_size=hf_model.get_output_embeddings().weight.shape[0], draft_vocab_size=draft_vocab_size)
+    return EagleConfig(
+        target=name,
+        target_fingerprint=target_fingerprint(hf_model.get_input_embeddings().weight),
+        hidden_size=cfg.hidden_size,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        rms_norm_eps=cfg.rms_norm_eps,
+        vocab_size=hf_model.get_output_embeddings().weight.shape[0],
+        draft_vocab_size=draft_vocab_size,
+    )
 
 
 class RMSNorm(nn.Module):
@@ -78,6 +85,11 @@ class HeadLayer(nn.Module):
     """The decoder layer EAGLE heads share: attention whose projections read `attention_input` features, o_proj
     back to H, a norm and a SwiGLU MLP. Subclasses add what comes before and after it."""
 
+    # the frozen buffers every head registers (register_buffer)
+    embed: torch.Tensor  # (V, H) the target's embeddings
+    draft_ids: torch.Tensor  # (K,) draft index -> token id
+    inv_freq: torch.Tensor  # RoPE's inverse frequencies
+
     def __init__(self, config, attention_input: int):
         super().__init__()
         c = self.config = config
@@ -94,8 +106,9 @@ class HeadLayer(nn.Module):
     def layer(self, x: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """The residual stream x (B, T, H) after attention over h (B, T, attention_input) and the MLP:
         (x (B, T, H), (keys, values) of these T pairs); past and mask as in EagleHead.forward."""
-        attn, new_kv = attention(self.q_proj(h), self.k_proj(h), self.v_proj(h), self.config, positions, self.inv_freq,
-                                 past, mask)
+        attn, new_kv = attention(
+            self.q_proj(h), self.k_proj(h), self.v_proj(h), self.config, positions, self.inv_freq, past, mask
+        )
         x = x + self.o_proj(attn)
         h = self.post_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), new_kv
@@ -117,9 +130,16 @@ class EagleHead(HeadLayer):
 
     feature_layers: tuple[int, ...] = ()  # reads the target's final hidden state only
     predicts_features = True  # its output is trained towards the target's next feature
+    draft_lm_head: torch.Tensor  # (K, H) a frozen buffer: the target's LM head rows of the draft vocabulary
 
-    def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                 inv_freq: torch.Tensor):
+    def __init__(
+        self,
+        config: EagleConfig,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        draft_ids: torch.Tensor,
+        inv_freq: torch.Tensor,
+    ):
         H = config.hidden_size
         super().__init__(config, attention_input=H)
         self.fc = nn.Linear(2 * H, H, bias=True)
@@ -130,8 +150,14 @@ class EagleHead(HeadLayer):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     # ---- the network ------------------------------------------------------------------------------
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None):
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ):
         """features (B, T, H), tokens (B, T): pairs (f_t, x_{t+1}); positions (B, T) of t.
 
         past: cached keys and values (B, nkv, S, hd) of earlier pairs; mask (B, 1, T, S + T) bool, or None
@@ -162,15 +188,25 @@ class EagleHead(HeadLayer):
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
         tensors["draft_ids"] = self.draft_ids.to(torch.int64).contiguous()
-        write_atomic(folder / HEAD_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-eagle-head"}))
+        write_atomic(
+            folder / HEAD_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-eagle-head"})
+        )
         data = json.loads(self.config.to_json())
         if extra:
             data["training"] = extra
         write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig, positions: torch.Tensor,
-              inv_freq: torch.Tensor, past=None, mask: torch.Tensor | None = None):
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    c: EagleConfig,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    past=None,
+    mask: torch.Tensor | None = None,
+):
     """The head's self-attention from projected q (B, T, nh*hd), k, v (B, T, nkv*hd), before RoPE.
 
     Returns (attended (B, T, nh*hd), (keys, values) (B, nkv, T, hd) of these T pairs); past and mask as in
@@ -193,11 +229,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: EagleConfig,
     if mask is None and past is not None and T > 1:
         S = k.shape[2] - T
         mask = torch.ones(T, S + T, dtype=torch.bool, device=q.device).tril(S)[None, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                         enable_gqa=c.num_kv_heads != c.num_heads)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=c.num_kv_heads != c.num_heads
+    )
     return out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim), new_kv
-
-
 
 
 def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = True) -> EagleHead:
@@ -216,13 +251,14 @@ def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = Tr
     return head
 
 
-def frozen_parts(hf_model, draft_ids: torch.Tensor):
+def frozen_parts(hf_model, draft_ids: torch.Tensor | None):
     """The target's embedding (V, H) and LM head (V, H) float32 on the CPU, draft_ids (K,) as given, and its RoPE
     inverse frequencies (hd/2,)."""
     embed = hf_model.get_input_embeddings().weight.detach().float().cpu()
     lm_head = hf_model.get_output_embeddings().weight.detach().float().cpu()
-    head_dim = getattr(hf_model.config, "head_dim", None) or hf_model.config.hidden_size // \
-        hf_model.config.num_attention_heads
+    head_dim = (
+        getattr(hf_model.config, "head_dim", None) or hf_model.config.hidden_size // hf_model.config.num_attention_heads
+    )
     return embed, lm_head, draft_ids, head_inv_freq(hf_model, head_dim)
 
 

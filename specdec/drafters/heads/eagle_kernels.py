@@ -6,6 +6,7 @@ fc and the draft LM head are PackedLinear products. For the few rows a draft lev
 torch's many small operations. Activations and keys/values are float32; with bfloat16 weights the products round
 their inputs to bfloat16 on CPUs with AVX-512 BF16, as the kernels-bf16 backend does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,11 @@ def kernel_head_problem(config: EagleConfig | Eagle3Config) -> str | None:
     their attention reads 16 lanes at a time, in multiples of 16; head_dim at most 256)."""
     from ...kernels import unavailable_reason
 
-    sizes = {"hidden size": config.hidden_size, "intermediate size": config.intermediate_size,
-             "head dim": config.head_dim}
+    sizes = {
+        "hidden size": config.hidden_size,
+        "intermediate size": config.intermediate_size,
+        "head dim": config.head_dim,
+    }
     odd = [f"{name} {size}" for name, size in sizes.items() if size % 16]
     if odd:
         return f"{', '.join(odd)} not a multiple of 16"
@@ -58,8 +62,12 @@ def packer(bfloat16: bool, bits: int = 0):
     module, bf16_dot = load(), bf16_products(bfloat16)
 
     def pack(*weights: torch.Tensor, bias: torch.Tensor | None = None):
-        return module.PackedLinear(stacked(*weights, bfloat16=bfloat16),
-                                   torch.empty(0) if bias is None else bias.detach().float(), bf16_dot, bits)
+        return module.PackedLinear(
+            stacked(*weights, bfloat16=bfloat16),
+            torch.empty(0) if bias is None else bias.detach().float(),
+            bf16_dot,
+            bits,
+        )
 
     return pack
 
@@ -92,8 +100,9 @@ class KernelHeadLayer:
         if past is None:
             past = (torch.empty(1, c.num_kv_heads, 0, c.head_dim),) * 2
         visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(T, -1)
-        x, keys, values = self.native.forward(x, torch.empty(0) if h is None else h, positions.reshape(T),
-                                              past[0][0], past[1][0], visible)
+        x, keys, values = self.native.forward(
+            x, torch.empty(0) if h is None else h, positions.reshape(T), past[0][0], past[1][0], visible
+        )
         return x.view(1, T, -1), (keys[None], values[None])
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
@@ -137,8 +146,13 @@ class KernelEagle3Head(KernelHeadLayer):
         """As Eagle3Head.forward: hidden (B, T, H) -> (outputs (B, T, H) float32, (keys, values))."""
         B, T, H = hidden.shape
         x = hidden.float().reshape(B * T, H).contiguous()
-        both = torch.cat([rms_norm(self.embed[tokens].float().reshape(B * T, H), *self.norms["input_norm"]),
-                          rms_norm(x, *self.norms["hidden_norm"])], dim=-1)
+        both = torch.cat(
+            [
+                rms_norm(self.embed[tokens].float().reshape(B * T, H), *self.norms["input_norm"]),
+                rms_norm(x, *self.norms["hidden_norm"]),
+            ],
+            dim=-1,
+        )
         return self.layer(x, both, (B, T), positions, past, mask)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -159,11 +173,19 @@ def native_layer(head, bfloat16: bool, input_norm=None, bits: int = 0):
         return stacked(*(p.weight for p in parts), bfloat16=bfloat16)
 
     norm = torch.empty(0) if input_norm is None else input_norm.weight.detach().float()
-    return load().HeadLayer([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size],
-                            float(head.post_norm.eps), norm, weight(head.q_proj, head.k_proj, head.v_proj),
-                            weight(head.o_proj), head.post_norm.weight.detach().float(),
-                            weight(head.gate_proj, head.up_proj), weight(head.down_proj), head.inv_freq.float(),
-                            bf16_products(bfloat16), bits)
+    return load().HeadLayer(
+        [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size],
+        float(head.post_norm.eps),
+        norm,
+        weight(head.q_proj, head.k_proj, head.v_proj),
+        weight(head.o_proj),
+        head.post_norm.weight.detach().float(),
+        weight(head.gate_proj, head.up_proj),
+        weight(head.down_proj),
+        head.inv_freq.float(),
+        bf16_products(bfloat16),
+        bits,
+    )
 
 
 def _norm(norm) -> tuple[torch.Tensor, float]:

@@ -1,6 +1,7 @@
 """Loading an EAGLE head from a folder: specdec's own (head file and config, refused on any other target than the one
 it was trained for) or, from a folder without specdec's files, a head the EAGLE authors publish for EAGLE-1 and
 EAGLE-2 (eagle_published.py)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ def load_head(folder: str | Path, target) -> EagleHead:
     hf_model = target.hf_model
     mine = target_fingerprint(hf_model.get_input_embeddings().weight)
     if mine != config.target_fingerprint:
-        raise IncompatibleDraftError(f"the EAGLE head in {folder} was trained for target {config.target!r} "
-                                     f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
+        raise IncompatibleDraftError(
+            f"the EAGLE head in {folder} was trained for target {config.target!r} "
+            f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})"
+        )
     tensors = read_tensors(folder / HEAD_FILE, "the EAGLE head")
     draft_ids = tensors.pop("draft_ids")
     head = EagleHead(config, *frozen_parts(hf_model, draft_ids))

@@ -28,6 +28,7 @@ Matched against (read at these commits; no vLLM or SGLang was installed to load 
   00239548f1cd (attention bias from config "bias"; aux-layer capture);
 - SpecForge: specforge/modeling/target/eagle3_target_model.py @ 00c4bba336ce (layer ids are layer outputs).
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,9 @@ def check_out(out: Path) -> None:
             raise ConfigError(f"--out {out} is not empty (holds {', '.join(others[:3])}); give a new or empty folder")
 
 
-def export_head(head: EagleHead | Eagle3Head, target, out: Path, engine: str | None = None,
-                dtype: str = "bfloat16") -> Export:
+def export_head(
+    head: EagleHead | Eagle3Head, target, out: Path, engine: str | None = None, dtype: str = "bfloat16"
+) -> Export:
     """Writes `head` (loaded onto `target`, a LoadedModel) to `out` for vLLM and SGLang; engine: "vllm" or "sglang",
     needed for EAGLE-1/2 heads (None: both, EAGLE-3 only). Files are written under temporary names, then renamed."""
     if engine is not None and engine not in ENGINES:
@@ -84,13 +86,18 @@ def export_head(head: EagleHead | Eagle3Head, target, out: Path, engine: str | N
         kind, engines = "eagle3", (engine,) if engine else ENGINES
     else:
         if engine is None:
-            raise ConfigError("vLLM and SGLang load EAGLE-1/2 heads differently (fc bias, architecture name): "
-                              "choose --engine vllm or --engine sglang")
+            raise ConfigError(
+                "vLLM and SGLang load EAGLE-1/2 heads differently (fc bias, architecture name): "
+                "choose --engine vllm or --engine sglang"
+            )
         tensors, config, notes = eagle_files(head, target, engine, DTYPES[dtype])
         kind, engines = "eagle", (engine,)
     embed = target.hf_model.get_input_embeddings().weight
-    config["specdec_export"] = {"target": target.name, "target_fingerprint": target_fingerprint(embed),
-                                "engines": list(engines)}  # provenance; no engine reads it
+    config["specdec_export"] = {
+        "target": target.name,
+        "target_fingerprint": target_fingerprint(embed),
+        "engines": list(engines),
+    }  # provenance; no engine reads it
     write_folder(Path(out), tensors, config)
     return Export(Path(out), kind, engines, tuple(notes))
 
@@ -103,9 +110,10 @@ def eagle3_files(head: Eagle3Head, target, dtype: torch.dtype) -> tuple[dict, di
     c = head.config
     layers = tuple(c.feature_layers)
     if len(layers) != 3 or min(layers) < 1 or c.fc_bias:
-        raise ConfigError(f"vLLM and SGLang read EAGLE-3 heads that fuse three target layers after layer 0 without "
-                          f"an fc bias; this head reads layers {list(layers)}"
-                          + (" with an fc bias" if c.fc_bias else ""))
+        raise ConfigError(
+            f"vLLM and SGLang read EAGLE-3 heads that fuse three target layers after layer 0 without "
+            f"an fc bias; this head reads layers {list(layers)}" + (" with an fc bias" if c.fc_bias else "")
+        )
     theirs = {mine: name for name, mine in KEYS.items()}
     tensors = {theirs[k]: v.to(dtype) for k, v in head.trainable_state().items()}
     draft_ids = head.draft_ids.cpu()
@@ -115,8 +123,14 @@ def eagle3_files(head: Eagle3Head, target, dtype: torch.dtype) -> tuple[dict, di
     t2d[draft_ids] = True
     tensors["t2d"] = t2d
     tensors["embed_tokens.weight"] = _embedding(target, dtype)
-    config = {**base_config(c, target, dtype), "architectures": [EAGLE3_ARCHITECTURE], "draft_vocab_size": K,
-              "target_hidden_size": c.hidden_size, "norm_before_residual": False, **aux_layer_fields(layers)}
+    config = {
+        **base_config(c, target, dtype),
+        "architectures": [EAGLE3_ARCHITECTURE],
+        "draft_vocab_size": K,
+        "target_hidden_size": c.hidden_size,
+        "norm_before_residual": False,
+        **aux_layer_fields(layers),
+    }
     return tensors, config, []
 
 
@@ -126,36 +140,55 @@ def eagle_files(head: EagleHead, target, engine: str, dtype: torch.dtype) -> tup
 
     c = head.config
     if c.input_norm:
-        raise ConfigError("this EAGLE head has a norm before attention (specdec's default when trained from "
-                          "scratch), which the EAGLE-1 layer of vLLM and SGLang lacks; train an EAGLE-3 head "
-                          "(train-drafter --kind eagle3) to export, or an EAGLE head --init-from a published one")
+        raise ConfigError(
+            "this EAGLE head has a norm before attention (specdec's default when trained from "
+            "scratch), which the EAGLE-1 layer of vLLM and SGLang lacks; train an EAGLE-3 head "
+            "(train-drafter --kind eagle3) to export, or an EAGLE head --init-from a published one"
+        )
     state = head.trainable_state()
     if engine == "vllm":
         bias = state.pop("fc.bias")
         if bool(bias.ne(0).any()):
-            raise ConfigError(f"vLLM's EAGLE-1 head has no fc bias, and this head's is not zero (largest "
-                              f"{float(bias.abs().max()):.3g}): export it for SGLang (--engine sglang), or export an "
-                              f"EAGLE-3 head")
+            raise ConfigError(
+                f"vLLM's EAGLE-1 head has no fc bias, and this head's is not zero (largest "
+                f"{float(bias.abs().max()):.3g}): export it for SGLang (--engine sglang), or export an "
+                f"EAGLE-3 head"
+            )
     theirs = {mine: name for name, mine in KEYS.items()}
     tensors = {theirs[k]: v.to(dtype) for k, v in state.items()}
     tensors["embed_tokens.weight"] = _embedding(target, dtype)
     config = {**base_config(c, target, dtype), "architectures": [EAGLE1_ARCHITECTURE[engine]]}
     notes = []
     if c.draft_vocab_size < c.vocab_size:
-        notes.append(f"{engine} drafts EAGLE-1/2 heads over the whole vocabulary ({c.vocab_size} tokens): this "
-                     f"head's draft vocabulary of {c.draft_vocab_size} does not carry over, so drafts may differ")
+        notes.append(
+            f"{engine} drafts EAGLE-1/2 heads over the whole vocabulary ({c.vocab_size} tokens): this "
+            f"head's draft vocabulary of {c.draft_vocab_size} does not carry over, so drafts may differ"
+        )
     return tensors, config, notes
 
 
 def base_config(c, target, dtype: torch.dtype) -> dict:
     """The LlamaConfig fields of a one-layer head both engines read (c: the head's EagleConfig)."""
     cfg = target.hf_model.config
-    return {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-            "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
-            "max_position_embeddings": getattr(cfg, "max_position_embeddings", 2048), **rope_fields(cfg),
-            "tie_word_embeddings": False, "bias": False, "attention_bias": False, "mlp_bias": False,
-            "torch_dtype": str(dtype).replace("torch.", "")}
+    return {
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": getattr(cfg, "max_position_embeddings", 2048),
+        **rope_fields(cfg),
+        "tie_word_embeddings": False,
+        "bias": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": str(dtype).replace("torch.", ""),
+    }
 
 
 def rope_fields(cfg) -> dict:
@@ -165,8 +198,11 @@ def rope_fields(cfg) -> dict:
     theta = float(params.pop("rope_theta", None) or getattr(cfg, "rope_theta", None) or 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     scaling = None if kind == "default" else {**params, "rope_type": kind}
-    return {"rope_theta": theta, "rope_scaling": scaling,
-            "rope_parameters": {"rope_theta": theta, **(scaling or {"rope_type": "default"})}}
+    return {
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "rope_parameters": {"rope_theta": theta, **(scaling or {"rope_type": "default"})},
+    }
 
 
 def _embedding(target, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,10 @@ memory pool) and replayed; its outputs are cloned, since a later replay may over
 CPU) the same code runs directly. Graphs read the cache's buffer as it was at capture: when it grows, they are
 captured again at their next use.
 """
+
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -34,13 +37,12 @@ class HeadGraphs:
         self.root = torch.zeros(head.config.hidden_size, device=device, dtype=cache.keys.dtype)  # static input
         self.length = torch.zeros((), dtype=torch.long, device=device)  # static input
         # the feed's static inputs; padding rows keep earlier pairs' values (finite, and seen by no real pair)
-        self.feed_hidden = torch.zeros(FEED_BUCKETS[-1], head.config.hidden_size, device=device,
-                                       dtype=cache.keys.dtype)
+        self.feed_hidden = torch.zeros(FEED_BUCKETS[-1], head.config.hidden_size, device=device, dtype=cache.keys.dtype)
         self.feed_tokens = torch.zeros(FEED_BUCKETS[-1], dtype=torch.long, device=device)
         self.feed_count = torch.zeros((), dtype=torch.long, device=device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
-        self._captured_for = None  # the cache buffer the graphs read
-        self._memory_pool = None
+        self._captured_for: int | None = None  # the cache buffer the graphs read
+        self._memory_pool: Any = None  # torch.cuda's graph pool handle, once a graph is captured
 
     @torch.inference_mode()  # the cache and the static inputs are written in this mode only
     def chain(self, root: torch.Tensor, k: int) -> torch.Tensor:
@@ -77,6 +79,7 @@ class HeadGraphs:
         cache = self.cache
         cache.reserve(cache.length + drafted_rows + 1)
         window = smallest_fitting(key_windows(cache.capacity, self.min_window), cache.length + drafted_rows)
+        assert window is not None  # the cache was just reserved to hold them: its capacity is the largest window
         self.length.fill_(cache.length)  # a kernel on CUDA, not a copy that would wait
         if not self.capture:
             return self._step(shape, window)
@@ -95,11 +98,21 @@ class HeadGraphs:
         """One bucket's step over the static inputs."""
         if shape[0] == "feed":
             bucket = shape[1]
-            return (feed_pairs(self.head, self.cache, self.feed_hidden[:bucket], self.feed_tokens[:bucket],
-                               self.feed_count, self.length, window),)
+            return (
+                feed_pairs(
+                    self.head,
+                    self.cache,
+                    self.feed_hidden[:bucket],
+                    self.feed_tokens[:bucket],
+                    self.feed_count,
+                    self.length,
+                    window,
+                ),
+            )
         if shape[0] == "chain":
             return (draft_chain(self.head, self.cache, self.root, self.length, shape[1], window),)
-        return draft_tree(self.head, self.cache, self.root, self.length, *shape[1:], window)
+        _, depth, width, nodes = shape
+        return draft_tree(self.head, self.cache, self.root, self.length, depth, width, nodes, window)
 
     def _capture(self, shape: tuple, window: int):
         return captured(lambda: self._step(shape, window), self._memory_pool)

@@ -9,6 +9,7 @@ trees one-hot (verify.tree_rejection_verify), and chains with the heads' distrib
 target's either way. Heads on a CUDA device (or device_drafting=True) choose their greedy tokens and tree candidates
 in one captured step (medusa_device.py), read back at once; sampled chains read every head's distribution.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -29,9 +30,16 @@ class MedusaDrafter(Drafter):
     name = "medusa"
     feature_layers = ()  # the final hidden state
 
-    def __init__(self, heads: MedusaHeads | KernelMedusaHeads, tree: bool = True, width: int | None = None,
-                 max_nodes: int = 48, lookup: bool = True, fixed_size: bool = False,
-                 device_drafting: bool | None = None):
+    def __init__(
+        self,
+        heads: MedusaHeads | KernelMedusaHeads,
+        tree: bool = True,
+        width: int | None = None,
+        max_nodes: int = 48,
+        lookup: bool = True,
+        fixed_size: bool = False,
+        device_drafting: bool | None = None,
+    ):
         """width None: candidates per head chosen each step from the verify-cost curve (trees.tree_width).
         fixed_size: every tree holds `max_nodes` nodes (the most probable), whatever the measured costs say.
         lookup: trees also hold the prompt-lookup continuation as one more branch. device_drafting: greedy chains and
@@ -55,7 +63,7 @@ class MedusaDrafter(Drafter):
         return fork
 
     @property
-    def sizing(self) -> str:
+    def sizing(self) -> str:  # type: ignore[override]  # a property where Drafter declares a plain attribute
         """Tree mode sizes its trees from the measured costs where a step allows a tree; chains take k as given."""
         return "tree" if self.tree else "policy"
 
@@ -81,7 +89,7 @@ class MedusaDrafter(Drafter):
         k, tree = budget.k, self.tree and budget.tree
         if k <= 0 or self.last is None or self.seen != len(context) - 1:
             return Draft.empty()  # the feature that gave the context's last token is not known
-        request = self.request
+        request = self.current
         costs = request.costs or CostModel()  # unmeasured: the cost model's default curve
         # trees hold the prompt-lookup continuation, greedy chains may be it; either drafts it alone where trusted
         if self.branch is not None and (tree or request.sampling.greedy):
@@ -90,11 +98,14 @@ class MedusaDrafter(Drafter):
         depth = min(k, self.heads.config.num_heads)
         heads = self.heads
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
-        if self.device_drafting and (tree or request.sampling.greedy):
+        if self.device_drafting and self.graphs is not None and (tree or request.sampling.greedy):
             width = min(self.width or tree_width(costs), len(heads.draft_ids)) if tree else 1
             logp, ids = self.graphs.top(f, depth, width)  # (depth, width) each, the step's one host read
-            return self._tree_of(logp, ids, costs) if tree else self._greedy_chain([row[0] for row in logp],
-                                                                                   [row[0] for row in ids])
+            return (
+                self._tree_of(logp, ids, costs)
+                if tree
+                else self._greedy_chain([row[0] for row in logp], [row[0] for row in ids])
+            )
         logits = heads.draft_logits(heads(f[None]))[0, :depth].float().cpu()  # (depth, K)
         if tree:
             return self._tree(logits, costs)
@@ -102,11 +113,12 @@ class MedusaDrafter(Drafter):
 
     def _chain(self, logits: torch.Tensor, context_len: int) -> Draft:
         """Each head's best token (greedy), or a draw from each head's distribution (sampling)."""
-        request, draft_ids = self.request, self.heads.draft_ids.cpu()
+        request, draft_ids = self.current, self.heads.draft_ids.cpu()
         if request.sampling.greedy:
             best = torch.log_softmax(logits, -1).max(-1)
             return self._greedy_chain(best.values.tolist(), draft_ids[best.indices].tolist())
-        tokens, rows = [], []
+        tokens: list[int] = []
+        rows = []
         for i, row in enumerate(logits):
             q = torch.zeros(self.vocab).index_copy_(0, draft_ids, probs_from_logits(row, request.sampling))
             tokens.append(request.draw(q, context_len + i))
@@ -128,7 +140,10 @@ class MedusaDrafter(Drafter):
         """The tree of each head's candidates (token ids `ids`, log-probs `logp`: depth lists of width each) whose
         paths are most probable, sized by the costs."""
         depth, width = len(logp), len(logp[0])
-        tokens, parents, depths, scores = [], [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        scores: list[float] = []
         frontier = [(-logp[0][r], -1, 1, r) for r in range(width)]  # (-score, parent node, depth, rank): a heap
         heapq.heapify(frontier)
         while frontier and len(tokens) < self.max_nodes:  # most probable first: ancestors come before descendants

@@ -6,6 +6,7 @@ one step per width (every head is computed, the caller keeps the depth it drafts
 (head_graphs.captured) and run directly on the CPU; one host read brings back the candidates, instead of every
 head's logits over the draft vocabulary.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ class MedusaGraphs:
             raise ValueError("CUDA graphs are captured on a CUDA device only")
         self.heads, self.capture = heads, capture
         self.feature = torch.zeros(heads.config.hidden_size, device=device, dtype=heads.feature_dtype)  # static input
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
 
     @torch.inference_mode()

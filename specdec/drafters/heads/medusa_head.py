@@ -13,10 +13,12 @@ Two layouts load:
   `medusa_num_layers`; vLLM's key names are read too): every head has its own LM head over the full vocabulary.
   These name no fingerprint, so only their sizes are checked against the target.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from typing import cast
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,18 +64,26 @@ class ResBlock(nn.Module):
 class MedusaHeads(nn.Module):
     """`heads[d]`: the residual blocks of head d, then (own LM heads only) its LM head over the full vocabulary."""
 
-    def __init__(self, config: MedusaConfig, lm_head: torch.Tensor | None = None,
-                 draft_ids: torch.Tensor | None = None):
+    draft_ids: torch.Tensor  # (K,) draft index -> token id (a buffer)
+    draft_lm_head: torch.Tensor | None  # (K, H) the shared draft LM head (a buffer), where the heads share one
+
+    def __init__(
+        self, config: MedusaConfig, lm_head: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None
+    ):
         """lm_head (V, H) and draft_ids (K,): the target's LM head and the shared draft vocabulary, when
         config.shares_lm_head."""
         super().__init__()
         c = self.config = config
         own = 0 if c.shares_lm_head else 1  # an LM head per Medusa head
         self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(c.hidden_size) for _ in range(c.num_layers)],
-                          *[nn.Linear(c.hidden_size, c.vocab_size, bias=False) for _ in range(own)])
-            for _ in range(c.num_heads))
+            nn.Sequential(
+                *[ResBlock(c.hidden_size) for _ in range(c.num_layers)],
+                *[nn.Linear(c.hidden_size, c.vocab_size, bias=False) for _ in range(own)],
+            )
+            for _ in range(c.num_heads)
+        )
         if c.shares_lm_head:
+            assert lm_head is not None and draft_ids is not None  # heads that share the target's LM head get it
             self.register_buffer("draft_lm_head", lm_head.detach()[draft_ids], persistent=False)  # (K, H)
             self.register_buffer("draft_ids", draft_ids.long(), persistent=False)  # (K,) draft index -> token id
         else:
@@ -83,18 +93,27 @@ class MedusaHeads(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features (..., H) -> each head's hidden state (..., heads, H), before the LM head."""
         blocks = self.config.num_layers
-        return torch.stack([head[:blocks](features) for head in self.heads], dim=-2)
+        return torch.stack([head[:blocks](features) for head in self.sequences], dim=-2)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., heads, H) -> logits over the draft vocabulary (..., heads, K)."""
         if self.draft_lm_head is not None:
             return hidden @ self.draft_lm_head.to(hidden.dtype).T
         blocks = self.config.num_layers
-        return torch.stack([head[blocks](hidden[..., d, :]) for d, head in enumerate(self.heads)], dim=-2)
+        return torch.stack([head[blocks](hidden[..., d, :]) for d, head in enumerate(self.sequences)], dim=-2)
+
+    @property
+    def sequences(self) -> list[nn.Sequential]:
+        """Each head's blocks (and own LM head), as the nn.Sequential it is."""
+        return [cast(nn.Sequential, head) for head in self.heads]
+
+    def blocks_of(self, d: int) -> list[ResBlock]:
+        """Head d's residual blocks."""
+        return [cast(ResBlock, block) for block in list(self.sequences[d])[: self.config.num_layers]]
 
     @property
     def feature_dtype(self) -> torch.dtype:
-        return self.heads[0][0].linear.weight.dtype
+        return self.blocks_of(0)[0].linear.weight.dtype
 
     # ---- files ------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -109,20 +128,28 @@ class MedusaHeads(nn.Module):
         tensors = {k: v.to(dtype) for k, v in self.trainable_state().items()}
         if self.config.shares_lm_head:
             tensors["draft_ids"] = self.draft_ids.to(torch.int64).contiguous()
-        write_atomic(folder / HEADS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-medusa-heads"}))
+        write_atomic(
+            folder / HEADS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "specdec-medusa-heads"})
+        )
         data = asdict(self.config)
         if extra:
             data["training"] = extra
         write_text_atomic(folder / CONFIG_FILE, json.dumps(data, indent=1))
 
 
-def new_medusa_heads(hf_model, name: str, draft_ids: torch.Tensor, num_heads: int = 4,
-                     num_layers: int = 1) -> MedusaHeads:
+def new_medusa_heads(
+    hf_model, name: str, draft_ids: torch.Tensor, num_heads: int = 4, num_layers: int = 1
+) -> MedusaHeads:
     """Fresh heads for this target sharing its LM head over `draft_ids` (each starts as the LM head on f_t)."""
-    config = MedusaConfig(target=name, target_fingerprint=target_fingerprint(hf_model.get_input_embeddings().weight),
-                          hidden_size=hf_model.config.hidden_size, num_heads=num_heads, num_layers=num_layers,
-                          vocab_size=hf_model.get_output_embeddings().weight.shape[0],
-                          draft_vocab_size=len(draft_ids))
+    config = MedusaConfig(
+        target=name,
+        target_fingerprint=target_fingerprint(hf_model.get_input_embeddings().weight),
+        hidden_size=hf_model.config.hidden_size,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        vocab_size=hf_model.get_output_embeddings().weight.shape[0],
+        draft_vocab_size=len(draft_ids),
+    )
     return MedusaHeads(config, _lm_head(hf_model), draft_ids)
 
 
@@ -137,8 +164,10 @@ def load_medusa_heads(folder: str | Path, target) -> MedusaHeads:
         config = MedusaConfig(**data)
         mine = target_fingerprint(target.hf_model.get_input_embeddings().weight)
         if mine != config.target_fingerprint:
-            raise IncompatibleDraftError(f"the Medusa heads in {folder} were trained for target {config.target!r} "
-                                         f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})")
+            raise IncompatibleDraftError(
+                f"the Medusa heads in {folder} were trained for target {config.target!r} "
+                f"(fingerprint {config.target_fingerprint}), not for {target.name!r} ({mine})"
+            )
         tensors = read_tensors(folder / HEADS_FILE, "the Medusa heads")
         heads = MedusaHeads(config, _lm_head(target.hf_model), tensors.pop("draft_ids"))
     elif (folder / MEDUSA_WEIGHTS).is_file():
@@ -146,16 +175,20 @@ def load_medusa_heads(folder: str | Path, target) -> MedusaHeads:
         tensors = _medusa_state(read_tensors(folder / MEDUSA_WEIGHTS, "the Medusa heads"), config.num_layers)
         heads = MedusaHeads(config)
     elif (folder / "medusa_lm_head.pt").is_file():
-        raise ModelLoadError(f"{folder} holds Medusa heads as a pickle (medusa_lm_head.pt), which specdec does not "
-                             f"load: convert them to {MEDUSA_WEIGHTS} (safetensors)")
+        raise ModelLoadError(
+            f"{folder} holds Medusa heads as a pickle (medusa_lm_head.pt), which specdec does not "
+            f"load: convert them to {MEDUSA_WEIGHTS} (safetensors)"
+        )
     else:
-        raise ModelLoadError(f"{folder} holds no Medusa heads ({HEADS_FILE} + {CONFIG_FILE}, or {MEDUSA_WEIGHTS} + "
-                             f"{MEDUSA_CONFIG})")
+        raise ModelLoadError(
+            f"{folder} holds no Medusa heads ({HEADS_FILE} + {CONFIG_FILE}, or {MEDUSA_WEIGHTS} + {MEDUSA_CONFIG})"
+        )
     try:
         heads.load_state_dict({k: v.float() for k, v in tensors.items()})
     except RuntimeError as e:
-        raise IncompatibleDraftError(f"the Medusa heads in {folder} do not fit {target.name!r}: "
-                                     f"{str(e).splitlines()[-1].strip()}") from None
+        raise IncompatibleDraftError(
+            f"the Medusa heads in {folder} do not fit {target.name!r}: {str(e).splitlines()[-1].strip()}"
+        ) from None
     return heads.eval()
 
 
@@ -170,14 +203,22 @@ def _medusa_config(folder: Path, target) -> MedusaConfig:
     info = target.info
     for key, mine in (("hidden_size", info.hidden_size), ("vocab_size", info.vocab_size)):
         if key in data and data[key] != mine:
-            raise IncompatibleDraftError(f"the Medusa heads in {folder} have {key} {data[key]}; "
-                                         f"{target.name!r} has {mine}")
+            raise IncompatibleDraftError(
+                f"the Medusa heads in {folder} have {key} {data[key]}; {target.name!r} has {mine}"
+            )
     if data.get("truncated_vocab_size") not in (None, info.vocab_size):
-        raise IncompatibleDraftError(f"the Medusa heads in {folder} use a truncated vocabulary, which specdec "
-                                     f"does not read")
-    return MedusaConfig(target=str(data.get("base_model_name_or_path", folder)), target_fingerprint=None,
-                        hidden_size=info.hidden_size, num_heads=heads, num_layers=layers,
-                        vocab_size=info.vocab_size, draft_vocab_size=None)
+        raise IncompatibleDraftError(
+            f"the Medusa heads in {folder} use a truncated vocabulary, which specdec does not read"
+        )
+    return MedusaConfig(
+        target=str(data.get("base_model_name_or_path", folder)),
+        target_fingerprint=None,
+        hidden_size=info.hidden_size,
+        num_heads=heads,
+        num_layers=layers,
+        vocab_size=info.vocab_size,
+        draft_vocab_size=None,
+    )
 
 
 def _medusa_state(tensors: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Medusa heads' drafting pass on specdec's CPU kernels: each product packed once (PackedLinear), as the EAGLE head's
 (eagle_kernels.py). For the single row a drafting step scores they are several times faster than torch's."""
+
 from __future__ import annotations
 
 import torch
@@ -27,12 +28,12 @@ class KernelMedusaHeads:
         self.config, self.draft_ids = heads.config, heads.draft_ids
         pack = packer(bfloat16)
         layers = heads.config.num_layers
-        self.blocks = [[pack(block.linear.weight, bias=block.linear.bias) for block in head[:layers]]
-                       for head in heads.heads]
-        if heads.draft_lm_head is not None:
-            self.shared_lm = pack(heads.draft_lm_head)
-        else:
-            self.shared_lm, self.own_lm = None, [pack(head[layers].weight) for head in heads.heads]
+        self.blocks = [
+            [pack(block.linear.weight, bias=block.linear.bias) for block in heads.blocks_of(d)]
+            for d in range(len(heads.heads))
+        ]
+        self.shared_lm = pack(heads.draft_lm_head) if heads.draft_lm_head is not None else None
+        self.own_lm = [] if self.shared_lm is not None else [pack(head[layers].weight) for head in heads.sequences]
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         flat = features.reshape(-1, features.shape[-1]).float()
@@ -49,5 +50,10 @@ class KernelMedusaHeads:
         if self.shared_lm is not None:
             flat = hidden.reshape(-1, hidden.shape[-1]).float()
             return self.shared_lm(flat).view(*hidden.shape[:-1], -1)
-        return torch.stack([lm(hidden[..., d, :].reshape(-1, hidden.shape[-1]).float()).view(*hidden.shape[:-2], -1)
-                            for d, lm in enumerate(self.own_lm)], dim=-2)
+        return torch.stack(
+            [
+                lm(hidden[..., d, :].reshape(-1, hidden.shape[-1]).float()).view(*hidden.shape[:-2], -1)
+                for d, lm in enumerate(self.own_lm)
+            ],
+            dim=-2,
+        )

@@ -12,6 +12,7 @@ each column read top to bottom, plus its new token, is an n-gram for the pool: (
 choice. A column's n-gram is kept once every token in it came from the target (N - 1 iterations after the
 window was filled with prompt tokens; N - 2 for column 0, whose first token is the root).
 """
+
 from __future__ import annotations
 
 
@@ -24,13 +25,14 @@ class JacobiWindow:
         if len(start) != width * (ngram - 1):
             raise ValueError(f"a {width}x{ngram - 1} window starts from {width * (ngram - 1)} tokens, got {len(start)}")
         self.width, self.ngram = width, ngram
-        self.levels = [list(start[l * width:(l + 1) * width]) for l in range(ngram - 1)]
+        self.levels = [list(start[l * width : (l + 1) * width]) for l in range(ngram - 1)]
         self.iterations = 0  # Jacobi steps taken: the top min(iterations, N - 1) levels hold the target's choices
 
     def cells(self) -> list[tuple[int, int]]:
         """The window's tree nodes, parents first: level 0 columns 1..W-1, then each higher level's W columns."""
-        return [(0, c) for c in range(1, self.width)] + [(l, c) for l in range(1, self.ngram - 1)
-                                                        for c in range(self.width)]
+        return [(0, c) for c in range(1, self.width)] + [
+            (l, c) for l in range(1, self.ngram - 1) for c in range(self.width)
+        ]
 
     def tree(self) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the cells() as draft nodes under the root (parents index these nodes, -1: the root).

@@ -27,6 +27,7 @@ as its measured acceptance pays (a DraftLengthPolicy scored on every step, draft
 (chains only) the pool's best guess is drafted, the engine sizing it; the window does not move there, so the pool
 grows only while the request runs alone.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -57,7 +58,7 @@ def pool_guesses(pool: SuffixIndex, root: int, depth: int, count: int) -> list[l
     Example: pool of n-grams [5 1 2], [5 1 2], [5 1 3], root 5, depth 2, count 2 -> [[1, 2], [1, 3]].
     """
     found: list[list[int]] = []
-    frontier = [(-1.0, 0, [])]  # (-probability, tie-break, path): a heap, most probable first
+    frontier: list[tuple[float, int, list[int]]] = [(-1.0, 0, [])]  # (-probability, tie-break, path): a heap
     pushed = 0
     while frontier and len(found) < count:
         negative, _, path = heapq.heappop(frontier)
@@ -132,8 +133,13 @@ class LookaheadDrafter(Drafter):
     #: its wide trees as chains of the same length)
     sizing = "drafter"
 
-    def __init__(self, window: int | None = None, ngram: int | None = None, guesses: int | None = None,
-                 pause: PauseState | None = None):
+    def __init__(
+        self,
+        window: int | None = None,
+        ngram: int | None = None,
+        guesses: int | None = None,
+        pause: PauseState | None = None,
+    ):
         """window, ngram, guesses: W, N and G (None: the defaults, options.LOOKAHEAD_DEFAULTS), refused naming the
         option where out of range; pause: the pause shared with the drafter this one was forked from."""
         self.window_size, self.ngram, self.guesses = LookaheadOptions(window, ngram, guesses).sizes()
@@ -175,11 +181,11 @@ class LookaheadDrafter(Drafter):
         self._score_shadow(context)
         paths = pool_guesses(self.pool, context[-1], min(k, self.ngram - 1), self.guesses)
         self.shadow = (len(context), paths[0]) if paths else None
-        if budget.tree and (not self.request.adaptive or self._lookahead_pays()):
+        if budget.tree and (not self.current.adaptive or self._lookahead_pays()):
             return self._lookahead(context, paths, start)
         chain = paths[0] if paths else []
         if chain and budget.tree:  # the window paused: the guess as far as its measured acceptance pays
-            chain = chain[:self.chains.best_k(self.chains.acceptance()[:len(chain)])]
+            chain = chain[: self.chains.best_k(self.chains.acceptance()[: len(chain)])]
         self.stats.chain_steps += bool(chain)
         return Draft(tokens=torch.tensor(chain, dtype=torch.long))
 
@@ -198,20 +204,20 @@ class LookaheadDrafter(Drafter):
     def _start_tokens(self) -> list[int]:
         """W (N - 1) prompt tokens drawn at random (the authors' start): Jacobi iterations converge from anything,
         and the prompt's tokens are likelier than arbitrary ones."""
-        prompt = self.request.prompt_ids
-        generator = self.request.generator or torch.Generator().manual_seed(0)
+        prompt = self.current.prompt_ids
+        generator = self.current.generator or torch.Generator().manual_seed(0)
         picks = torch.randint(len(prompt), (self.window_size * (self.ngram - 1),), generator=generator)
         return [prompt[i] for i in picks.tolist()]
 
     def scored(self, draft: Draft, choices: torch.Tensor, path: list[int]) -> None:
         """Moves the window one Jacobi step with the target's choices at its top level; pools the n-grams."""
-        step, self.step = self.step, None
-        if step is None or draft.parents != step.parents or draft.tokens.tolist() != step.tokens:
+        step, self.step, window = self.step, None, self.window
+        if step is None or window is None or draft.parents != step.parents or draft.tokens.tolist() != step.tokens:
             return  # not a lookahead step of this drafter's (a chain, or forced tokens of a constraint)
         start = time.perf_counter()
         rows = choices.tolist()
-        top = [rows[0] if node < 0 else rows[1 + step.guesses + node] for node in self.window.top_nodes()]
-        grams = self.window.advance(step.root, top)
+        top = [rows[0] if node < 0 else rows[1 + step.guesses + node] for node in window.top_nodes()]
+        grams = window.advance(step.root, top)
         for gram in grams:
             self.pool.store(gram)
         stats = self.stats
@@ -219,7 +225,7 @@ class LookaheadDrafter(Drafter):
         stats.harvested += len(grams)
         stats.guess_accepted += sum(node < step.guesses for node in path)
         stats.window_accepted += sum(node >= step.guesses for node in path)
-        if self.window.iterations >= self.ngram:  # its rate counts from its first n-grams on (the warm-up pays for later)
+        if window.iterations >= self.ngram:  # its rate counts from its first n-grams on (the warm-up pays for later)
             seconds = self.costs.verify_s(1 + len(step.tokens)) + step.draft_s + time.perf_counter() - start
             self.tokens = DECAY * self.tokens + len(path) + 1
             self.seconds = DECAY * self.seconds + seconds

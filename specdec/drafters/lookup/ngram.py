@@ -1,4 +1,5 @@
 """Prompt lookup: find the context's latest earlier occurrence of its own last n tokens, propose what followed."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def ngram_lookup(context: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
             longest = hits
     if longest is not None:
         start = int(longest[-1]) + 1
-        return context[start: start + k]
+        return context[start : start + k]
     return context[:0]
 
 

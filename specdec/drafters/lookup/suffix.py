@@ -6,6 +6,7 @@ in SuffixDecoding, Arctic/vLLM `suffix`). Repeated work (agents calling the same
 answers, a question asked again) is drafted from what the target itself wrote before, or from the
 user's own texts (`specdec suffix-index build`). Deterministic (q one-hot); costs microseconds per token.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -54,8 +55,9 @@ class SuffixIndex:
 
     # ---- a file of past outputs (safetensors: the stored sequences, concatenated) ------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8, tokenizer: str = "",
-             model: str = "") -> "SuffixIndex":
+    def open(
+        cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8, tokenizer: str = "", model: str = ""
+    ) -> "SuffixIndex":
         """The index kept in `path` (see load), written back at most every SAVE_EVERY_S seconds as outputs
         arrive (`learned`) and at exit."""
         index = cls.load(path, vocab_size, max_n, tokenizer, model)
@@ -64,8 +66,15 @@ class SuffixIndex:
         return index
 
     @classmethod
-    def load(cls, path: str | os.PathLike, vocab_size: int, max_n: int = 8, tokenizer: str = "", model: str = "",
-             keep: bool = True) -> "SuffixIndex":
+    def load(
+        cls,
+        path: str | os.PathLike,
+        vocab_size: int,
+        max_n: int = 8,
+        tokenizer: str = "",
+        model: str = "",
+        keep: bool = True,
+    ) -> "SuffixIndex":
         """The index in `path`, empty when the file does not exist (or keep is False: then the file is only
         checked). Refuses a file written for another vocabulary size, or for another tokenizer (`tokenizer_id`)
         where both the file and the caller name one."""
@@ -84,14 +93,16 @@ class SuffixIndex:
             except Exception as exc:  # not safetensors, or not ours
                 raise ConfigError(f"could not read suffix index {path}: {exc}") from None
             if meta.get("format") != INDEX_FORMAT or meta.get("vocab_size") != str(vocab_size):
-                raise ConfigError(f"suffix index {path} was not written by specdec for a vocabulary of {vocab_size} "
-                                  f"tokens (format {meta.get('format')!r}, vocabulary {meta.get('vocab_size')})")
+                raise ConfigError(
+                    f"suffix index {path} was not written by specdec for a vocabulary of {vocab_size} "
+                    f"tokens (format {meta.get('format')!r}, vocabulary {meta.get('vocab_size')})"
+                )
             if tokenizer and meta.get("tokenizer", tokenizer) != tokenizer:
                 owner = f"for model {meta['model']}, whose tokenizer" if meta.get("model") else "for a tokenizer that"
                 raise ConfigError(f"suffix index {path} was written {owner} is not {model or 'this model'}'s")
             start = 0
             for n in lengths if keep else ():
-                index.store(tokens[start:start + n])
+                index.store(tokens[start : start + n])
                 start += n
         return index
 
@@ -112,8 +123,11 @@ class SuffixIndex:
             except OSError as exc:
                 self.saved_at = time.monotonic()  # the next try after SAVE_EVERY_S
                 if self.write_error is None:
-                    print(f"specdec: could not write suffix index {self.path} ({exc}); drafting goes on from "
-                          f"memory, the write is tried again every {SAVE_EVERY_S:g} s", file=sys.stderr)
+                    print(
+                        f"specdec: could not write suffix index {self.path} ({exc}); drafting goes on from "
+                        f"memory, the write is tried again every {SAVE_EVERY_S:g} s",
+                        file=sys.stderr,
+                    )
                 self.write_error = str(exc)
 
     def save(self) -> None:
@@ -125,11 +139,17 @@ class SuffixIndex:
         from ...files import write_atomic
 
         tokens = [t for sequence in self.sequences for t in sequence]
-        tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32),
-                   "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)}
-        metadata = {"format": INDEX_FORMAT, "vocab_size": str(self.vocab_size), "max_n": str(self.max_n),
-                    **({"tokenizer": self.tokenizer} if self.tokenizer else {}),
-                    **({"model": self.model} if self.model else {})}
+        tensors = {
+            "tokens": torch.tensor(tokens, dtype=torch.int32),
+            "lengths": torch.tensor([len(s) for s in self.sequences], dtype=torch.int64),
+        }
+        metadata = {
+            "format": INDEX_FORMAT,
+            "vocab_size": str(self.vocab_size),
+            "max_n": str(self.max_n),
+            **({"tokenizer": self.tokenizer} if self.tokenizer else {}),
+            **({"model": self.model} if self.model else {}),
+        }
         write_atomic(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         self.saved_at = time.monotonic()
 
@@ -176,7 +196,7 @@ class SuffixIndex:
     def _count(self, sequence: list[int], i: int, delta: int) -> None:
         token = sequence[i]
         for n in range(1, min(self.max_n, i) + 1):
-            key = hash(tuple(sequence[i - n:i]))
+            key = hash(tuple(sequence[i - n : i]))
             found = self.next_counts.get(key)
             if isinstance(found, dict):
                 found[token] = found.get(token, 0) + delta
@@ -203,7 +223,7 @@ class SuffixIndex:
                 continue
             if not isinstance(found, dict):
                 return found >> 32, n, 1.0
-            token = max(found, key=found.get)
+            token = max(found, key=lambda t: found[t])
             return token, n, found[token] / sum(found.values())
         return None
 
@@ -213,8 +233,7 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
 
-    def __init__(self, min_n: int = 2, max_n: int = 8, min_probability: float = 0.1,
-                 shared: SuffixIndex | None = None):
+    def __init__(self, min_n: int = 2, max_n: int = 8, min_probability: float = 0.1, shared: SuffixIndex | None = None):
         """min_probability: drafting stops where the product of the continuation shares falls below it."""
         if not (1 <= min_n <= max_n <= 32):
             raise ConfigError(f"suffix sizes must satisfy 1 <= min_n <= max_n <= 32, got min_n={min_n}, max_n={max_n}")
@@ -239,7 +258,7 @@ class SuffixDrafter(Drafter):
     def propose(self, context: list[int], budget: Budget) -> Draft:
         self.local.add(context, self.indexed)
         self.indexed = len(context)
-        work, tokens, reach = list(context[-self.max_n:]), [], 1.0
+        work, tokens, reach = list(context[-self.max_n :]), [], 1.0
         for _ in range(budget.k):
             hits = [h for h in (self.local.next_token(work, self.min_n), self.shared.next_token(work, self.min_n)) if h]
             if not hits:
@@ -249,5 +268,5 @@ class SuffixDrafter(Drafter):
             if reach < self.min_probability:
                 break
             tokens.append(token)
-            work = (work + [token])[-self.max_n:]
+            work = (work + [token])[-self.max_n :]
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long))

@@ -7,6 +7,7 @@ when that encoding starts with exactly those tokens (else the step drafts nothin
 deterministic function of the context (q one-hot), so greedy and sampled verification stay lossless without the
 draft's probabilities, which live over another vocabulary.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,11 +55,12 @@ class CrossTokenizerDrafter(Drafter):
         if not after.startswith(before) or len(after) == len(before):
             return Draft.empty()
         tail = context[-LOOK_BEHIND:]
-        encoded = self.target_tokenizer(self._decode_target(tail) + after[len(before):],
-                                        add_special_tokens=False)["input_ids"]
+        encoded = self.target_tokenizer(self._decode_target(tail) + after[len(before) :], add_special_tokens=False)[
+            "input_ids"
+        ]
         if encoded[: len(tail)] != tail:
             return Draft.empty()
-        return Draft(tokens=torch.tensor(encoded[len(tail): len(tail) + k], dtype=torch.long))
+        return Draft(tokens=torch.tensor(encoded[len(tail) : len(tail) + k], dtype=torch.long))
 
     def _decode_target(self, ids: list[int]) -> str:
         return self.target_tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -6,11 +6,12 @@ ends after the first token whose draft probability is below p_min (that token is
 draft's softmax of that token under greedy decoding, else q(token), the distribution it was drawn from. Stopping only
 shortens the draft: each position's q and token are the ones drafting used, so verification stays lossless.
 """
+
 from __future__ import annotations
 
 import torch
 
-from ...models.backend import CausalLM
+from ...models.backend import CausalLM, SequenceCache
 from ...penalties import TokenHistory, penalize
 from ...sampling import probs_from_logits
 from ...tokens import common_prefix
@@ -31,7 +32,7 @@ class DraftModelDrafter(Drafter):
         self.device = draft.info.device  # where its logits are
         self.vocab = target_vocab_size
         self.p_min = check_p_min(p_min)
-        self.cache = None
+        self.cache: SequenceCache | None = None  # the draft's own KV cache, from the first request on
         self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
 
     def fork(self) -> "DraftModelDrafter":
@@ -39,8 +40,7 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
-        if self.cache is None:
-            self.cache = self.draft.new_cache()
+        self.cache = self.cache or self.draft.new_cache()
         self.draft.truncate(self.cache, 0)
         self.cached = []
 
@@ -55,10 +55,10 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return Draft.empty()
         pending = self._sync(context)
-        sampling = self.request.sampling
+        sampling = self.current.sampling
         history = None
         if sampling.penalized:  # the request's penalties, as the target applies them: fewer rejected drafts
-            history = TokenHistory.of(self.request.prompt_ids, context, self.vocab, self.device)
+            history = TokenHistory.of(self.current.prompt_ids, context, self.vocab, self.device)
         tokens, rows = [], []
         for i in range(k):
             logits = _fit_vocab(self._next_logits(pending).float(), self.vocab)
@@ -70,7 +70,7 @@ class DraftModelDrafter(Drafter):
                 token = int(greedy_choices(logits))
             else:
                 q = probs_from_logits(logits, sampling)
-                token = self.request.draw(q, position)
+                token = self.current.draw(q, position)
                 rows.append(q)
             tokens.append(token)
             if i == k - 1 or self._unsure(logits, q, token):
@@ -87,14 +87,20 @@ class DraftModelDrafter(Drafter):
         feed next."""
         keep = common_prefix(self.cached, context)
         keep = min(keep, len(context) - 1)  # always re-feed at least the last token
-        self.draft.truncate(self.cache, keep)
+        self.draft.truncate(self._cache(), keep)
         self.cached = list(context)
         return context[keep:]
 
     def _next_logits(self, pending: list[int]) -> torch.Tensor:
         """Feeds `pending` to the draft and returns its logits (V_draft,) for the next token."""
         ids = torch.tensor(pending, dtype=torch.long)
-        return self.draft.forward(self.cache, ids, last_only=True).logits[-1]
+        return self.draft.forward(self._cache(), ids, last_only=True).logits[-1]
+
+    def _cache(self) -> SequenceCache:
+        """The draft's KV cache, which begin() made."""
+        if self.cache is None:
+            raise RuntimeError("the draft model drafts for no request: begin() was not called")
+        return self.cache
 
     def _unsure(self, logits: torch.Tensor, q: torch.Tensor | None, token: int) -> bool:
         """Whether the draft's probability of `token` is below p_min: softmax(logits (V,)) under greedy decoding,
@@ -113,4 +119,3 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
         return logits[..., :vocab]
     pad = torch.full((vocab - logits.shape[-1],), float("-inf"), device=logits.device)
     return torch.cat([logits, pad])
-

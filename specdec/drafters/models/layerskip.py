@@ -3,6 +3,7 @@
 No training and no extra weights. The early exit is a view of the target backend (forward with
 layers=L) with caches of its own, driven like any draft model (drafters.models.draft_model).
 """
+
 from __future__ import annotations
 
 from ...models.backend import CausalLM
@@ -29,8 +30,25 @@ class EarlyExit(CausalLM):
     def truncate(self, cache, length: int) -> None:
         self.backend.truncate(cache, length)
 
-    def forward(self, cache, input_ids, *, tree_mask=None, output_hidden=False, last_only=False, layers=None,
-                feature_layers=(), argmax_only=False):
-        return self.backend.forward(cache, input_ids, tree_mask=tree_mask, output_hidden=output_hidden,
-                                    last_only=last_only, layers=min(layers or self.layers, self.layers),
-                                    feature_layers=feature_layers, argmax_only=argmax_only)
+    def forward(
+        self,
+        cache,
+        input_ids,
+        *,
+        tree_mask=None,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
+        return self.backend.forward(
+            cache,
+            input_ids,
+            tree_mask=tree_mask,
+            output_hidden=output_hidden,
+            last_only=last_only,
+            layers=min(layers or self.layers, self.layers),
+            feature_layers=feature_layers,
+            argmax_only=argmax_only,
+        )

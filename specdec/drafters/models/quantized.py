@@ -12,9 +12,11 @@ How close the copy is depends on the model: for a model whose weights came from 
 smollm2-135m) the groups hold exactly the target's weights and only the int8 activations differ; a model trained in
 bfloat16 loses more to the rounding (docs/drafters.md).
 """
+
 from __future__ import annotations
 
 import time
+from typing import cast
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +44,10 @@ class _Job:
     tokens: list[int] = field(default_factory=list)  # drafted so far
     logits: torch.Tensor | None = None  # (V,) the copy's logits that chose its latest draft
 
+    def unsure(self) -> bool:
+        """Whether the copy gave its latest draft less than p_min (DraftModelDrafter._unsure)."""
+        return self.logits is not None and self.drafter._unsure(self.logits, None, self.tokens[-1])
+
 
 class QuantizedCopyDrafter(DraftModelDrafter):
     """Drafts k tokens with the target's 4-bit copy, one pass a token, on the request's target cache
@@ -67,7 +73,7 @@ class QuantizedCopyDrafter(DraftModelDrafter):
     def pass_sharing(self) -> SharedPasses | None:
         """The copy's pass costs where this request drafts in passes shared with others (greedy, no penalties:
         propose_together), else None."""
-        sampling = self.request.sampling if self.request is not None else None
+        sampling = self.current.sampling if self.request is not None else None
         return self.passes if sampling is not None and sampling.greedy and not sampling.penalized else None
 
     def begin(self, request: DraftRequest) -> None:
@@ -90,9 +96,10 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         passes' positions are this call's."""
         drafts: dict[int, Draft] = {}
         live: list[_Job] = []
-        for i, (drafter, context, k) in enumerate(jobs):
+        for i, (job_drafter, context, k) in enumerate(jobs):
+            drafter = cast(QuantizedCopyDrafter, job_drafter)  # pass_sharing groups this drafter's jobs only
             k = drafter._room(context, k)
-            sampling = drafter.request.sampling if k > 0 else None
+            sampling = drafter.current.sampling if k > 0 else None
             if sampling is None or not sampling.greedy or sampling.penalized:
                 drafts[i] = DraftModelDrafter.propose(drafter, context, Budget(k))  # empty where k <= 0
                 continue
@@ -110,9 +117,9 @@ class QuantizedCopyDrafter(DraftModelDrafter):
                 job.tokens += guess[:agreed] + [choices[agreed]]
                 job.logits = logits[agreed]
                 job.position += 1 + agreed  # the copy's own token is fed next, after the agreed guesses
-            active = [j for j in active if len(j.tokens) < j.k and not j.drafter._unsure(j.logits, None, j.tokens[-1])]
+            active = [j for j in active if len(j.tokens) < j.k and not j.unsure()]
         for job in live:
-            drafts[job.index] = Draft(tokens=torch.tensor(job.tokens[:job.k], dtype=torch.long))
+            drafts[job.index] = Draft(tokens=torch.tensor(job.tokens[: job.k], dtype=torch.long))
         return [drafts[i] for i in range(len(jobs))]
 
     def _room(self, context: list[int], k: int) -> int:
@@ -147,10 +154,21 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         lengths = [len(f) for f in feeds]
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)])
         slots = torch.tensor([c.slot for c in caches])
-        logits, _, _ = self.copy.forward(torch.tensor([t for f in feeds for t in f]),
-                                         torch.tensor([0] + lengths).cumsum(0), slots, torch.tensor(starts), positions,
-                                         _NO_MASK, self.target.pool.keys, self.target.pool.values,
-                                         torch.arange(sum(lengths)), 0, False, _NO_LAYERS, False)
+        logits, _, _ = self.copy.forward(
+            torch.tensor([t for f in feeds for t in f]),
+            torch.tensor([0] + lengths).cumsum(0),
+            slots,
+            torch.tensor(starts),
+            positions,
+            _NO_MASK,
+            self.target.pool.keys,
+            self.target.pool.values,
+            torch.arange(sum(lengths)),
+            0,
+            False,
+            _NO_LAYERS,
+            False,
+        )
         return list(logits.split(lengths))
 
     @torch.inference_mode()
@@ -161,8 +179,9 @@ class QuantizedCopyDrafter(DraftModelDrafter):
         try:
             self.target.forward(cache, torch.randint(0, self.target.info.vocab_size, (context,)), last_only=True)
             feeds = {rows: torch.randint(0, self.target.info.vocab_size, (rows,)).tolist() for rows in sizes}
-            return time_by_size(lambda rows: self._passes([cache], [context], [feeds[rows]]), lambda _rows: None,
-                                sizes, repeats)
+            return time_by_size(
+                lambda rows: self._passes([cache], [context], [feeds[rows]]), lambda _rows: None, sizes, repeats
+            )
         finally:
             self.target.release(cache)
 

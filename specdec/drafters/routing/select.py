@@ -14,6 +14,7 @@ winning.
 A request's estimates start from those of the requests the selector (and its forks, in a server) served before:
 the drafter is chosen per request by the acceptance predicted from earlier ones, then per step by the request's own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,7 +72,7 @@ class Pending:
 
     def accepted(self, context: list[int]) -> int | None:
         """How many of the draft's tokens the target kept, or None while the context does not tell yet."""
-        after = context[self.start:]
+        after = context[self.start :]
         if self.parents is None:
             m = common_prefix(self.tokens, after)
             return m if m < len(after) or m == len(self.tokens) else None
@@ -80,10 +81,10 @@ class Pending:
         while children.get(node):
             if depth >= len(after):
                 return None
-            node = next((c for c in children[node] if self.tokens[c] == after[depth]), None)
-            if node is None:
+            child = next((c for c in children[node] if self.tokens[c] == after[depth]), None)
+            if child is None:
                 return depth
-            depth += 1
+            node, depth = child, depth + 1
         return depth
 
 
@@ -97,8 +98,9 @@ class SelectionHistory:
         """Adds one request's estimate of a candidate, as one step's worth (per-step means)."""
         if request.steps <= 0:
             return
-        self.yields.setdefault(name, Yield()).add(request.tokens / request.steps, request.seconds / request.steps,
-                                                  decay=HISTORY_DECAY)
+        self.yields.setdefault(name, Yield()).add(
+            request.tokens / request.steps, request.seconds / request.steps, decay=HISTORY_DECAY
+        )
 
     def prior(self, name: str) -> Yield:
         return self.yields[name].scaled(PRIOR_STEPS) if name in self.yields else Yield()
@@ -121,8 +123,8 @@ class SelectingDrafter(Drafter):
         if len(set(names)) != len(names):
             raise ConfigError(f"drafter 'select' got the same candidate twice: {', '.join(names)}")
         self.candidates = {c.name: c for c in candidates}
-        readers = [c for c in candidates if c.feature_layers is not None]  # each gets its own layout (observe)
-        self.feature_layers = tuple(dict.fromkeys(i for c in readers for i in c.feature_layers)) if readers else None
+        layouts = [c.feature_layers for c in candidates if c.feature_layers is not None]  # each reader's (observe)
+        self.feature_layers = tuple(dict.fromkeys(i for layers in layouts for i in layers)) if layouts else None
         self.needs_scores = any(c.needs_scores for c in candidates)
         self.history = history if history is not None else SelectionHistory()
         self.request: DraftRequest | None = None
@@ -154,12 +156,12 @@ class SelectingDrafter(Drafter):
         """features (m, H + A*H) for this drafter's feature_layers: each reader gets those of its own layers."""
         for candidate in self.candidates.values():
             own = candidate.feature_layers
-            if own is not None:
+            if own is not None and self.feature_layers is not None:
                 candidate.observe(features_in_layout(features, self.feature_layers, own))
 
     def scored(self, draft: Draft, choices, path: list[int]) -> None:
         """To the candidate that drafted the step, where it reads every row's choice (lookahead)."""
-        candidate = self.candidates.get(draft.source)
+        candidate = self.candidates.get(draft.source) if draft.source is not None else None
         if candidate is not None and candidate.needs_scores:
             candidate.scored(draft, choices, path)
 
@@ -194,12 +196,18 @@ class SelectingDrafter(Drafter):
             size = len(proposal) if proposal.parents is not None else min(length, len(proposal))
             if name == chosen:
                 self.idle[name] = 0
-                kept = proposal if size == len(proposal) else Draft(
-                    tokens=proposal.tokens[:size], probs=None if proposal.probs is None else proposal.probs[:size])
+                kept = (
+                    proposal
+                    if size == len(proposal)
+                    else Draft(
+                        tokens=proposal.tokens[:size], probs=None if proposal.probs is None else proposal.probs[:size]
+                    )
+                )
                 draft = dataclasses.replace(kept, source=name) if len(kept) else Draft.empty()
             if len(proposal):
-                self.pending.append(Pending(name, len(context), proposal.tokens.tolist(), proposal.parents, size,
-                                            seconds))
+                self.pending.append(
+                    Pending(name, len(context), proposal.tokens.tolist(), proposal.parents, size, seconds)
+                )
             else:
                 self.yields[name].add(1.0, self.costs.verify_s(1) + seconds)  # a plain step
         return draft
@@ -207,7 +215,7 @@ class SelectingDrafter(Drafter):
     def _length(self, name: str, budget: Budget) -> int:
         """Drafts a chain candidate's real step would hold: k in batches and for tree drafters, else the length its
         own acceptance and costs favour (0: a plain step)."""
-        if not budget.tree or self.candidates[name].sizing != "policy" or not self.request.adaptive:
+        if not budget.tree or self.candidates[name].sizing != "policy" or not self.current.adaptive:
             return budget.k
         return min(budget.k, self.policies[name].best_k())
 
@@ -222,7 +230,7 @@ class SelectingDrafter(Drafter):
             name = due[0]
             self.retry[name] = RETRY_AFTER if name == best else min(2 * self.retry[name], MAX_RETRY)
             return name
-        if self.request.adaptive and (self.yields[best].rate() or 0.0) <= 1.0 / self.costs.verify_s(1):
+        if self.current.adaptive and (self.yields[best].rate() or 0.0) <= 1.0 / self.costs.verify_s(1):
             return None  # plain decoding is expected to be faster (with --no-adaptive every step drafts)
         if not self.shadowed(best):
             self.retry[best] = RETRY_AFTER
