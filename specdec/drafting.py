@@ -1,6 +1,7 @@
 """A step's drafts: each request's draft length (DraftLengths, from its policy and the measured costs), then each
-running request's drafter proposes up to it (the scheduler's step, before the verify pass), or the tokens its constraint forces next; drafters that draft several requests in shared passes
-(propose_together: the target's 4-bit copy) do so. Each request's drafting time goes to its metrics and costs.
+running request's drafter proposes up to it (the scheduler's step, before the verify pass), or the tokens its
+constraint forces next; drafters that draft several requests in shared passes (propose_together: the target's 4-bit
+copy) do so. Each request's drafting time goes to its metrics and costs.
 Shared passes are charged to the policy by what a row adds to them (policy.plan_lengths, costs.SharedPasses)."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class DraftLengths:
     idle: tuple[int, int] = (0, 0)  # (batch size, steps left) after a batched step the policies gave no drafts
 
     def plan(self, requests: list[Request], solo: bool) -> list[int]:
-        """The draft lengths of this step's requests (in order), committed: each policy takes its step."""
-        if all(r.drafter is None for r in requests) or (self.limit is not None and len(requests) > self.limit):
+        """The draft lengths of this step's requests (in order; some of them with a drafter), committed: each policy
+        takes its step."""
+        if self.limit is not None and len(requests) > self.limit:
             return [0] * len(requests)
         if solo:
             r = requests[0]

@@ -25,7 +25,7 @@ from .stream_core import GenerationResult, TextSteps, TextStream
 
 class SpecDecoder:
     """Speculative decoding over one target model and one drafter: lossless, unless its SpeculationConfig asks for
-    a lossy acceptance rule (acceptance.Acceptance)."""
+    a lossy acceptance rule (config.Acceptance)."""
 
     warmed_up = False  # after warm_up(): drafters built later by name are warmed up too
     tracer = None  # a TraceWriter (specdec/trace.py) recording every request, after trace_to()

@@ -41,7 +41,7 @@ def load_decoder(
     """SpecDecoder.load (cls: SpecDecoder): loads a target (default: the built-in smollm2-135m) and a drafter by
     name. max_batch_for_drafting: see SpeculationConfig (batched decoding drafts nothing in steps with more
     sequences than this). acceptance: "exact" (lossless) or a LOSSY rule, "top-k:K", "threshold:P" or
-    "typical:EPS" (acceptance.Acceptance). slots: the sequences the KV pools hold from the start (a server's batch);
+    "typical:EPS" (config.Acceptance). slots: the sequences the KV pools hold from the start (a server's batch);
     max_context: the most tokens a sequence holds (prompt, output, drafts), at most the model's context (default:
     the model's); time_target: measure the target's verify costs even without a drafter (calls may pick one by
     name later: a server's requests), where calibrate is on; graphs: the target's decode and verify passes as CUDA

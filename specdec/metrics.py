@@ -16,7 +16,7 @@ class GenerationMetrics:
     over all verify steps, including those where the adaptive policy drafted nothing (k = 0);
     mean_acceptance_length is over drafting steps only (1 + accepted / drafting steps), the figure vLLM
     reports as "mean acceptance length" and the EAGLE papers as tau, so it compares across engines.
-    acceptance is the rule that accepted the drafts (acceptance.Acceptance's spec): "exact" (lossless) unless a LOSSY
+    acceptance is the rule that accepted the drafts (config.Acceptance's spec): "exact" (lossless) unless a LOSSY
     rule was asked for, in which case `lossy` is true and every report of these metrics says so.
     """
 

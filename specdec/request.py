@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 
 from .config import EXACT, GenerationConfig
-
 from .speculation_config import SpeculationConfig
 from .drafters.base import Drafter, DraftRequest
 from .errors import ConfigError, ContextLengthError

@@ -3,15 +3,15 @@ cancel; a request ends in one place (BatchEngine._end). It prefills requests and
 request takes at once.
 
 The step: propose -> forward -> verify -> roll back -> observe. Each request with a drafter gets a draft length
-(drafting.DraftLengths: from policy.py, allocated jointly from the measured cost curve so that speculation shrinks
-as the batch grows; a request without one drafts nothing and the policy is not asked); its drafter proposes; one target pass scores
-every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch scores
-chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache is
-cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened.
-A request alone is a batch of one: SpecDecoder.generate and stream run this same step. Requests join and leave
-between steps (continuous batching), each with its own KV slot (a fresh one, or a prefix restored from the prefix
-cache; parked there or freed at its end), drafter and random streams. With a prefill chunk (prefill.py), a step
-prefills at most that many prompt tokens while other requests run, so that a long prompt stalls nobody.
+(drafting.DraftLengths: from policy.py, allocated jointly from the measured cost curve so that speculation shrinks as
+the batch grows; a request without one drafts nothing and the policy is not asked); its drafter proposes; one target
+pass scores every request's last token and drafts (a request alone may draft a tree, scored with its mask; a batch
+scores chains in one ragged pass); each request's logits are adjusted (logits.py) and verified (verify/); its KV cache
+is cut back to the accepted path; and its drafter, its draft-length policy and the cost model observe what happened. A
+request alone is a batch of one: SpecDecoder.generate and stream run this same step. Requests join and leave between
+steps (continuous batching), each with its own KV slot (a fresh one, or a prefix restored from the prefix cache; parked
+there or freed at its end), drafter and random streams. With a prefill chunk (prefill.py), a step prefills at most that
+many prompt tokens while other requests run, so that a long prompt stalls nobody.
 """
 
 from __future__ import annotations

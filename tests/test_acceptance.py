@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from specdec.config import EXACT, Acceptance, GenerationConfig, SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder

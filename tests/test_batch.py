@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, Draft, Drafter
 from specdec.drafters.models.draft_model import DraftModelDrafter

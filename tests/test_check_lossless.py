@@ -7,7 +7,6 @@ import pytest
 from scipy import stats
 
 from specdec.config import SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.engine import SpecDecoder

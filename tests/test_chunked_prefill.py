@@ -5,7 +5,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder

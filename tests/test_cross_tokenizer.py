@@ -3,7 +3,6 @@ target's, greedy and seed-stable sampled, and a draft that predicts the target w
 import torch
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.models.cross_tokenizer import CrossTokenizerDrafter

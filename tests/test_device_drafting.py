@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from specdec.config import SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.heads.eagle import EagleDrafter

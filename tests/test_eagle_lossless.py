@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget
 from specdec.drafters.heads.eagle import EagleDrafter

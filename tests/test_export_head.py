@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.heads.eagle3_head import new_eagle3_head

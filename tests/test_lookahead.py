@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.lookup.jacobi import JacobiWindow

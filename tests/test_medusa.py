@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Budget, DraftRequest

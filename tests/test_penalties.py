@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.base import Draft, Drafter

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from specdec.config import Constraint, GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.models.draft_model import DraftModelDrafter

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig
-
 from specdec.speculation_config import SpeculationConfig
 from specdec.drafters.base import Budget, DraftRequest
 from specdec.drafters.eagle import EagleDrafter

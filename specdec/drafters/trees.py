@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tokens import common_prefix
+from ..verify import tree_children
 from .base import Budget, Draft
 from .lookup.ngram import NgramDrafter
 
@@ -231,3 +232,22 @@ class TreeNodes:
             self.probs.append(raw_q[c])
             grown.append(len(self.tokens) - 1)
         return grown
+
+
+def draft_accepted(tokens: list[int], parents: list[int] | None, after: list[int]) -> int | None:
+    """How many of a draft's tokens (a chain, or a tree by its parents) the target kept, read from the tokens it wrote
+    after the drafted position (`after`), or None while those do not tell yet. Exact under greedy decoding and
+    rejection sampling alike: a drafted token is accepted if and only if the target emits it there."""
+    if parents is None:
+        m = common_prefix(tokens, after)
+        return m if m < len(after) or m == len(tokens) else None
+    children = tree_children(parents)
+    node, depth = -1, 0
+    while children.get(node):
+        if depth >= len(after):
+            return None
+        child = next((c for c in children[node] if tokens[c] == after[depth]), None)
+        if child is None:
+            return depth
+        node, depth = child, depth + 1
+    return depth

@@ -34,7 +34,7 @@ def load_decoder(
     """A SpecDecoder whose backends hold `slots` sequences; verify costs are always measured, since any
     request may ask for a drafter (ngram) even when the server's default is none. max_batch_for_drafting: steps
     with more running sequences than this draft nothing (SpeculationConfig). acceptance: "exact" (lossless) or a
-    LOSSY rule for every request that drafts (acceptance.Acceptance). max_context: the most tokens a sequence holds
+    LOSSY rule for every request that drafts (config.Acceptance). max_context: the most tokens a sequence holds
     (prompt, output, drafts), at most the model's context (default: the model's). graphs: the target's passes as
     CUDA graphs, compile: those compiled by torch.compile (models/backend_choice.py make_backend)."""
     from ..engine import SpecDecoder

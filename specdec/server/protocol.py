@@ -26,7 +26,7 @@ MAX_STOPS = 16
 MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 MAX_SPECULATIVE_TOKENS = 64
 _FRACTION = r"0?\.[0-9]*[1-9][0-9]*"  # a decimal in (0, 1)
-# what acceptance.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
+# what config.Acceptance.parse takes: K >= 1, 0 < P <= 1, 0 < EPS < 1 (in decimals, as clients write them)
 ACCEPTANCE_PATTERN = rf"^(exact|top-k:[1-9][0-9]{{0,17}}|threshold:({_FRACTION}|1(\.0*)?)|typical:{_FRACTION})$"
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"

@@ -39,7 +39,7 @@ class SpeculationChoice:
     num_speculative_tokens: int | None = None  # None: the server's k
     sampling_verifier: str | None = None  # None: the server's ("auto", "rejection" or "coupled")
     adaptive: bool | None = None  # None: the server's; False drafts num_speculative_tokens every step
-    acceptance: str | None = None  # None: the server's; else "exact" or a lossy rule (acceptance.Acceptance)
+    acceptance: str | None = None  # None: the server's; else "exact" or a lossy rule (config.Acceptance)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ the token it would choose, so the output is no longer the target's own. Use only
 
 The p / q convention and the (path, token) contract are the package's (specdec/verify/__init__.py). Here p_i is
 the target's distribution at row i: the sampling distribution when sampling (probs_from_logits), softmax of the
-processed logits at temperature 1 when greedy. The rules (acceptance.Acceptance) accept d_i while
+processed logits at temperature 1 when greedy. The rules (config.Acceptance) accept d_i while
   top-k:K        d_i is among the K most probable tokens of p_i (ties ranked by token id, as argmax breaks them,
                  so top-k:1 is exact greedy decoding);
   threshold:P    p_i(d_i) >= P;

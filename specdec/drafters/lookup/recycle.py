@@ -26,9 +26,9 @@ import torch
 
 from ...costs import CostModel
 from ...policy import DraftLengthPolicy
-from ...tokens import common_prefix
 from ..base import Budget, Draft, Drafter, DraftRequest
 from ..options import NgramOptions
+from ..trees import draft_accepted
 from .ngram import ngram_lookup
 
 MAX_PAIRS = 1 << 18  # pairs of tokens the table holds before it forgets them all (about 100 bytes each)
@@ -144,9 +144,8 @@ class RecycleDrafter(Drafter):
         """Scores the pending chains the context now tells about into their source's estimates."""
         still = []
         for p in self.pending:
-            after = context[p.start :]
-            accepted = common_prefix(p.tokens, after)
-            if accepted == len(after) and accepted < len(p.tokens):
+            accepted = draft_accepted(p.tokens, None, context[p.start :])
+            if accepted is None:
                 still.append(p)  # the target has not yet written past the chain's agreement
             else:
                 self.policies[p.source].observe(len(p.tokens), accepted)

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from ...costs import CostModel
 from ...policy import DraftLengthPolicy
 from ...errors import ConfigError
-from ...verify import tree_children
-from ...tokens import common_prefix
 from ..base import Budget, Draft, Drafter, DraftRequest, features_in_layout
+from ..trees import draft_accepted
 
 RETRY_AFTER = 8  # steps before a head that is not chosen is drafted again; doubles while retries do not win
 MAX_RETRY = 128
@@ -72,20 +71,7 @@ class Pending:
 
     def accepted(self, context: list[int]) -> int | None:
         """How many of the draft's tokens the target kept, or None while the context does not tell yet."""
-        after = context[self.start :]
-        if self.parents is None:
-            m = common_prefix(self.tokens, after)
-            return m if m < len(after) or m == len(self.tokens) else None
-        children = tree_children(self.parents)
-        node, depth = -1, 0
-        while children.get(node):
-            if depth >= len(after):
-                return None
-            child = next((c for c in children[node] if self.tokens[c] == after[depth]), None)
-            if child is None:
-                return depth
-            node, depth = child, depth + 1
-        return depth
+        return draft_accepted(self.tokens, self.parents, context[self.start :])
 
 
 class SelectionHistory:
