@@ -16,13 +16,17 @@ class ClientGone(Exception):
     """The client disconnected before the request ended."""
 
 
-async def _disconnect(receive) -> None:
-    """Returns when the ASGI server reports that the client went away (the body has been read)."""
+_GONE = object()  # queued after the events that came before the client went away
+
+
+async def _disconnect(receive, queue: asyncio.Queue) -> None:
+    """Queues _GONE when the ASGI server reports that the client went away (the body has been read)."""
     try:
         while (await receive())["type"] != "http.disconnect":
             pass
     except Exception:  # a broken connection is a gone client too
-        return
+        pass
+    queue.put_nowait(_GONE)
 
 
 class RequestHandle:
@@ -45,7 +49,10 @@ class RequestHandle:
         self.finished: list[Finished | None] = [None] * choices  # each choice's, once it has finished
         self.failed: APIError | None = None
         self.on_close = on_close
-        self._gone = asyncio.ensure_future(_disconnect(receive))
+        # one queue for the events and the disconnect, so that waiting for the next event is one await, not a task
+        # and a wait over two futures per event
+        self._gone = asyncio.ensure_future(_disconnect(receive, self.queue))
+        self._left = False  # the client went away
         self._closed = False
 
     def results(self) -> list[Finished]:
@@ -62,10 +69,7 @@ class RequestHandle:
 
     def emit(self, index: int, event) -> None:
         """Called from the worker thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-        except RuntimeError:  # the event loop has closed (shutdown)
-            pass
+        self.worker.outbox.hand(self.loop, self.queue.put_nowait, (index, event))
 
     @property
     def done(self) -> bool:
@@ -74,15 +78,11 @@ class RequestHandle:
     async def next(self) -> tuple[int, object]:
         """(choice index, the next event: Started, Delta or Finished); raises the APIError of a Failed, or
         ClientGone."""
-        if self.queue.empty():
-            get = asyncio.ensure_future(self.queue.get())
-            done, _ = await asyncio.wait({get, self._gone}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                raise ClientGone()
-            index, event = get.result()
-        else:
-            index, event = self.queue.get_nowait()
+        item = _GONE if self._left else self.queue.get_nowait() if not self.queue.empty() else await self.queue.get()
+        if item is _GONE:
+            self._left = True
+            raise ClientGone()
+        index, event = item
         if isinstance(event, Failed):
             self.failed = event.error
             raise event.error

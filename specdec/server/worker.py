@@ -27,6 +27,7 @@ from ..errors import ContextLengthError, SpecdecError
 from ..request import Request
 from .errors import APIError, bad_request, internal, shutting_down
 from .events import Delta, Failed, Finished, Job, Started
+from .outbox import Outbox
 from .profile import WorkerClock
 from .prompts import prompt_ids
 from .schemas import SpeculationChoice
@@ -75,6 +76,7 @@ class EngineWorker:
         self.runs_in_caller = False  # set by whoever will call run() instead of start()
         self.keep_running: Callable[[], bool] = lambda: True  # checked while idle
         self.stopped = threading.Event()
+        self.outbox = Outbox()  # the events of each step go to the asyncio side together
 
     @property
     def prefix_cache_entries(self) -> int:
@@ -244,8 +246,9 @@ class EngineWorker:
         updates = self.steps.step()
         t1 = time.perf_counter()
         self.clock.stepped(t0, t1)
-        for update in updates:
-            self._deliver(update)
+        with self.outbox.holding():
+            for update in updates:
+                self._deliver(update)
         self.clock.add("events", t1)
 
     def _deliver(self, update: TextUpdate) -> None:
