@@ -6,7 +6,7 @@ import asyncio
 import functools
 import time
 import uuid
-from typing import Callable
+from typing import Callable, cast
 
 from .errors import APIError
 from .events import Delta, Failed, Finished, Job
@@ -82,7 +82,7 @@ class RequestHandle:
         if item is _GONE:
             self._left = True
             raise ClientGone()
-        index, event = item
+        index, event = cast(tuple[int, object], item)
         if isinstance(event, Failed):
             self.failed = event.error
             raise event.error
