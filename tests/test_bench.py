@@ -34,6 +34,15 @@ def test_bench_json_report_and_float32_equality(tmp_path, tiny_folder, tiny_draf
             assert m["drafting_steps"] <= m["steps"]
             if m["drafting_steps"]:  # over drafting steps only: never below MAT
                 assert m["mean_acceptance_length"] >= m["mean_accepted_tokens"]
+            if m["drafted_tokens"]:  # a drafted token's cost, alone and against the same run's plain pass
+                per_token = m["draft_time_s"] / m["drafted_tokens"]
+                assert m["draft_s_per_drafted_token"] == pytest.approx(per_token)
+                plain = methods["specdec:none"]
+                assert m["drafted_token_over_target_pass"] == pytest.approx(
+                    per_token / (plain["verify_time_s"] / plain["steps"]))
+            else:
+                assert m["draft_s_per_drafted_token"] is None and m["drafted_token_over_target_pass"] is None
+    assert any(m.get("drafted_tokens") for m in methods.values())  # the cost figures above were checked
     assert methods["hf_generate"]["speedup"] == 1.0 and methods["hf_generate"]["mean_accepted_tokens"] is None
     assert (report / "summary.md").read_text().startswith("# specdec bench")
     assert (report / "speedup.png").stat().st_size > 1000

@@ -12,7 +12,10 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(result: dict) -> str:
     """Fixed-width table: one row per method."""
     ref = result.get("reference_dtype")
-    head = f"{'method':<30} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'identical':>10} {'=plain':>6}"
+    head = (
+        f"{'method':<30} {'tok/s':>8} {'speedup':>8} {'MAT':>6} {'MAL':>6} {'accept':>7} {'draft/pass':>10} "
+        f"{'identical':>10} {'=plain':>6}"
+    )
     if ref:
         head += f" {'=' + ref:>9}"
     lines = [
@@ -25,7 +28,8 @@ def table(result: dict) -> str:
         same_none = m.get("identical_to_specdec_none")
         line = (
             f"{name:<30} {m['tokens_per_s']:>8.1f} {m['speedup']:>7.2f}x {_fmt(m['mean_accepted_tokens']):>6} "
-            f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} {m['identical']:>4}/{m['total']:<5} "
+            f"{_fmt(m.get('mean_acceptance_length')):>6} {_fmt(m.get('acceptance_rate'), '.0%'):>7} "
+            f"{_fmt(m.get('drafted_token_over_target_pass'), '.3f'):>10} {m['identical']:>4}/{m['total']:<5} "
             f"{'-' if same_none is None else same_none:>6}"
         )
         if ref:

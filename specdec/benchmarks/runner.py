@@ -196,6 +196,7 @@ def summarize(
             "drafting_steps": totals.drafting_steps,
             "draft_time_s": totals.draft_time_s,
             "verify_time_s": totals.verify_time_s,
+            **drafting_cost(totals, plain_pass_s(none, all_ids)),
             **({"drafter_steps": totals.drafter_steps} if totals.drafter_steps else {}),  # the select drafter's choices
             "tokens": sum(len(result.runs[q].tokens) for q in all_ids),
             "seconds": sum(result.runs[q].seconds for q in all_ids),
@@ -211,6 +212,26 @@ def summarize(
             }
         out["methods"][name] = entry
     return out
+
+
+def plain_pass_s(plain: MethodResult | None, ids: list[str]) -> float | None:
+    """The mean one-token pass of a plain decoding run (its verify seconds over its steps), or None."""
+    if plain is None:
+        return None
+    metrics = [m for q in ids if (m := plain.runs[q].metrics) is not None]
+    steps = sum(m.steps for m in metrics)
+    return sum(m.verify_time_s for m in metrics) / steps if steps else None
+
+
+def drafting_cost(totals: GenerationMetrics, one_pass_s: float | None) -> dict:
+    """What a drafted token cost: the drafting seconds over the tokens drafted, and that over the target's one-token
+    pass measured in the same run (plain_pass_s): what a drafter must stay well below to pay."""
+    per_token = totals.draft_time_s / totals.drafted_tokens if totals.drafted_tokens else None
+    return {
+        "drafted_tokens": totals.drafted_tokens,
+        "draft_s_per_drafted_token": per_token,
+        "drafted_token_over_target_pass": per_token / one_pass_s if per_token is not None and one_pass_s else None,
+    }
 
 
 def commit() -> str | None:
