@@ -78,7 +78,12 @@ class RequestHandle:
     async def next(self) -> tuple[int, object]:
         """(choice index, the next event: Started, Delta or Finished); raises the APIError of a Failed, or
         ClientGone."""
-        item = _GONE if self._left else self.queue.get_nowait() if not self.queue.empty() else await self.queue.get()
+        if self._left:
+            item: object = _GONE
+        elif not self.queue.empty():
+            item = self.queue.get_nowait()
+        else:
+            item = await self.queue.get()
         if item is _GONE:
             self._left = True
             raise ClientGone()

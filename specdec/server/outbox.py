@@ -12,6 +12,9 @@ from typing import Callable
 
 
 class Outbox:
+    """The engine worker's: request handles hand their events over through it (hand), and each step's delivery
+    holds them (holding)."""
+
     def __init__(self):
         self._held: list[tuple] | None = None
         self._holder: int | None = None  # the thread that holds, while one does
