@@ -55,3 +55,16 @@ def read_tensors(path: Path, what: str) -> dict:
         raise IncompatibleDraftError(
             f"{what} {path} cannot be read (damaged or not safetensors): {first_line(exc)}"
         ) from None
+
+
+def tensor_names_problem(names, expected, optional=()) -> str | None:
+    """What a tensor file's `names` hold beyond `expected` and lack of it (`optional` ones may be missing), the first
+    four of each, or None when they match: the line a loader refuses a file in a foreign layout with."""
+    unknown = sorted(set(names) - set(expected))
+    missing = sorted(set(expected) - set(names) - set(optional))
+    problems = [
+        f"{what} {', '.join(keys[:4])}"
+        for what, keys in (("unexpected tensors", unknown), ("missing tensors", missing))
+        if keys
+    ]
+    return "; ".join(problems) or None

@@ -38,7 +38,7 @@ def is_eagle3_folder(folder: str | Path) -> bool:
 def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
     """An EAGLE-3 head (specdec's or its authors' layout) onto the target (a LoadedModel). A specdec head is
     refused on any other target; one from elsewhere must match the target's sizes."""
-    from ...files import read_tensors
+    from ...files import read_tensors, tensor_names_problem
 
     from .eagle_published import PICKLE_FILE, rope_frequencies
 
@@ -116,15 +116,9 @@ def load_eagle3_head(folder: str | Path, target) -> Eagle3Head:
         )
     if draft_ids.numel() != K or int(draft_ids.min()) < 0 or int(draft_ids.max()) >= config.vocab_size:
         raise ModelLoadError(f"{weights}: its d2t table does not map {K} draft tokens into the target's vocabulary")
-    unknown = sorted(set(tensors) - set(KEYS))
-    missing = sorted(set(KEYS) - set(tensors) - (set() if config.fc_bias else {"fc.bias"}))
-    if unknown or missing:
-        problems = [
-            f"{what} {', '.join(keys[:4])}"
-            for what, keys in (("unexpected tensors", unknown), ("missing tensors", missing))
-            if keys
-        ]
-        raise ModelLoadError(f"{weights} is not an EAGLE-3 head in its authors' layout: {'; '.join(problems)}")
+    problem = tensor_names_problem(tensors, KEYS, () if config.fc_bias else ("fc.bias",))
+    if problem:
+        raise ModelLoadError(f"{weights} is not an EAGLE-3 head in its authors' layout: {problem}")
     inv_freq = target_inv_freq if own else rope_frequencies(data, config.head_dim, folder)
     head = Eagle3Head(config, embed, draft_ids, inv_freq)
     try:

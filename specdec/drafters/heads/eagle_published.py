@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ...errors import IncompatibleDraftError, ModelLoadError
+from ...files import tensor_names_problem
 from .eagle_head import CONFIG_FILE, HEAD_FILE, EagleConfig, EagleHead, config_for_target, frozen_parts
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.safetensors")
@@ -122,15 +123,9 @@ def _state(tensors: dict[str, torch.Tensor], path: Path, target, bias: bool) -> 
             f"the EAGLE head in {path.parent} holds an embedding of shape "
             f"{tuple(embed.shape)}, but {target.name!r} has {want}"
         )
-    unknown = sorted(set(tensors) - set(KEYS))
-    missing = sorted(set(KEYS) - set(tensors) - (set() if bias else {"fc.bias"}))
-    if unknown or missing:
-        problems = [
-            f"{what} {', '.join(keys[:4])}"
-            for what, keys in (("unexpected tensors", unknown), ("missing tensors", missing))
-            if keys
-        ]
-        raise ModelLoadError(f"{path} is not an EAGLE-1/2 head in its authors' layout: {'; '.join(problems)}")
+    problem = tensor_names_problem(tensors, KEYS, () if bias else ("fc.bias",))
+    if problem:
+        raise ModelLoadError(f"{path} is not an EAGLE-1/2 head in its authors' layout: {problem}")
     state = {KEYS[k]: v.float() for k, v in tensors.items()}
     state.setdefault("fc.bias", torch.zeros(state["fc.weight"].shape[0]))
     return state
