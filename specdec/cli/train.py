@@ -49,6 +49,8 @@ def run(args) -> int:
 
     if args.time_budget <= 0 or args.steps < 1 or args.draft_vocab < 16:
         raise ConfigError("--time-budget must be > 0, --steps >= 1 and --draft-vocab >= 16")
+    if args.authors_layout and args.kind != "eagle":
+        raise ConfigError("--authors-layout is for --kind eagle (EAGLE-3 heads export as they are)")
     if args.medusa_num_heads < 1 or args.medusa_num_layers < 1:
         raise ConfigError("--medusa-num-heads and --medusa-num-layers must be >= 1")
     if (
@@ -239,6 +241,7 @@ def _feature_layers(args, target) -> tuple[int, ...]:
 def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple[int, ...] = ()):
     """(head, draft vocabulary coverage or None when resuming, settings, objective) for --kind."""
     from ..drafters.heads import eagle3_head, eagle3_loading, eagle_head, eagle_loading, medusa_head
+    from ..errors import ConfigError
     from ..training.batching import TrainSettings, choose_draft_vocab
     from ..training.medusa_trainer import medusa_losses
 
@@ -253,8 +256,11 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
         if eagle3
         else (eagle_loading.load_head, eagle_head.CONFIG_FILE)
     )
-    if (out / config_file).is_file():
-        return load(out, target).float().train(), None, settings, objective  # resume: keep its draft vocabulary
+    if (out / config_file).is_file():  # resume: keep its draft vocabulary
+        resumed: Any = load(out, target).float().train()
+        if args.authors_layout and (resumed.config.input_norm or resumed.config.fc_bias):
+            raise ConfigError(f"{out} holds a head in specdec's own layout; --authors-layout needs another --out")
+        return resumed, None, settings, objective
     # a trained head's weights: an EagleHead, Eagle3Head or MedusaHeads, as --kind says
     start: Any = load(args.init_from, target).float() if args.init_from else None
     ids, coverage = choose_draft_vocab(
@@ -266,16 +272,27 @@ def _head_to_train(args, target, name: str, sequences: list[dict], layers: tuple
     elif eagle3:
         if start is not None:  # it trains its own draft LM head: it keeps its draft vocabulary
             if start.feature_layers != layers:
-                from ..errors import ConfigError
-
                 raise ConfigError(
                     f"--init-from {args.init_from} reads target layers {list(start.feature_layers)}, not {list(layers)}"
                 )
             ids = start.draft_ids
             coverage = choose_draft_vocab(sequences, len(ids), target.info.vocab_size, given=ids)[1]
         head = eagle3_head.new_eagle3_head(target.hf_model, name, ids, layers)
-    else:  # the EAGLE authors' heads have no input norm: a head started from one keeps that layout
-        head = eagle_head.new_head(target.hf_model, name, ids, input_norm=start is None or start.config.input_norm)
+    else:  # a head started from one in the EAGLE authors' layout keeps it
+        if args.authors_layout and start is not None and (start.config.input_norm or start.config.fc_bias):
+            from ..drafters.heads.eagle_layout import fc_input_rms, to_authors_layout
+
+            rms = fc_input_rms(start, sequences)
+            to_authors_layout(start, rms)
+            print(f"specdec: the head's input norm folded into its attention at rms {rms:.3f}", file=sys.stderr)
+        layout = start.config if start is not None else None
+        head = eagle_head.new_head(
+            target.hf_model,
+            name,
+            ids,
+            input_norm=not args.authors_layout and (layout is None or layout.input_norm),
+            fc_bias=not args.authors_layout and (layout is None or layout.fc_bias),
+        )
     if start is not None:  # the draft vocabulary (frozen LM head rows) is this data's
         head.load_state_dict(start.state_dict())
     print(

@@ -116,6 +116,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="start from this trained head's weights instead of fresh ones (fine-tuning it, e.g. on "
         "traces of your own traffic)",
     )
+    p.add_argument(
+        "--authors-layout",
+        action="store_true",
+        help="eagle: no norm before attention and no fc bias, the layout of the EAGLE authors' heads that "
+        "vLLM and SGLang run (export-head takes it for either); an --init-from head with a norm has it "
+        "folded into the attention's projections first",
+    )
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest answer generated per prompt")
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     p.add_argument("--time-budget", type=float, default=60.0, help="training minutes (data generation not counted)")

@@ -83,7 +83,7 @@ def config_for_target(
 ) -> Eagle3Config:
     shape = eagle_head.config_for_target(hf_model, name, draft_vocab_size)
     layers = tuple(feature_layers or default_feature_layers(hf_model.config.num_hidden_layers))
-    return Eagle3Config(**{**asdict(shape), "feature_layers": layers})
+    return Eagle3Config(**{**asdict(shape), "feature_layers": layers, "fc_bias": False})
 
 
 class Eagle3Head(HeadLayer):

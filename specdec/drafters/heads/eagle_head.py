@@ -38,6 +38,7 @@ class EagleConfig:
     vocab_size: int  # the target's
     draft_vocab_size: int  # K, rows of the LM head the head scores
     input_norm: bool = True  # RMS norm before attention; EAGLE-1/2's published heads have none
+    fc_bias: bool = True  # False: fc's bias stays zero and untrained, as vLLM's EAGLE-1 layer builds fc without one
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -143,6 +144,9 @@ class EagleHead(HeadLayer):
         H = config.hidden_size
         super().__init__(config, attention_input=H)
         self.fc = nn.Linear(2 * H, H, bias=True)
+        if not config.fc_bias:  # kept as a zero tensor so that every head's state has the same names
+            self.fc.bias.requires_grad_(False)
+            nn.init.zeros_(self.fc.bias)
         self.input_norm = RMSNorm(H, config.rms_norm_eps) if config.input_norm else nn.Identity()
         self.register_buffer("embed", embed.detach(), persistent=False)  # (V, H)
         self.register_buffer("draft_lm_head", lm_head.detach()[draft_ids], persistent=False)  # (K, H)
@@ -235,10 +239,10 @@ def attention(
     return out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim), new_kv
 
 
-def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = True) -> EagleHead:
-    """A freshly initialised head for this target (fc starts near [identity on the feature half]); input_norm False:
-    without the norm before attention, as the EAGLE authors' heads (to start from one's weights)."""
-    config = replace(config_for_target(hf_model, name, len(draft_ids)), input_norm=input_norm)
+def new_head(hf_model, name: str, draft_ids: torch.Tensor, input_norm: bool = True, fc_bias: bool = True) -> EagleHead:
+    """A freshly initialised head for this target (fc starts near [identity on the feature half]); input_norm and
+    fc_bias False: without the norm before attention and the fc bias, as the EAGLE authors' heads."""
+    config = replace(config_for_target(hf_model, name, len(draft_ids)), input_norm=input_norm, fc_bias=fc_bias)
     head = EagleHead(config, *frozen_parts(hf_model, draft_ids))
     with torch.no_grad():
         H = config.hidden_size

@@ -110,6 +110,7 @@ def _config(data: dict, folder: Path, target) -> EagleConfig:
         intermediate_size=data["intermediate_size"],
         rms_norm_eps=data.get("rms_norm_eps", 1e-6),
         input_norm=False,
+        fc_bias=bool(data.get("bias", True)),
     )
 
 

@@ -142,8 +142,8 @@ def eagle_files(head: EagleHead, target, engine: str, dtype: torch.dtype) -> tup
     if c.input_norm:
         raise ConfigError(
             "this EAGLE head has a norm before attention (specdec's default when trained from "
-            "scratch), which the EAGLE-1 layer of vLLM and SGLang lacks; train an EAGLE-3 head "
-            "(train-drafter --kind eagle3) to export, or an EAGLE head --init-from a published one"
+            "scratch), which the EAGLE-1 layer of vLLM and SGLang lacks; fine-tune it into their layout "
+            "(train-drafter --authors-layout --init-from HEAD), or export an EAGLE-3 head"
         )
     state = head.trainable_state()
     if engine == "vllm":
