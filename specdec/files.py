@@ -17,13 +17,27 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "specdec"
 
 
+def _new_file_mode() -> int:
+    """The mode open() gives a new file under this process's umask. The umask can only be read by setting it, which
+    is not safe once other threads create files, so it is read once, at import."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+NEW_FILE_MODE = _new_file_mode()
+
+
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Calls write(temporary_path) in path's folder, then renames the result to `path` (atomic on POSIX). An
-    interrupted write leaves `path` as it was; the temporary file is removed when the write fails."""
+    interrupted write leaves `path` as it was; the temporary file is removed when the write fails. The file gets the
+    mode of any new file (NEW_FILE_MODE): safetensors creates its files readable by their owner only, and a head
+    or model is often read by another user's process (an engine in a container)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         write(tmp)
+        os.chmod(tmp, NEW_FILE_MODE)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
