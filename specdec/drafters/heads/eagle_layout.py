@@ -19,6 +19,11 @@ import torch.nn as nn
 from .eagle_head import EagleHead, RMSNorm
 
 
+def in_authors_layout(config) -> bool:
+    """Whether a head's EagleConfig is in the authors' layout: no norm before attention, no trained fc bias."""
+    return not config.input_norm and not config.fc_bias
+
+
 def fc_input_rms(head: EagleHead, sequences: list[dict], positions: int = 20_000) -> float:
     """The median rms over positions of the head's fused input fc([e(x_{t+1}); f_t]) on training sequences (each
     {"tokens" (L,), "features" (L-1, H)}), from at most `positions` positions in order."""
