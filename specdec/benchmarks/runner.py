@@ -196,7 +196,7 @@ def summarize(
             "drafting_steps": totals.drafting_steps,
             "draft_time_s": totals.draft_time_s,
             "verify_time_s": totals.verify_time_s,
-            **drafting_cost(totals, plain_pass_s(none, all_ids)),
+            **drafting_cost(totals, plain_pass_s(merged(none, all_ids) if none is not None else None)),
             **({"drafter_steps": totals.drafter_steps} if totals.drafter_steps else {}),  # the select drafter's choices
             "tokens": sum(len(result.runs[q].tokens) for q in all_ids),
             "seconds": sum(result.runs[q].seconds for q in all_ids),
@@ -214,13 +214,10 @@ def summarize(
     return out
 
 
-def plain_pass_s(plain: MethodResult | None, ids: list[str]) -> float | None:
-    """The mean one-token pass of a plain decoding run (its verify seconds over its steps), or None."""
-    if plain is None:
-        return None
-    metrics = [m for q in ids if (m := plain.runs[q].metrics) is not None]
-    steps = sum(m.steps for m in metrics)
-    return sum(m.verify_time_s for m in metrics) / steps if steps else None
+def plain_pass_s(plain: GenerationMetrics | None) -> float | None:
+    """The mean one-token pass of a plain decoding run, from its merged metrics (its verify seconds over its
+    steps), or None."""
+    return plain.verify_time_s / plain.steps if plain is not None and plain.steps else None
 
 
 def drafting_cost(totals: GenerationMetrics, one_pass_s: float | None) -> dict:

@@ -106,11 +106,9 @@ def _eagle_head(args, target, name: str, ids: torch.Tensor, start: Any, sequence
         rms = fc_input_rms(start, sequences)
         to_authors_layout(start, rms)
         print(f"specdec: the head's input norm folded into its attention at rms {rms:.3f}", file=sys.stderr)
-    layout = start.config if start is not None else None
-    return eagle_head.new_head(
-        target.hf_model,
-        name,
-        ids,
-        input_norm=not args.authors_layout and (layout is None or layout.input_norm),
-        fc_bias=not args.authors_layout and (layout is None or layout.fc_bias),
-    )
+    if start is not None:  # in the layout asked for, now
+        return eagle_head.new_head(
+            target.hf_model, name, ids, input_norm=start.config.input_norm, fc_bias=start.config.fc_bias
+        )
+    own = not args.authors_layout
+    return eagle_head.new_head(target.hf_model, name, ids, input_norm=own, fc_bias=own)

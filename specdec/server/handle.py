@@ -78,12 +78,7 @@ class RequestHandle:
     async def next(self) -> tuple[int, object]:
         """(choice index, the next event: Started, Delta or Finished); raises the APIError of a Failed, or
         ClientGone."""
-        if self._left:
-            item: object = _GONE
-        elif not self.queue.empty():
-            item = self.queue.get_nowait()
-        else:
-            item = await self.queue.get()
+        item = _GONE if self._left else await self.queue.get()  # a queue with items returns without suspending
         if item is _GONE:
             self._left = True
             raise ClientGone()
