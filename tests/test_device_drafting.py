@@ -77,7 +77,7 @@ def _run(drafter, target, contexts, budget_of, request: DraftRequest):
     drafts = []
     for context in contexts:
         hidden = _features(target, context, drafter.feature_layers)
-        drafter.feat = drafter.feat[:0]  # the features of this context, as if observed step by step
+        drafter.features.rows = 0  # the features of this context, as if observed step by step
         drafter.observe(hidden[:-1])
         drafts.append(drafter.propose(context, budget_of(context)))
     return drafts
@@ -116,7 +116,7 @@ def _path_log_probs(drafter, context: list[int], path: list[int]) -> float:
     """The head's draft log-probability of the token path after context, by feeding the path as a chain over the
     true pairs' keys (causal attention, no tree mask): the definition a tree node's score must meet."""
     head, h = drafter.head, drafter._sync(context)
-    past, position, total = drafter._past(), len(drafter.pair_tokens), 0.0
+    past, position, total = drafter.cache.past(), len(drafter.pair_tokens), 0.0
     index = {int(t): i for i, t in enumerate(head.draft_ids)}
     for i, token in enumerate(path):
         total += float(torch.log_softmax(head.draft_logits(h).float(), -1)[index[token]])

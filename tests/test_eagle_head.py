@@ -46,6 +46,33 @@ def test_the_kernel_head_computes_what_the_torch_head_does(eagle_target):
         torch.testing.assert_close(got3_kv, want3_kv, atol=1e-5, rtol=1e-5)
 
 
+def test_the_kernel_head_reads_a_past_held_in_a_longer_buffer_as_a_copy_of_it(eagle_target):
+    """The drafter keeps the head's keys and values in a buffer longer than the past (HeadCache), rows past it
+    holding other drafts: the kernels read the first rows in place, heads a capacity apart, and compute what they
+    compute from a contiguous copy of those rows, bit for bit."""
+    from specdec.drafters.heads.eagle_device import HeadCache
+
+    torch.manual_seed(6)
+    head = new_head(eagle_target, "tiny", torch.arange(40))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    fast = kernel_head(head)
+    assert head.config.num_kv_heads > 1  # else the heads' stride would not show
+    H = eagle_target.config.hidden_size
+    feats, tokens, positions = torch.randn(1, 9, H), torch.randint(0, 64, (1, 9)), torch.arange(9)[None]
+    level = torch.randn(1, 3, H), torch.tensor([[4, 5, 6]]), torch.full((1, 3), 9)
+    with torch.no_grad():
+        _, kv = fast(feats, tokens, positions)
+        cache = HeadCache(head.config, torch.device("cpu"), torch.float32, capacity=16)
+        cache.append(kv)
+        cache.write(9, tuple(torch.randn(1, head.config.num_kv_heads, 7, head.config.head_dim) for _ in range(2)))
+        in_place = fast(*level, past=cache.past())
+        copied = fast(*level, past=tuple(t.contiguous() for t in cache.past()))
+    assert not cache.past()[0].is_contiguous()
+    assert torch.equal(in_place[0], copied[0]) and torch.equal(in_place[1][0], copied[1][0])
+
+
 def test_heads_the_kernels_cannot_run_are_named_with_the_reason():
     """A head whose head dim the kernels' attention cannot read 16 lanes at a time drafts in torch instead."""
     from specdec.drafters.heads.eagle_kernels import kernel_head_problem

@@ -68,9 +68,9 @@ def test_the_head_reads_the_prompt_during_prefill(eagle_target):
     drafter = EagleDrafter(head, tree=False)
     drafter.begin(DraftRequest(prompt_ids=prompt))
     drafter.observe(out.hidden)  # the prefill's features, one per prompt token
-    assert drafter.kv[0].shape[2] == len(prompt) - 1  # every pair (f_t, x_t+1) the prompt holds
+    assert drafter.cache.length == len(prompt) - 1  # every pair (f_t, x_t+1) the prompt holds
     drafter.propose(prompt + [7], Budget(2, tree=True))
-    assert drafter.kv[0].shape[2] == len(prompt)
+    assert drafter.cache.length == len(prompt)
 
 
 def test_the_head_is_skipped_where_the_lookup_is_trusted(eagle_target):

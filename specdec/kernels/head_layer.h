@@ -66,11 +66,12 @@ class HeadLayer {
         std::copy(row + (nh_ + nkv_ + g) * hd_, row + (nh_ + nkv_ + g + 1) * hd_,
                   v_new.data_ptr<float>() + (g * T + t) * hd_);
       }
-    const torch::Tensor pk = past_k.contiguous().to(torch::kFloat32), pv = past_v.contiguous().to(torch::kFloat32);
+    const torch::Tensor pk = heads_in_place(past_k), pv = heads_in_place(past_v);
     const torch::Tensor m = mask.numel() ? mask.contiguous().to(torch::kBool) : mask;
     torch::Tensor attn_t = torch::empty({T, nh_ * hd_}, f32);
-    attend(qkv, qkv_width, pk.data_ptr<float>(), pv.data_ptr<float>(), S, k_new.data_ptr<float>(),
-           v_new.data_ptr<float>(), T, m.numel() ? m.data_ptr<bool>() : nullptr, attn_t.data_ptr<float>());
+    attend(qkv, qkv_width, {pk.data_ptr<float>(), pk.stride(0)}, {pv.data_ptr<float>(), pv.stride(0)}, S,
+           k_new.data_ptr<float>(), v_new.data_ptr<float>(), T, m.numel() ? m.data_ptr<bool>() : nullptr,
+           attn_t.data_ptr<float>());
 
     float* x = x_t.data_ptr<float>();
     torch::Tensor y_t = torch::empty({T, H_}, f32), gu_t = torch::empty({T, 2 * I_}, f32);
@@ -102,9 +103,22 @@ class HeadLayer {
     }
   }
 
+  // Past keys or values (nkv, S, hd) float32 as they are where each head's S rows are contiguous (the first S rows of
+  // a drafter's longer buffer, (nkv, capacity, hd)), else a contiguous copy: a drafting step reads the past in place
+  // instead of copying all of it.
+  static torch::Tensor heads_in_place(const torch::Tensor& past) {
+    if (past.scalar_type() == torch::kFloat32 && past.stride(2) == 1 && past.stride(1) == past.size(2)) return past;
+    return past.contiguous().to(torch::kFloat32);
+  }
+
+  struct PastRows {
+    const float* data;
+    int64_t head_stride;  // elements from one kv head's rows to the next's
+  };
+
   // out (T, nh * hd): each query head's softmax-weighted values over the keys its row sees, past then new
-  void attend(const float* qkv, int64_t width, const float* pk, const float* pv, int64_t S, const float* kn,
-              const float* vn, int64_t T, const bool* mask, float* out) const {
+  void attend(const float* qkv, int64_t width, PastRows pk, PastRows pv, int64_t S, const float* kn, const float* vn,
+              int64_t T, const bool* mask, float* out) const {
     const int64_t groups = nh_ / nkv_, keys = S + T;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     std::vector<std::vector<int64_t>> visible(T);  // the keys row t sees, in increasing order (all its heads')
@@ -121,7 +135,7 @@ class HeadLayer {
         float top = -INFINITY;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t j = seen[i];
-          const float* k = j < S ? pk + (g * S + j) * hd_ : kn + (g * T + j - S) * hd_;
+          const float* k = j < S ? pk.data + g * pk.head_stride + j * hd_ : kn + (g * T + j - S) * hd_;
           w[i] = dot(q, k, hd_) * scale;
           top = std::max(top, w[i]);
         }
@@ -131,7 +145,7 @@ class HeadLayer {
           f32x16 acc = vec::zero();
           for (int64_t i = 0; i < n; ++i) {
             const int64_t j = seen[i];
-            const float* v = j < S ? pv + (g * S + j) * hd_ : vn + (g * T + j - S) * hd_;
+            const float* v = j < S ? pv.data + g * pv.head_stride + j * hd_ : vn + (g * T + j - S) * hd_;
             acc = vec::fmadd(vec::set1(w[i]), vec::load(v + d), acc);
           }
           vec::store(o + d, vec::mul(acc, vec::set1(inv_total)));

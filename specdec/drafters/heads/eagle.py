@@ -33,7 +33,7 @@ from ...tokens import common_prefix
 from ..base import Budget, Draft, Drafter, DraftRequest
 from .calibration import Calibration, DraftedTree, node_depths
 from .eagle3_head import Eagle3Head
-from .eagle_device import HeadCache
+from .eagle_device import FeatureRows, HeadCache
 from .eagle_head import EagleHead
 from .eagle_kernels import KernelEagle3Head, KernelEagleHead
 from .head_graphs import FEED_BUCKETS, HeadGraphs
@@ -76,8 +76,9 @@ class EagleDrafter(Drafter):
         self.device_drafting = module and self.device.type == "cuda" if device_drafting is None else device_drafting
         if self.device_drafting and not module:
             raise ConfigError("device drafting needs the EAGLE head as a torch module, not the CPU kernels' view")
+        # the head's keys and values of the true pairs, and past them what a step drafts (both paths)
+        self.cache = HeadCache(head.config, self.device, head.feature_dtype)
         if self.device_drafting:
-            self.cache = HeadCache(head.config, self.device, head.feature_dtype)
             self.graphs = HeadGraphs(head, self.cache, capture=self.device.type == "cuda")
         H, layers = head.config.hidden_size, len(head.feature_layers)
         # observe() gets the final state, then the inputs of the head's feature layers (EAGLE-3 reads those alone)
@@ -115,10 +116,8 @@ class EagleDrafter(Drafter):
         return "tree" if self.tree else "policy"
 
     def _reset(self) -> None:
-        self.feat = torch.empty(0, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head keys/values of true pairs (1, nkv, S, hd)
-        if self.device_drafting:
-            self.cache.length = 0  # the device path keeps them in self.cache instead
+        self.features = FeatureRows(self.head.config.hidden_size, self.device, self.dtype)  # observed, fused (n, H)
+        self.cache.length = 0
         self.pair_tokens: list[int] = []  # x_{t+1} of each cached true pair
         self.last_out: torch.Tensor | None = None  # head output at the last true pair: its guess of the next feature
         self.branch = LookupBranch() if self.lookup else None  # the prompt-lookup continuation in trees
@@ -132,13 +131,18 @@ class EagleDrafter(Drafter):
     def end(self) -> None:
         self._reset()
 
+    @property
+    def feat(self) -> torch.Tensor:
+        """The fused features observed so far (n, H): of every position of the context but the last."""
+        return self.features.view()
+
     @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H + A*H): the target's final state, then the inputs of the head's A feature layers; the
         head reads its columns, fused (m, H)."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
-        self.feat = torch.cat([self.feat, self.head.fuse(mine).to(self.dtype)])
-        if self._past() is None and self.request is not None:
+        self.features.append(self.head.fuse(mine).to(self.dtype))
+        if not self.cache.length and self.request is not None:
             self._sync(self.current.prompt_ids)  # the head reads the prompt now, as part of the prefill
 
     @torch.inference_mode()
@@ -163,13 +167,10 @@ class EagleDrafter(Drafter):
     # ---- the head's view of the accepted context ----------------------------------------------------
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
-        n = min(self.feat.shape[0], len(context) - 1)  # pairs known: features of every position but the last
+        n = min(self.features.rows, len(context) - 1)  # pairs known: features of every position but the last
         want = context[1 : n + 1]
         keep = common_prefix(self.pair_tokens, want)
-        if self.device_drafting:
-            self.cache.length = min(self.cache.length, keep)  # rollback
-        elif self.kv is not None and keep < self.kv[0].shape[2]:
-            self.kv = (self.kv[0][:, :, :keep], self.kv[1][:, :, :keep]) if keep else None
+        self.cache.length = min(self.cache.length, keep)  # rollback
         if self.device_drafting and 0 < n - keep <= FEED_BUCKETS[-1]:  # a step's pairs: a bucketed, captured feed
             self.last_out = self.graphs.feed(self.feat[keep:n], self._on_device(want[keep:n])[0])
         elif keep < n:
@@ -177,24 +178,13 @@ class EagleDrafter(Drafter):
                 self.feat[keep:n][None],
                 self._on_device(want[keep:n]),
                 torch.arange(keep, n, device=self.device)[None],
-                past=self._past(),
+                past=self.cache.past(),
             )
-            if self.device_drafting:
-                self.cache.append(new_kv)
-            else:
-                self.kv = (
-                    new_kv
-                    if self.kv is None
-                    else (torch.cat([self.kv[0], new_kv[0]], 2), torch.cat([self.kv[1], new_kv[1]], 2))
-                )
+            self.cache.append(new_kv)
             self.last_out = out[0, -1]
         self.pair_tokens = list(want)
         assert self.last_out is not None  # the prompt's pairs were fed at the prefill (observe)
         return self.last_out
-
-    def _past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The head's keys and values of the true pairs (1, nkv, S, hd), or None before any."""
-        return self.cache.past() if self.device_drafting else self.kv
 
     def _on_device(self, values: list[int]) -> torch.Tensor:
         """(1, n) int64 on the head's device, copied without waiting (a blocking copy synchronises)."""
@@ -215,23 +205,26 @@ class EagleDrafter(Drafter):
         logits = self.head.draft_logits(hidden).float().cpu()  # the host path chooses on the CPU
         return logits if self.penalties is None else self.penalties.apply(logits, paths)
 
-    def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], kv, mask=None):
-        """One head pass over new pairs: features (T, H) -> outputs (T, H), kv extended."""
+    def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], window: int, mask=None):
+        """One head pass over T new pairs attending to the cache's first `window` rows (the true pairs, then those
+        this step drafted): features (T, H) -> outputs (T, H); their keys and values go to rows [window, window + T),
+        past the true pairs, where the next true pairs overwrite them."""
         out, new_kv = self.head(
             features[None],
             self._on_device(tokens),
             self._on_device(positions),
-            past=kv,
+            past=self.cache.window(window),
             mask=None if mask is None else mask.to(self.device, non_blocking=True),
         )
-        return out[0], (torch.cat([kv[0], new_kv[0]], 2), torch.cat([kv[1], new_kv[1]], 2))
+        self.cache.write(window, new_kv)
+        return out[0]
 
     # ---- chains --------------------------------------------------------------------------------------
     def _chain(self, h: torch.Tensor, context_len: int, k: int) -> Draft:
         request = self.current
         sampling = request.sampling
         position = len(self.pair_tokens)  # pair position of the first draft
-        kv, tokens, rows = self._past(), list[int](), []
+        window, tokens, rows = self.cache.length, list[int](), []
         for i in range(k):
             logits = self._draft_logits(h[None], [tokens])[0]  # (K,)
             if sampling.greedy:
@@ -242,8 +235,8 @@ class EagleDrafter(Drafter):
                 rows.append(q)
             tokens.append(token)
             if i < k - 1:
-                out, kv = self._step(h[None], [token], [position + i], kv)
-                h = out[0]
+                h = self._step(h[None], [token], [position + i], window)[0]
+                window += 1
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows) if rows else None)
 
     # ---- trees ---------------------------------------------------------------------------------------
@@ -258,7 +251,7 @@ class EagleDrafter(Drafter):
         hidden_of: dict[int, torch.Tensor] = {-1: root}
         fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
         frontier = [-1]
-        kv = self._past()
+        window = self.cache.length  # the true pairs, then the levels fed so far
         floor = 0.0 if self.fixed_size else expand_floor(costs)
         for depth in range(1, depth_cap + 1):
             # the whole frontier's draft distributions in one product: (F, K)
@@ -271,9 +264,10 @@ class EagleDrafter(Drafter):
             # one head pass for the new level: node i's pair is (its parent's output, its token)
             feats = torch.stack([hidden_of[parents[i]] for i in frontier])
             visible = level_visibility(frontier, parents, n_true, fed)
-            out, kv = self._step(
-                feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), kv, mask=visible[None, None]
+            out = self._step(
+                feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), window, visible[None, None]
             )
+            window += len(frontier)
             for r, node in enumerate(frontier):
                 hidden_of[node] = out[r]
             fed += frontier

@@ -39,32 +39,69 @@ class HeadCache:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
-    def reserve(self, rows: int) -> None:
-        """Makes room for `rows` rows in all (the true pairs and what a step drafts past them), doubling."""
+    def reserve(self, rows: int, keep: int | None = None) -> None:
+        """Makes room for `rows` rows in all (the true pairs and what a step drafts past them), doubling; a new
+        buffer keeps the first `keep` rows (default: the true pairs')."""
         if rows <= self.capacity:
             return
-        capacity = self.capacity
+        capacity, keep = self.capacity, self.length if keep is None else keep
         while capacity < rows:
             capacity *= 2
         keys, values = self.keys, self.values
         self.keys = keys.new_zeros(*keys.shape[:2], capacity, keys.shape[3])
         self.values = torch.zeros_like(self.keys)
-        self.keys[:, :, : self.length] = keys[:, :, : self.length]
-        self.values[:, :, : self.length] = values[:, :, : self.length]
+        self.keys[:, :, :keep] = keys[:, :, :keep]
+        self.values[:, :, :keep] = values[:, :, :keep]
 
     def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The true pairs' (keys, values) (1, nkv, length, hd), views of the buffer, or None when there are none."""
-        if not self.length:
+        return self.window(self.length)
+
+    def window(self, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The first `rows` rows' (keys, values) (1, nkv, rows, hd), views of the buffer (the true pairs, then
+        what a step drafted past them), or None for none."""
+        if not rows:
             return None
-        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+        return self.keys[:, :, :rows], self.values[:, :, :rows]
+
+    def write(self, row: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Writes the keys and values (1, nkv, T, hd) of T pairs at rows [row, row + T), keeping the rows before
+        them: drafted pairs past the true ones, which the next true pairs overwrite."""
+        n = kv[0].shape[2]
+        self.reserve(row + n, keep=row)
+        self.keys[:, :, row : row + n] = kv[0]
+        self.values[:, :, row : row + n] = kv[1]
 
     def append(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Appends the keys and values (1, nkv, T, hd) of T true pairs after the first `length` rows."""
-        n = kv[0].shape[2]
-        self.reserve(self.length + n)
-        self.keys[:, :, self.length : self.length + n] = kv[0]
-        self.values[:, :, self.length : self.length + n] = kv[1]
-        self.length += n
+        self.write(self.length, kv)
+        self.length += kv[0].shape[2]
+
+
+class FeatureRows:
+    """The target's features the head has been given, (rows, H), in a buffer that doubles when full, so that a step's
+    few new rows are copied and not the whole history."""
+
+    def __init__(self, width: int, device: torch.device, dtype: torch.dtype, capacity: int = 256):
+        self.buffer = torch.empty(capacity, width, device=device, dtype=dtype)
+        self.rows = 0
+
+    def view(self) -> torch.Tensor:
+        """The rows given so far (rows, H), a view of the buffer."""
+        return self.buffer[: self.rows]
+
+    def append(self, rows: torch.Tensor) -> None:
+        """Appends rows (m, H)."""
+        end = self.rows + rows.shape[0]
+        if end > self.buffer.shape[0]:
+            capacity = self.buffer.shape[0]
+            while capacity < end:
+                capacity *= 2
+            grown = self.buffer.new_empty(capacity, self.buffer.shape[1])
+            grown[: self.rows] = self.buffer[: self.rows]
+            self.buffer = grown
+        self.buffer[self.rows : end] = rows
+        self.rows = end
 
 
 def _pass(
