@@ -6,9 +6,12 @@ decoding, and the first that does not fit is prefilled in part (a chunk), to go 
 whose chunks compute what one pass would (CausalLM.exact_chunks: the CPU kernels, which are batch-invariant) the
 output is the same, token for token, greedy or sampled with a seed.
 
-The budget is a number of tokens, or "auto": a chunk about as long to run as the running batch's step, so that a
-step with a chunk costs about twice one without (measured as the engine runs: the step's seconds and the seconds a
-prefilled token takes, each a moving average). Where nothing else runs, nobody waits: prompts are prefilled whole.
+The budget is a number of tokens, or "auto": a chunk that takes about CHUNK_OVER_STEP times the running batch's
+step, so that a step with a chunk costs at most about 2.5 times one without (measured as the engine runs: the
+step's seconds and the seconds a prefilled token takes, each a moving average). Where more requests wait than run,
+the chunk grows in proportion: each step's delay, borne by the running streams, then buys as much for the waiting
+ones (a burst of arrivals over a small batch is prefilled quickly; a long prompt beside a full batch is prefilled
+a short chunk a step). Where nothing else runs, nobody waits: prompts are prefilled whole.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ AUTO = "auto"
 FIRST_GUESS_TOKENS = 64  # auto's budget before a step and a prefill were timed
 MIN_CHUNK_TOKENS = 16  # smaller chunks would cost more in passes than they save in waiting
 MAX_CHUNK_TOKENS = 2048
+CHUNK_OVER_STEP = 1.5  # auto's chunk, in running steps' time, while no more requests wait than run
 SMOOTHING = 0.2  # weight of the newest timing in the moving averages
 
 
@@ -82,12 +86,14 @@ class ChunkBudget:
         self.step_s: float | None = None  # a decoding step of the running batch, without prefill
         self.token_s: float | None = None  # one prompt token of a prefill pass
 
-    def tokens(self) -> int:
+    def tokens(self, waiting: int = 1, running: int = 1) -> int:
+        """This step's budget, with `waiting` requests waiting to be prefilled and `running` decoding."""
         if self.fixed is not None:
             return self.fixed
         if self.step_s is None or self.token_s is None or self.token_s <= 0:
             return FIRST_GUESS_TOKENS
-        return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, int(self.step_s / self.token_s)))
+        steps = max(CHUNK_OVER_STEP, waiting / max(running, 1))
+        return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, int(steps * self.step_s / self.token_s)))
 
     def observe_step(self, seconds: float) -> None:
         self.step_s = _average(self.step_s, seconds)
@@ -101,12 +107,15 @@ def _average(mean: float | None, value: float) -> float:
     return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value
 
 
-def prefill_in_chunks(backend: Any, waiting: list[Request], chunks: ChunkBudget) -> tuple[set[int], float]:
-    """Plans this step's prefill under the chunk budget while others run: the indices in `waiting` whose prefill
-    ends this step, and the seconds spent here on a chunk of the next one in line, prefilled in part first (its
-    cache then marked in_prompt: the next chunk goes on with its prefill). backend: the target's CausalLM."""
+def prefill_in_chunks(
+    backend: Any, waiting: list[Request], chunks: ChunkBudget, running: int
+) -> tuple[set[int], float]:
+    """Plans this step's prefill under the chunk budget while `running` others decode: the indices in `waiting` whose
+    prefill ends this step, and the seconds spent here on a chunk of the next one in line, prefilled in part first
+    (its cache then marked in_prompt: the next chunk goes on with its prefill). backend: the target's CausalLM."""
     left = [len(r.tokens) - r.cache.length for r in waiting]
-    plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for r in waiting], chunks.tokens())
+    budget = chunks.tokens(len(waiting), running)
+    plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for r in waiting], budget)
     if plan.chunk is None:
         return set(plan.due), 0.0
     request, n = waiting[plan.chunk[0]], plan.chunk[1]

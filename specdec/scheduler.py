@@ -251,7 +251,7 @@ class BatchEngine:
         if self.chunks is None or not others_running:  # whole prompts: nobody would wait for them
             batch, self.waiting = self.waiting, []
             return batch
-        due, seconds = prefill_in_chunks(self.backend, [r for _, r in self.waiting], self.chunks)
+        due, seconds = prefill_in_chunks(self.backend, [r for _, r in self.waiting], self.chunks, len(self.running))
         self.seconds["prefill"] += seconds
         batch = [w for i, w in enumerate(self.waiting) if i in due]
         self.waiting = [w for i, w in enumerate(self.waiting) if i not in due]

@@ -136,9 +136,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefill-chunk",
-        default="512",
+        default="auto",
         metavar="N|auto|off",
-        help="--prefill-chunk of the server started here (default: 512)",
+        help="--prefill-chunk of the server started here (default: auto)",
     )
     p.add_argument(
         "--slo-ttft",

@@ -71,12 +71,12 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--prefill-chunk",
-        default="512",
+        default="auto",
         metavar="N|auto|off",
         help="prompt tokens a step prefills while other requests run, so that a long prompt stalls the "
-        "running streams for one chunk at a time; auto: a chunk about as long as a decoding step "
-        "(lowest latency for them, at some cost in throughput); off: whole prompts (CPU kernels "
-        "only: output unchanged, token for token) (default: 512)",
+        "running streams for one chunk at a time; auto: a chunk about one and a half decoding steps long, "
+        "more where more requests wait than run; off: whole prompts (CPU kernels only: output "
+        "unchanged, token for token) (default: auto)",
     )
     p.add_argument(
         "--prefix-cache",

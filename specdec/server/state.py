@@ -20,7 +20,7 @@ class ServerSettings:
     api_key: str | None = None
     default_max_tokens: int = 256  # chat requests without max_tokens (clipped to the context left)
     max_prefill_tokens: int = 512  # prompt tokens that may join the batch in one step (at least one request)
-    prefill_chunk: int | str | None = 512  # prompt tokens a step prefills while others run (prefill.py)
+    prefill_chunk: int | str | None = "auto"  # prompt tokens a step prefills while others run (prefill.py)
     max_body_bytes: int = 8 << 20
     drafter_options: dict = field(default_factory=dict)  # create_drafter's options for drafters requests pick
     tool_parser: str | None = None  # how "auto" tool calls are read from the text (server/tools.py), if at all

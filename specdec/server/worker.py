@@ -53,7 +53,7 @@ class EngineWorker:
         metrics=None,
         max_prefill_tokens: int = 512,
         drafter_options: dict | None = None,
-        prefill_chunk: int | str | None = 512,
+        prefill_chunk: int | str | None = "auto",
     ):
         """drafter_options: create_drafter's options (n-gram sizes, the suffix index file) for drafters that
         requests pick by name; prefill_chunk: the prompt tokens a step prefills while others run (prefill.py)."""
