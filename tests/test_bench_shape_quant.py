@@ -9,7 +9,7 @@ import torch
 
 from cli_runner import run_cli
 from specdec.benchmarks.gguf_file import write_gguf_model
-from specdec.benchmarks.llama_bench import SIGILL_LINE, parse
+from specdec.benchmarks.llama_bench import SIGILL_LINE, parse, parse_request
 from specdec.benchmarks.llamacpp import LlamaCppError
 from specdec.benchmarks import shape_gguf
 from specdec.benchmarks.shape_gguf import file_weights
@@ -33,6 +33,13 @@ FAKE_JSON = """[
     "avg_ts": 50.0, "stddev_ts": 1.25,
     "samples_ns": [ 163265306, 156862745 ],
     "samples_ts": [ 49.0, 51.0 ]
+  },
+  {
+    "build_commit": "abc1234", "build_number": 7, "cpu_info": "fake CPU", "backends": "CPU", "n_threads": 2,
+    "n_prompt": 12, "n_gen": 8, "n_depth": 0, "avg_ns": 400000000, "stddev_ns": 4000000,
+    "avg_ts": 50.0, "stddev_ts": 0.5,
+    "samples_ns": [ 380000000, 420000000 ],
+    "samples_ts": [ 52.6, 47.6 ]
   }
 ]"""
 
@@ -121,16 +128,22 @@ def test_bytes_read_per_step_leave_out_an_untied_embedding_but_a_row(tmp_path, m
 
 
 def test_llama_bench_runs_on_the_same_file_and_the_ratio_is_specdecs_over_its(tmp_path, capsys, tiny):
-    folder = fake_tool(tmp_path / "bin", f'echo "$@" > "$(dirname "$0")/args.txt"\necho "loading" >&2\n'
+    folder = fake_tool(tmp_path / "bin", f'echo "$@" >> "$(dirname "$0")/args.txt"\necho "loading" >&2\n'
                                          f"cat <<'JSON'\n{FAKE_JSON}\nJSON")
     out = tmp_path / "q.json"
     rc, stdout, err = run_cli(capsys, *RUN, "--quant", "Q4_0", "--llama-cpp", str(folder), "--out-json", str(out))
     assert rc == 0, err
     entry = json.loads(out.read_text())["shapes"][0]
-    args = (folder / "args.txt").read_text().split()
-    assert args == ["-m", entry["gguf"]["path"], "-p", "0", "-n", "8", "-d", "12", "-t", str(torch.get_num_threads()),
-                    "-r", "1", "-o", "json"]
+    decoding, request = (line.split() for line in (folder / "args.txt").read_text().splitlines())
+    common = ["-t", str(torch.get_num_threads()), "-r", "1", "-o", "json"]
+    assert decoding == ["-m", entry["gguf"]["path"], "-p", "0", "-n", "8", "-d", "12", *common]
+    assert request == ["-m", entry["gguf"]["path"], "-p", "0", "-n", "0", "-pg", "12,8", "-d", "0", *common]
+    args = decoding
     lb = entry["llama_bench"]
+    assert lb["request"]["seconds"] == pytest.approx(0.4) and lb["request"]["new_tokens_per_s"] == pytest.approx(20.0)
+    assert lb["request"]["samples_seconds"] == pytest.approx([0.38, 0.42]) and lb["request"]["command"][1:] == request
+    assert entry["specdec_request_over_llama_bench_request"] == pytest.approx(entry["specdec_plain"]["tokens_per_s"] / 20)
+    assert "a request (12-token prompt, 8 new tokens), llama-bench pg: 20.0 new tok/s" in stdout
     assert lb["tokens_per_s"] == 50.0 and lb["samples_tokens_per_s"] == [49.0, 51.0] and lb["build_commit"] == "abc1234"
     assert lb["command"][1:] == args and lb["n_depth"] == 12
     plain = entry["specdec_plain"]
@@ -177,3 +190,9 @@ def test_parse_reads_the_tg_test_and_refuses_other_output():
     for text, message in (("| model | size |", "printed no JSON"), (FAKE_JSON, "no test of 16 generated tokens")):
         with pytest.raises(LlamaCppError, match=message):
             parse(text, 16)
+
+
+def test_parse_request_reads_the_pg_test_by_its_new_tokens_over_its_seconds():
+    assert parse_request(FAKE_JSON, 12, 8)["new_tokens_per_s"] == pytest.approx(8 / 0.4)  # not its avg_ts of 50
+    with pytest.raises(LlamaCppError, match="no test of a prompt of 64 and 8 generated tokens"):
+        parse_request(FAKE_JSON, 64, 8)

@@ -226,4 +226,10 @@ def table_lines(entry: dict) -> list[str]:
             f"decode steps / llama.cpp {'-' if decode is None else f'{decode:.2f}x'} "
             f"(build {lb.get('build_commit')})"
         )
+        request = lb["request"]
+        lines.append(
+            f"  {entry['shape']}: a request ({request['prompt_tokens']}-token prompt, {request['new_tokens']} new "
+            f"tokens), llama-bench pg: {request['new_tokens_per_s']:.1f} new tok/s; specdec's request / llama.cpp's "
+            f"{entry['specdec_request_over_llama_bench_request']:.2f}x"
+        )
     return lines
