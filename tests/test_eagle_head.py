@@ -8,6 +8,17 @@ from specdec.drafters.heads.eagle_head import new_head
 from tiny import kernel_head, tiny_llama
 
 
+def _random_head(target, seed: int):
+    """A head over a draft vocabulary of 40 tokens, every weight drawn from N(0, 0.1) instead of a new head's
+    initialization, so that each part of it shows in its outputs."""
+    torch.manual_seed(seed)
+    head = new_head(target, "tiny", torch.arange(40))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    return head
+
+
 def test_a_bfloat16_head_keeps_float32_rope_frequencies(eagle_target):
     head = new_head(eagle_target, "tiny", torch.arange(eagle_target.config.vocab_size))
     exact = head.inv_freq.clone()
@@ -19,11 +30,7 @@ def test_a_bfloat16_head_keeps_float32_rope_frequencies(eagle_target):
 def test_the_kernel_head_computes_what_the_torch_head_does(eagle_target):
     """Prompt pairs, a tree level under a mask, then accepted pairs after the prompt (causal), through both: the
     same hidden states, keys and logits (float32)."""
-    torch.manual_seed(4)
-    head = new_head(eagle_target, "tiny", torch.arange(40))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.1)
+    head = _random_head(eagle_target, seed=4)
     fast = kernel_head(head)
     H = eagle_target.config.hidden_size
     feats, tokens, positions = torch.randn(1, 9, H), torch.randint(0, 64, (1, 9)), torch.arange(9)[None]
@@ -52,11 +59,7 @@ def test_the_kernel_head_reads_a_past_held_in_a_longer_buffer_as_a_copy_of_it(ea
     compute from a contiguous copy of those rows, bit for bit."""
     from specdec.drafters.heads.eagle_device import HeadCache
 
-    torch.manual_seed(6)
-    head = new_head(eagle_target, "tiny", torch.arange(40))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.1)
+    head = _random_head(eagle_target, seed=6)
     fast = kernel_head(head)
     assert head.config.num_kv_heads > 1  # else the heads' stride would not show
     H = eagle_target.config.hidden_size
@@ -91,11 +94,7 @@ def test_an_8_bit_kernel_head_rounds_as_the_quantized_products_do_and_stays_batc
     from specdec.drafters.heads.eagle_kernels import KernelEagleHead, head_bits, kernel_head_problem
     from specdec.kernels import load
 
-    torch.manual_seed(5)
-    head = new_head(eagle_target, "tiny", torch.arange(40))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.1)
+    head = _random_head(eagle_target, seed=5)
     if kernel_head_problem(head.config):
         pytest.skip(kernel_head_problem(head.config))
     assert head_bits(SimpleNamespace(backend=SimpleNamespace(quantized_weights=True)), head.config) == 8
