@@ -16,9 +16,7 @@ a short chunk a step). Where nothing else runs, nobody waits: prompts are prefil
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -107,23 +105,21 @@ def _average(mean: float | None, value: float) -> float:
     return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value
 
 
-def prefill_in_chunks(
-    backend: Any, waiting: list[Request], chunks: ChunkBudget, running: int
-) -> tuple[set[int], float]:
-    """Plans this step's prefill under the chunk budget while `running` others decode: the indices in `waiting` whose
-    prefill ends this step, and the seconds spent here on a chunk of the next one in line, prefilled in part first
-    (its cache then marked in_prompt: the next chunk goes on with its prefill). backend: the target's CausalLM."""
-    left = [len(r.tokens) - r.cache.length for r in waiting]
-    budget = chunks.tokens(len(waiting), running)
-    plan = plan_prefill(left, [not (r.prefill_all_logits or r.needs_features) for r in waiting], budget)
-    if plan.chunk is None:
-        return set(plan.due), 0.0
-    request, n = waiting[plan.chunk[0]], plan.chunk[1]
+def take_due(waiting: list, chunks: ChunkBudget, running: int) -> tuple[list, list, tuple[Request, int] | None]:
+    """This step's prefill under the chunk budget while `running` others decode, over `waiting` ((id, Request) pairs
+    in arrival order): (those whose prefill ends this step, those left waiting, and (request, tokens) of a chunk of
+    the next one in line, prefilled in part in the same pass, or None)."""
+    requests = [r for _, r in waiting]
+    left = [len(r.tokens) - r.cache.length for r in requests]
+    chunkable = [not (r.prefill_all_logits or r.needs_features) for r in requests]
+    plan = plan_prefill(left, chunkable, chunks.tokens(len(waiting), running))
+    due = [w for i, w in enumerate(waiting) if i in plan.due]
+    rest = [w for i, w in enumerate(waiting) if i not in plan.due]
+    return due, rest, (requests[plan.chunk[0]], plan.chunk[1]) if plan.chunk else None
+
+
+def chunk_tokens(request: Request, n: int) -> torch.Tensor:
+    """The next n tokens of a prompt prefilled in chunks, after those its cache holds (a chunk's pass marks the cache
+    in_prompt: the next chunk goes on with its prefill)."""
     start = request.cache.length
-    t0 = time.perf_counter()
-    tokens = torch.tensor(request.tokens[start : start + n])
-    backend.forward_batch([request.cache], [tokens], last_only=True, argmax_only=True)  # its keys and values only
-    seconds = time.perf_counter() - t0
-    chunks.observe_prefill(n, seconds)
-    request.cache.in_prompt = True
-    return set(plan.due), seconds
+    return torch.tensor(request.tokens[start : start + n])

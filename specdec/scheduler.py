@@ -29,7 +29,7 @@ from .errors import ConstraintError
 from .events import StepEvent
 from .costs import CostModel
 from .drafting import DraftLengths, propose_all
-from .prefill import ChunkBudget, prefill_in_chunks
+from .prefill import ChunkBudget, chunk_tokens, take_due
 from .request import Request, close_request, open_request
 from .verify import Draft, tree_mask, verify
 
@@ -205,10 +205,11 @@ class BatchEngine:
     # ---- prefill ----------------------------------------------------------------------------------
     def _prefill(self, others_running: bool) -> list[StepEvent]:
         """Prefills the waiting requests, or with a chunk budget and others running, those that fit it (and a chunk
-        of the next); each request whose prefill ends gets its first token and joins the running batch."""
+        of the next, in the same pass); each request whose prefill ends gets its first token and joins the running
+        batch."""
         if not self.waiting:
             return []
-        batch = self._prompts_due(others_running)
+        batch, chunk = self._prompts_due(others_running)
         events = []
         copies = self.backend.copies_caches
         for every_row in (False, True):  # requests that want prompt logprobs get every row's logits, in a pass apart
@@ -221,20 +222,26 @@ class BatchEngine:
                 continue
             leads = [members[0][1] for members in groups.values()]
             layers = pass_feature_layers([r for members in groups.values() for _, r in members])
-            tokens = sum(len(r.tokens) - r.cache.length for r in leads)
+            inputs = [torch.tensor(r.tokens[r.cache.length :]) for r in leads]
+            caches = [r.cache for r in leads]  # after the prefix the cache restored
+            rides = chunk is not None and not every_row  # the chunk's keys and values; its last row's logits go unread
+            if chunk is not None and rides:
+                caches.append(chunk[0].cache)
+                inputs.append(chunk_tokens(*chunk))
             t0 = time.perf_counter()
             outputs = self.backend.forward_batch(
-                [r.cache for r in leads],  # after the prefix the cache restored
-                [torch.tensor(r.tokens[r.cache.length :]) for r in leads],
+                caches,
+                inputs,
                 output_hidden=layers is not None,
                 feature_layers=layers or (),
                 last_only=not every_row,
                 argmax_only=all(r.argmax_only for m in groups.values() for _, r in m),
             )
             seconds = time.perf_counter() - t0
-            self.seconds["prefill"] += seconds
-            if self.chunks is not None:
-                self.chunks.observe_prefill(tokens, seconds)
+            if chunk is not None and rides:
+                chunk[0].cache.in_prompt = True  # its next pass goes on with its prompt
+                chunk = None
+            self._prefilled(sum(len(x) for x in inputs), seconds)
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
                     self.backend.copy_cache(lead.cache, request.cache)
@@ -243,19 +250,27 @@ class BatchEngine:
                     events.append(
                         self._outcome(rid, request, self._first_token, request, out.logits, out.hidden, layers, seconds)
                     )
+        if chunk is not None:  # no whole prompt's pass to join: a pass of its own
+            t0 = time.perf_counter()
+            self.backend.forward_batch([chunk[0].cache], [chunk_tokens(*chunk)], last_only=True, argmax_only=True)
+            chunk[0].cache.in_prompt = True
+            self._prefilled(chunk[1], time.perf_counter() - t0)
         return events
 
-    def _prompts_due(self, others_running: bool) -> list[tuple[object, Request]]:
-        """The waiting requests whose prefill ends this step, taken out of `waiting`; the next one in line may be
-        prefilled in part first (its cache then marked in_prompt: the next chunk goes on with its prefill)."""
+    def _prompts_due(self, others_running: bool) -> tuple[list[tuple[object, Request]], tuple[Request, int] | None]:
+        """The waiting requests whose prefill ends this step, taken out of `waiting`, and (request, tokens) of the
+        next one in line if it is to be prefilled in part (a chunk), or None."""
         if self.chunks is None or not others_running:  # whole prompts: nobody would wait for them
             batch, self.waiting = self.waiting, []
-            return batch
-        due, seconds = prefill_in_chunks(self.backend, [r for _, r in self.waiting], self.chunks, len(self.running))
+            return batch, None
+        batch, self.waiting, chunk = take_due(self.waiting, self.chunks, len(self.running))
+        return batch, chunk
+
+    def _prefilled(self, tokens: int, seconds: float) -> None:
+        """Counts a prefill pass of `tokens` prompt tokens (whole prompts and chunks) in its time and auto's costs."""
         self.seconds["prefill"] += seconds
-        batch = [w for i, w in enumerate(self.waiting) if i in due]
-        self.waiting = [w for i, w in enumerate(self.waiting) if i not in due]
-        return batch
+        if self.chunks is not None:
+            self.chunks.observe_prefill(tokens, seconds)
 
     def _first_token(
         self,

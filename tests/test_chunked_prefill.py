@@ -70,6 +70,27 @@ def test_a_long_prompt_prefilled_in_chunks_changes_no_output(backend, dtype, sam
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chunk_shares_the_pass_of_a_prompt_whose_prefill_ends_and_changes_no_output(monkeypatch, dtype):
+    """A prompt's last part (6 of its 150 tokens, within the 16-token budget) ends its prefill in the step where the
+    next prompt begins in chunks: one prefill pass holds both (the weights read once), and the outputs are the
+    unchunked run's."""
+    decoder = _decoder("kernels", dtype)
+    backend = decoder.target.backend
+    prompts, arrive_at = [_prompt(5, 1), _prompt(150, 3), _prompt(40, 4)], [0, 1, 2]
+    want, _ = _serve(decoder, prompts, CONFIGS["greedy"], None, arrive_at)
+    passes, real = [], backend.forward_batch
+
+    def watched(caches, input_ids, **kwargs):
+        passes.append([int(i.numel()) for i in input_ids])
+        return real(caches, input_ids, **kwargs)
+
+    monkeypatch.setattr(backend, "forward_batch", watched)
+    got, _ = _serve(decoder, prompts, CONFIGS["greedy"], 16, arrive_at)
+    assert got == want
+    assert [6, 10] in passes  # the long prompt's end and the next prompt's first chunk, one pass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_chunk_of_a_prompt_is_computed_as_a_prefill(monkeypatch, dtype):
     """Where prefills take bfloat16 products (AVX-512 BF16 or AMX CPUs), a chunk after the first must take them too:
     the backend reads a cache marked in_prompt as the prompt's prefill. Checked on any CPU by watching that read."""
