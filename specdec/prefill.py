@@ -24,7 +24,10 @@ from .request import Request
 
 AUTO = "auto"
 FIRST_GUESS_TOKENS = 64  # auto's budget before a step and a prefill were timed
-MIN_CHUNK_TOKENS = 16  # smaller chunks would cost more in passes than they save in waiting
+# auto's smallest chunk: a chunk's pass reads every weight again, which smaller ones would spend most of their time on
+# (and a burst of short prompts then joins the batch at once)
+MIN_CHUNK_TOKENS = 64
+MIN_TIMED_TOKENS = 16  # a pass of fewer prompt tokens is mostly its fixed cost: not timed as a token's
 MAX_CHUNK_TOKENS = 2048
 CHUNK_OVER_STEP = 1.5  # auto's chunk, in running steps' time, while no more requests wait than run
 SMOOTHING = 0.2  # weight of the newest timing in the moving averages
@@ -97,7 +100,7 @@ class ChunkBudget:
         self.step_s = _average(self.step_s, seconds)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens >= MIN_CHUNK_TOKENS:  # a few tokens' pass is mostly its fixed cost, not its tokens'
+        if tokens >= MIN_TIMED_TOKENS:
             self.token_s = _average(self.token_s, seconds / tokens)
 
 

@@ -137,13 +137,17 @@ def test_a_plan_serves_first_come_first_and_keeps_to_its_budget(left, budget, da
 def test_the_auto_budget_takes_a_step_and_a_half_and_grows_with_the_waiting_over_the_running():
     budget = ChunkBudget("auto")
     first = budget.tokens()
-    budget.observe_step(0.030)
+    budget.observe_step(0.100)
     budget.observe_prefill(100, 0.100)  # 1 ms a token
-    assert first >= 16 and budget.tokens() == 45  # 1.5 steps of 30 ms
+    assert first >= 64 and budget.tokens() == 150  # 1.5 steps of 100 ms
     budget.observe_prefill(8, 10.0)  # a few tokens' pass says little about a token's cost: not counted
-    assert budget.tokens(waiting=2, running=16) == 45
-    assert budget.tokens(waiting=8, running=2) == 120  # four times as many wait as run: four steps' worth
+    assert budget.tokens(waiting=2, running=16) == 150
+    assert budget.tokens(waiting=8, running=2) == 400  # four times as many wait as run: four steps' worth
     assert budget.tokens(waiting=500, running=1) == 2048  # at most MAX_CHUNK_TOKENS
+    tiny = ChunkBudget("auto")  # a tiny model's steps: chunks of MIN_CHUNK_TOKENS
+    tiny.observe_step(0.001)
+    tiny.observe_prefill(100, 0.100)
+    assert tiny.tokens() == 64
     assert ChunkBudget(48).tokens(waiting=8, running=2) == 48
 
 
