@@ -6,12 +6,12 @@ decoding, and the first that does not fit is prefilled in part (a chunk), to go 
 whose chunks compute what one pass would (CausalLM.exact_chunks: the CPU kernels, which are batch-invariant) the
 output is the same, token for token, greedy or sampled with a seed.
 
-The budget is a number of tokens, or "auto": a chunk that takes about CHUNK_OVER_STEP times the running batch's
-step, so that a step with a chunk costs at most about 2.5 times one without (measured as the engine runs: the
-step's seconds and the seconds a prefilled token takes, each a moving average). Where more requests wait than run,
-the chunk grows in proportion: each step's delay, borne by the running streams, then buys as much for the waiting
-ones (a burst of arrivals over a small batch is prefilled quickly; a long prompt beside a full batch is prefilled
-a short chunk a step). Where nothing else runs, nobody waits: prompts are prefilled whole.
+The budget is a number of tokens, or "auto": a chunk that takes about CHUNK_OVER_STEP times the running batch's step
+(MIN_CHUNK_TOKENS at least), so that a step with a chunk costs at most about 2.5 times one without (measured as the
+engine runs: the step's seconds and the seconds a prefilled token takes, each a moving average). Where more requests
+wait than run, the chunk grows in proportion: each step's delay, borne by the running streams, then buys as much for
+the waiting ones (a burst of arrivals over a small batch is prefilled quickly; a long prompt beside a full batch is
+prefilled a short chunk a step). Where nothing else runs, nobody waits: prompts are prefilled whole.
 """
 
 from __future__ import annotations
