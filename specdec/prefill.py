@@ -16,7 +16,9 @@ prefilled a short chunk a step). Where nothing else runs, nobody waits: prompts 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -108,21 +110,43 @@ def _average(mean: float | None, value: float) -> float:
     return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value
 
 
-def take_due(waiting: list, chunks: ChunkBudget, running: int) -> tuple[list, list, tuple[Request, int] | None]:
+@dataclass
+class Chunk:
+    """A prompt prefilled in part this step: the next `size` of its tokens after those its cache holds. It rides in
+    the pass of the prompts whose prefill ends this step (join), or takes a pass of its own (prefill_alone); either
+    way its cache is then marked in_prompt, so that its next pass goes on with its prefill."""
+
+    request: Request
+    size: int
+
+    def tokens(self) -> torch.Tensor:
+        start = self.request.cache.length
+        return torch.tensor(self.request.tokens[start : start + self.size])
+
+    def join(self, caches: list, inputs: list) -> None:
+        """Adds its cache and tokens to a prefill pass's (its last row's logits go unread)."""
+        caches.append(self.request.cache)
+        inputs.append(self.tokens())
+
+    def prefilled(self) -> None:
+        self.request.cache.in_prompt = True
+
+    def prefill_alone(self, backend: Any) -> float:
+        """Its pass, for its keys and values only; returns the pass's seconds. backend: the target's CausalLM."""
+        t0 = time.perf_counter()
+        backend.forward_batch([self.request.cache], [self.tokens()], last_only=True, argmax_only=True)
+        self.prefilled()
+        return time.perf_counter() - t0
+
+
+def take_due(waiting: list, chunks: ChunkBudget, running: int) -> tuple[list, list, Chunk | None]:
     """This step's prefill under the chunk budget while `running` others decode, over `waiting` ((id, Request) pairs
-    in arrival order): (those whose prefill ends this step, those left waiting, and (request, tokens) of a chunk of
-    the next one in line, prefilled in part in the same pass, or None)."""
+    in arrival order): (those whose prefill ends this step, those left waiting, and the chunk of the next one in line
+    or None)."""
     requests = [r for _, r in waiting]
     left = [len(r.tokens) - r.cache.length for r in requests]
     chunkable = [not (r.prefill_all_logits or r.needs_features) for r in requests]
     plan = plan_prefill(left, chunkable, chunks.tokens(len(waiting), running))
     due = [w for i, w in enumerate(waiting) if i in plan.due]
     rest = [w for i, w in enumerate(waiting) if i not in plan.due]
-    return due, rest, (requests[plan.chunk[0]], plan.chunk[1]) if plan.chunk else None
-
-
-def chunk_tokens(request: Request, n: int) -> torch.Tensor:
-    """The next n tokens of a prompt prefilled in chunks, after those its cache holds (a chunk's pass marks the cache
-    in_prompt: the next chunk goes on with its prefill)."""
-    start = request.cache.length
-    return torch.tensor(request.tokens[start : start + n])
+    return due, rest, Chunk(requests[plan.chunk[0]], plan.chunk[1]) if plan.chunk else None

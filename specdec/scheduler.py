@@ -24,12 +24,13 @@ import torch
 from .choice import OWN_DRAFTER, DrafterChoice
 from .config import GenerationConfig
 from .speculation_config import SpeculationConfig
-from .drafters.base import Drafter, features_in_layout
+from .drafters.base import Drafter
+from .drafter_features import observe_prompt_features, observe_step_features
 from .errors import ConstraintError
 from .events import StepEvent
 from .costs import CostModel
 from .drafting import DraftLengths, propose_all
-from .prefill import ChunkBudget, chunk_tokens, take_due
+from .prefill import Chunk, ChunkBudget, take_due
 from .request import Request, close_request, open_request
 from .verify import Draft, tree_mask, verify
 
@@ -193,11 +194,7 @@ class BatchEngine:
         if request.needs_scores and drafter is not None:  # every row's choice, rejected drafts included
             drafter.scored(draft, processed.argmax(-1).cpu(), path)
         if request.needs_features:
-            assert drafter is not None and hidden is not None and layers is not None  # a reader's pass returns them
-            kept = features_in_layout(hidden[rows], layers, request.feature_layers)
-            drafter.observe(kept)
-            if request.features is not None:
-                request.features.append(kept)
+            observe_step_features(request, hidden, rows, layers)
         if request.policy is not None:
             request.policy.observe(len(draft), len(path), draft.positions)
         return request.take_step(draft, path, token, logits, processed, seconds)
@@ -224,10 +221,9 @@ class BatchEngine:
             layers = pass_feature_layers([r for members in groups.values() for _, r in members])
             inputs = [torch.tensor(r.tokens[r.cache.length :]) for r in leads]
             caches = [r.cache for r in leads]  # after the prefix the cache restored
-            rides = chunk is not None and not every_row  # the chunk's keys and values; its last row's logits go unread
-            if chunk is not None and rides:
-                caches.append(chunk[0].cache)
-                inputs.append(chunk_tokens(*chunk))
+            rider, chunk = (chunk, None) if not every_row else (None, chunk)  # it rides in the first pass
+            if rider is not None:
+                rider.join(caches, inputs)
             t0 = time.perf_counter()
             outputs = self.backend.forward_batch(
                 caches,
@@ -238,9 +234,8 @@ class BatchEngine:
                 argmax_only=all(r.argmax_only for m in groups.values() for _, r in m),
             )
             seconds = time.perf_counter() - t0
-            if chunk is not None and rides:
-                chunk[0].cache.in_prompt = True  # its next pass goes on with its prompt
-                chunk = None
+            if rider is not None:
+                rider.prefilled()
             self._prefilled(sum(len(x) for x in inputs), seconds)
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache
@@ -250,16 +245,13 @@ class BatchEngine:
                     events.append(
                         self._outcome(rid, request, self._first_token, request, out.logits, out.hidden, layers, seconds)
                     )
-        if chunk is not None:  # no whole prompt's pass to join: a pass of its own
-            t0 = time.perf_counter()
-            self.backend.forward_batch([chunk[0].cache], [chunk_tokens(*chunk)], last_only=True, argmax_only=True)
-            chunk[0].cache.in_prompt = True
-            self._prefilled(chunk[1], time.perf_counter() - t0)
+        if chunk is not None:  # no whole prompt's pass to join
+            self._prefilled(chunk.size, chunk.prefill_alone(self.backend))
         return events
 
-    def _prompts_due(self, others_running: bool) -> tuple[list[tuple[object, Request]], tuple[Request, int] | None]:
-        """The waiting requests whose prefill ends this step, taken out of `waiting`, and (request, tokens) of the
-        next one in line if it is to be prefilled in part (a chunk), or None."""
+    def _prompts_due(self, others_running: bool) -> tuple[list[tuple[object, Request]], Chunk | None]:
+        """The waiting requests whose prefill ends this step, taken out of `waiting`, and the chunk of the next one in
+        line if it is to be prefilled in part, or None."""
         if self.chunks is None or not others_running:  # whole prompts: nobody would wait for them
             batch, self.waiting = self.waiting, []
             return batch, None
@@ -287,13 +279,7 @@ class BatchEngine:
             request.take_prompt_logprobs(logits)
         last = logits[-1:]
         if request.needs_features:
-            assert request.drafter is not None and hidden is not None and layers is not None  # a reader's pass
-            hidden = features_in_layout(hidden, layers, request.feature_layers)
-            if request.features is not None:  # restored rows first, then the prefill's (prompt length, H) in all
-                features = request.features
-                hidden = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden
-                request.features = [hidden]
-            request.drafter.observe(hidden)
+            observe_prompt_features(request, hidden, layers)
         draft = Draft.empty()
         processed = request.logits_processor.rows(last, draft) if request.logits_processor is not None else last
         _, token = verify(draft, processed, request.config.sampling, request.generator, request.noise_ahead())
