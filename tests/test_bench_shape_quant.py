@@ -106,6 +106,8 @@ def test_quant_writes_a_file_that_runs_quantized_and_the_json_says_so(tmp_path, 
         added = memory["resident_bytes_added_by_load"]
         assert isinstance(added, int) and memory["over_file_bytes"] == pytest.approx(added / path.stat().st_size)
         assert memory["max_context"] == 12 + 8 + 16 and "tiny-q: the load added" in stdout
+        own, library = memory["own_bytes_added_by_load"], memory["library_bytes_added_by_load"]  # its two parts
+        assert own + library == added and memory["own_over_file_bytes"] == pytest.approx(own / path.stat().st_size)
     loaded = load_model(str(path), device="cpu", max_context=64)
     assert loaded.backend.quantized_weights and loaded.backend.weight_types == ["Q4_0", "Q6_K"]
 

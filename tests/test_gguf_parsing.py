@@ -58,3 +58,31 @@ def test_a_load_parses_the_file_once(quantized_file, monkeypatch):
     target = load_model(str(quantized_file), device="cpu")
     assert type(target.backend).__name__ == "KernelLlama" and target.backend.weight_types
     assert parses == [str(quantized_file)]
+
+
+def test_a_load_frees_the_parsed_metadata_before_it_builds_the_model(quantized_file, monkeypatch):
+    """Once the config and tokenizer exist, the reader's metadata fields (a vocabulary's hundreds of thousands of
+    small arrays) are freed, before the model's long-lived objects are made (gguf_model.drop_parsed_metadata), so
+    that the heap's arenas they filled are handed back whole; the tensors stay readable."""
+    from specdec.models import gguf_model
+    from specdec.models.loading import load_model
+
+    readers, fields_when_built = [], []
+
+    class KeptReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            super().__init__(path, mode)
+            readers.append(self)
+
+    build = gguf_model.skeleton
+
+    def watched_skeleton(config):
+        fields_when_built.append(len(readers[0].fields))
+        return build(config)
+
+    monkeypatch.setattr(gguf, "GGUFReader", KeptReader)
+    monkeypatch.setattr(gguf_model, "skeleton", watched_skeleton)
+    target = load_model(str(quantized_file), device="cpu")
+    assert fields_when_built == [0] and not readers[0].fields and readers[0].tensors
+    ids = target.tokenizer("a test", return_tensors="pt").input_ids[0].tolist()
+    assert target.backend.weight_types and len(ids) > 0

@@ -211,9 +211,11 @@ def table_lines(entry: dict) -> list[str]:
     ]
     added = entry.get("memory", {}).get("resident_bytes_added_by_load")
     if added is not None:
+        memory = entry["memory"]
         lines.append(
             f"  {entry['shape']}: the load added {added / 2**20:.0f} MiB resident, "
-            f"{entry['memory']['over_file_bytes']:.2f}x the file"
+            f"{memory['over_file_bytes']:.2f}x the file ({memory['own_over_file_bytes']:.2f}x of its own, "
+            f"{memory['library_bytes_added_by_load'] / 2**20:.0f} MiB of libraries' pages)"
         )
     lb = entry.get("llama_bench")
     if lb:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Any
 
 import torch
@@ -25,10 +27,9 @@ class KVPool:
     ):
         self.capacity = capacity
         self.zeroed = zeroed
-        make = torch.zeros if zeroed else torch.empty
         shape = (layers, slots, kv_heads, capacity, head_dim)
-        self.keys = make(shape, dtype=dtype, device=device)
-        self.values = make(shape, dtype=dtype, device=device)
+        self.keys = self._make(shape, dtype, device)
+        self.values = self._make(shape, dtype, device)
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))
         self._live: dict[int, SequenceCache] = {}
@@ -79,13 +80,25 @@ class KVPool:
         positions occupy the first n rows' memory, the kernels' blocked keys included."""
         return min(self.capacity, -(-length // 16) * 16)
 
+    def _make(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A cache tensor, its pages resident from the start where the pool is `zeroed`. On the CPU it lies on
+        fresh anonymous pages (a private mapping: zeros, resident only where written). torch.empty may instead
+        take heap memory freed earlier and still resident: a load's packing frees hundreds of megabytes, and a
+        Llama-3.2-1B file's keys or values (134 MB) landing there added that much to the load's resident memory
+        in some processes and not in others."""
+        if device.type != "cpu" or not hasattr(mmap, "MAP_PRIVATE"):  # a GPU's memory; Windows
+            return (torch.zeros if self.zeroed else torch.empty)(shape, dtype=dtype, device=device)
+        count = math.prod(shape)
+        pages = mmap.mmap(-1, max(1, count * dtype.itemsize), flags=mmap.MAP_PRIVATE)  # private: not shared memory
+        tensor = torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
+        return tensor.zero_() if self.zeroed else tensor
+
     def _grow(self, slots: int) -> None:
         """Reallocates for `slots`; copies the rows each live slot holds."""
         old = self.slots
-        make = torch.zeros if self.zeroed else torch.empty
         for name in ("keys", "values"):
             current = getattr(self, name)
-            bigger = make((current.shape[0], slots, *current.shape[2:]), dtype=current.dtype, device=current.device)
+            bigger = self._make((current.shape[0], slots, *current.shape[2:]), current.dtype, current.device)
             for slot, cache in self._live.items():
                 rows = self._rows_held(cache.length)
                 bigger[:, slot, :, :rows] = current[:, slot, :, :rows]

@@ -148,6 +148,7 @@ def _load_quantized_gguf(
     from .family import fast_path_problem
     from .gguf_model import (
         architecture_problem,
+        drop_parsed_metadata,
         open_gguf,
         quantized_matrix_types,
         read_state,
@@ -168,6 +169,7 @@ def _load_quantized_gguf(
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
         except (OSError, ValueError, ImportError, KeyError) as exc:
             raise _load_error(str(path.parent), path.name, exc) from None
+    drop_parsed_metadata(reader)
     problem = (
         unavailable_reason() or fast_path_problem(config) or four_bit_problem(config) or architecture_problem(config)
     )
