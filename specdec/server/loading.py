@@ -3,9 +3,10 @@ whole batch.
 
 By default `SpecDecoder.load` sizes pools for one sequence; a pool that grows one slot at a time copies itself
 each time (for a 135M model at 8k context, 377 MB a slot), which would land inside the first busy
-minutes of a server. The pool is zeroed when it is made, so all of it is resident from the start (a pool too
-large for the machine fails at start, and memory does not grow under load): `max_context` bounds it (32 slots of
-smollm2-135m's 8k context in float32 are 12 GB).
+minutes of a server. The torch backend zeroes its pool when it is made, so all of it is resident from the start (a
+pool too large for the machine fails at start); the kernels' pool lies on pages that become resident as sequences
+first write them, up to its whole size. `max_context` bounds it (32 slots of smollm2-135m's 8k context in float32
+are 12 GB).
 """
 
 from __future__ import annotations
