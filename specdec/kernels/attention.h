@@ -135,7 +135,13 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
     for (int64_t g = 0; g < nkv && !(skip && (*skip)[s]); ++g) {
       const int64_t rows = (off[s + 1] - off[s]) * groups;
       const int64_t chunk = rows <= 8 ? rows : std::clamp<int64_t>((rows + splits - 1) / splits, 1, 8);
-      for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({s, g, r, std::min(chunk, rows - r)});
+      // causal chunks cost in proportion to the keys they see, which grow down the rows: listed first, last,
+      // second, second last..., so that the threads' consecutive shares of the list cost about the same
+      const int64_t chunks = (rows + chunk - 1) / chunk;
+      for (int64_t i = 0; i < chunks; ++i) {
+        const int64_t c = i % 2 ? chunks - 1 - i / 2 : i / 2;
+        tasks.push_back({s, g, c * chunk, std::min(chunk, rows - c * chunk)});
+      }
     }
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores, weights, acc;
@@ -154,7 +160,7 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
       for (int64_t r = 0; r < rows; ++r)
         lowest[r] = window ? std::max<int64_t>(0, pos[off[s] + (first + r) / groups] - window + 1) : 0;
       const int64_t skipped = *std::min_element(lowest, lowest + rows) / 16;  // blocks no row sees
-      scores.assign(rows * width, 0.0f);
+      scores.resize(rows * width);  // each row's scores are written from its first visible block on
       const KV* kbase = kc + (slot[s] * nkv + g) * P * hd;
       const KV* vbase = vc + (slot[s] * nkv + g) * P * hd;
       const float* q[8];
@@ -168,24 +174,28 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
       // first of them are keys lowest, lowest + 1, ... up to contig[r] (all of them for causal rows), the rest are
       // listed in tail_keys.
       const int64_t stride = (base + Ts + 15) / 16 * 16;
-      weights.assign(rows * stride, 0.0f);
-      tail_keys.assign(rows * Ts, 0);
+      weights.resize(rows * stride);  // a row's weights are read only where written: [lowest, count)
+      // causal rows without a window see every key from the first up to their own token, in order: no tail
+      const bool in_order = causal && !window;
+      if (!in_order) tail_keys.resize(rows * Ts);
       acc.assign(rows * hd, 0.0f);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = first + r, t = row / groups, lo = lowest[r];
         const int64_t seen_from = window ? pos[off[s] + t] - window : -1;  // positions above this are in the window
         const float* sc = &scores[r * width];
         int64_t n = std::max(lo, base), tails = 0;
-        for (int64_t u = 0; u < Ts; ++u)
-          if ((causal ? u <= t : mask[(s * T + t) * T + u] != 0) && pos_after(pos, off[s] + u, seen_from)) {
-            if (tails == 0 && base + u == n) ++n;  // still consecutive
-            else tail_keys[r * Ts + tails++] = base + u;
-          }
+        if (in_order) n = base + t + 1;  // what the loop below finds for such a row, without its Ts steps
+        else
+          for (int64_t u = 0; u < Ts; ++u)
+            if ((causal ? u <= t : mask[(s * T + t) * T + u] != 0) && pos_after(pos, off[s] + u, seen_from)) {
+              if (tails == 0 && base + u == n) ++n;  // still consecutive
+              else tail_keys[r * Ts + tails++] = base + u;
+            }
         contig[r] = n;
         count[r] = n + tails;
         // Softmax over the visible keys in increasing order: a token's attention depends on which keys it
         // sees, never on where they sit in the cache (a tree node and its compacted path agree bit for bit).
-        const int64_t* tk = &tail_keys[r * Ts];
+        const int64_t* tk = in_order ? nullptr : &tail_keys[r * Ts];
         float* wr = &weights[r * stride];
         std::copy(sc + lo, sc + n, wr + lo);
         for (int64_t i = 0; i < tails; ++i) wr[n + i] = sc[tk[i]];
