@@ -78,7 +78,14 @@ def test_a_drain_answers_503_to_newcomers_and_ends_what_outlives_the_timeout(tin
             streams = [asyncio.create_task(stream(client, first))]
             await asyncio.wait_for(first.wait(), 30)
             streams += [asyncio.create_task(stream(client, first)) for _ in range(19)]
-            await asyncio.sleep(0.3)  # the others are admitted and queue
+            # SIGTERM once the server holds every stream not yet ended (a busy machine may take a while to
+            # connect them; a stream that connects only after the process is gone would find no listener)
+            admitted = time.monotonic() + 60
+            while time.monotonic() < admitted:
+                held = (await client.get("/health")).json()
+                if held["running"] + held["queued"] + sum(task.done() for task in streams) >= len(streams):
+                    break
+                await asyncio.sleep(0.05)
             signalled = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
