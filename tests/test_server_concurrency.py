@@ -41,16 +41,18 @@ def _stream_text(url: str, req: dict, barrier: threading.Barrier | None = None) 
 def test_sixteen_parallel_streams_each_equal_the_request_served_alone(openai_server):
     requests = _requests()
     alone = [_stream_text(openai_server.url, r) for r in requests]
-    single_steps = metric(openai_server, "specdec_step_batch_size_count")
+    rows_before = metric(openai_server, "specdec_step_batch_size_sum")  # sequences decoded, summed over steps
     singles = metric(openai_server, 'specdec_step_batch_size_bucket{le="1.0"}')
     barrier = threading.Barrier(len(requests))
     with ThreadPoolExecutor(len(requests)) as pool:
         together = list(pool.map(lambda r: _stream_text(openai_server.url, r, barrier), requests))
     assert together == alone
     assert all(text for text, _ in alone)
-    steps = metric(openai_server, "specdec_step_batch_size_count") - single_steps
-    batched = steps - (metric(openai_server, 'specdec_step_batch_size_bucket{le="1.0"}') - singles)
-    assert batched > steps / 2, "most steps should have decoded several sequences in one pass"
+    rows = metric(openai_server, "specdec_step_batch_size_sum") - rows_before
+    alone_rows = metric(openai_server, 'specdec_step_batch_size_bucket{le="1.0"}') - singles
+    # counted by sequence, not by step: the longest requests' last steps run alone however the requests arrive,
+    # and a busy machine spreads their arrival
+    assert rows - alone_rows > rows / 2, "most sequences' steps should have shared a pass with others"
 
 
 @pytest.mark.parametrize("n", [1, 4])

@@ -97,7 +97,9 @@ def test_bench_serve_against_the_running_server(openai_server, tmp_path, capsys)
         p = r["profile"]
         assert p["seconds"]["pass"] > 0 and p["seconds"]["prefill"] > 0 and p["busy_s"] > 0
         assert 0.8 < sum(p["share"].values()) < 1.1, p["share"]
-        assert p["thread_cpu_s"]["engine"] > 0 and p["thread_cpu_s"]["http"] >= 0 and p["process_cpu_s"] > 0
+        assert p["thread_cpu_s"]["engine"] > 0 and p["thread_cpu_s"]["http"] >= 0 and p["process_cpu_s"] >= 0
+    # the process's CPU seconds count in ticks of 10 ms, which a run of a few milliseconds may not reach
+    assert sum(r["profile"]["process_cpu_s"] for r in summary["runs"]) > 0
     assert 0 < summary["floors"]["engine_pass_share_c4_off"] <= 1
     assert "| in passes |" in report.read_text()
 
