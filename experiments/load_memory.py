@@ -7,7 +7,6 @@ pages and the libraries' (specdec/benchmarks/resident.py, as bench-shape measure
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -53,10 +52,9 @@ def main() -> None:
             f"(all {result['first']['over_file_bytes']:.2f}x) first, "
             f"{result['second']['own_over_file_bytes']:.2f}x second"
         )
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-            "cpu_model": cpu, "max_context": CONTEXT}
+    from specdec.benchmarks.runner import machine_info, stamp
+
+    meta = {**stamp(), "machine": machine_info(), "max_context": CONTEXT}
     with open(args.out + ".tmp", "w") as out:
         json.dump({"meta": meta, "loads": results}, out, indent=1)
     os.replace(args.out + ".tmp", args.out)

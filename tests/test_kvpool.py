@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from specdec.benchmarks.resident import resident_bytes
 from specdec.models.kvpool import KVPool
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
@@ -12,8 +13,8 @@ SHAPE = dict(layers=4, slots=2, kv_heads=4, capacity=4096, head_dim=64)  # 16 Mi
 
 
 def own_resident_bytes() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+    """The process's anonymous resident pages, freed heap pages handed back first (resident_bytes)."""
+    return resident_bytes()["own"]
 
 
 def make(zeroed: bool, dtype=torch.float32) -> KVPool:
@@ -29,17 +30,13 @@ def test_a_cpu_pool_reads_zero_before_anything_is_written(dtype):
 
 @linux
 def test_a_pool_is_resident_only_where_written_even_where_the_heap_freed_touched_memory():
-    from specdec.models.gguf_model import release_freed_memory
-
-    release_freed_memory()
     before = own_resident_bytes()
     # what a load's packing leaves: touched heap memory, freed below memory still held
     torch.ones(6 << 20).sum()  # 24 MiB freed at once: glibc then serves smaller blocks from its heap
     freed = [torch.ones(1 << 20) for _ in range(48)]  # 4 MiB each, 192 MiB touched
     held = torch.ones(1 << 18)  # noqa: F841 (above them in the heap)
     del freed
-    pool = make(zeroed=False)  # torch.empty would take that memory, resident already: the trim below keeps it
-    release_freed_memory()
+    pool = make(zeroed=False)  # torch.empty would take that memory, resident already: the next reading's trim keeps it
     size = 2 * pool.keys.numel() * pool.keys.element_size()
     assert own_resident_bytes() - before < size // 4
     pool.keys[:, 0, :, :16] = 1.0  # the first 16 rows of a slot: a page a (layer, head)

@@ -28,9 +28,9 @@ def resident_bytes() -> dict[str, int] | None:
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                name = line.split(maxsplit=1)[0] if line.strip() else ""
-                if name in fields:
-                    found[fields[name]] = int(line.split()[1]) * 1024
+                parts = line.split()
+                if parts and parts[0] in fields:
+                    found[fields[parts[0]]] = int(parts[1]) * 1024
     except OSError:
         return None
     return found if len(found) == len(fields) else None

@@ -209,9 +209,9 @@ def table_lines(entry: dict) -> list[str]:
         f"{', '.join(entry['weight_types'])}; {entry['bytes_read_per_token'] / 1e6:.0f} MB a step; hf gen: not "
         f"run (quantized weights)"
     ]
-    added = entry.get("memory", {}).get("resident_bytes_added_by_load")
+    memory = entry.get("memory", {})
+    added = memory.get("resident_bytes_added_by_load")
     if added is not None:
-        memory = entry["memory"]
         lines.append(
             f"  {entry['shape']}: the load added {added / 2**20:.0f} MiB resident, "
             f"{memory['over_file_bytes']:.2f}x the file ({memory['own_over_file_bytes']:.2f}x of its own, "
