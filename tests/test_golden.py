@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def target():
     from specdec.models.loading import load_model
 
-    return load_model(GOLDEN["model"], dtype=GOLDEN["dtype"])
+    return load_model(GOLDEN["model"], dtype=GOLDEN["dtype"], dequantize=GOLDEN["dequantize"])
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "recycle", "draft-model", "eagle", "eagle-chain",

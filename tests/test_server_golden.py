@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_real_model_served_in_a_batch_gives_the_golden_text():
-    args = ["--model", GOLDEN["model"], "--dtype", GOLDEN["dtype"], "--max-batch", "2"]
+    args = ["--model", GOLDEN["model"], "--dtype", GOLDEN["dtype"], "--max-batch", "2", "--dequantize"]
     with ServerProcess(args) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         request = dict(model=GOLDEN["model"], messages=[{"role": "user", "content": GOLDEN["prompt"]}],

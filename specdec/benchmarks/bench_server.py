@@ -41,7 +41,7 @@ def server_args(args, max_batch: int) -> list[str]:
     ):
         if value is not None:
             out += [flag, str(value)]
-    return out
+    return out + (["--dequantize"] if args.dequantize else [])
 
 
 class BenchServer:

@@ -44,6 +44,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--backend", default="auto", choices=BACKENDS)
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="the server started here runs a GGUF file's (or the built-in model's) weights as floats in --dtype",
+    )
     add_graphs_option(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server started here")

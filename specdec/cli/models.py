@@ -8,7 +8,9 @@ import json
 def register(sub) -> None:
     p = sub.add_parser("models", help="list built-in and cached models")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--fetch", metavar="ALIAS", help="fetch and convert a built-in model now")
+    p.add_argument(
+        "--fetch", metavar="ALIAS", help="fetch a built-in model's GGUF file now, and convert it to float32 safetensors"
+    )
     p.set_defaults(run=run)
 
 
@@ -17,10 +19,11 @@ def run(args) -> int:
 
     if args.fetch:
         from ..errors import ModelLoadError
-        from ..models.fetch import ensure_known_model
+        from ..models.fetch import ensure_gguf, ensure_known_model
 
         if args.fetch not in KNOWN_MODELS:
             raise ModelLoadError(f"unknown built-in model {args.fetch!r}; known: {', '.join(KNOWN_MODELS)}")
+        print(ensure_gguf(args.fetch))
         print(ensure_known_model(args.fetch))
         return 0
     rows = list_models()
@@ -30,5 +33,6 @@ def run(args) -> int:
     print(f"cache: {cache_root()}  (set SPECDEC_CACHE to move it)")
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        print(f"{r['name']:<{width}}  {'cached' if r['cached'] else 'not cached':<10}  {r['description']}")
+        held = f"cached ({', '.join(r.get('forms') or ['float'])})" if r["cached"] else "not cached"
+        print(f"{r['name']:<{width}}  {held:<21}  {r['description']}")
     return 0

@@ -28,7 +28,7 @@ def run(args) -> int:
 
     from ..errors import ConfigError
     from ..models.loading import load_model
-    from ..models.registry import DEFAULT_MODEL, cache_root
+    from ..models.registry import DEFAULT_MODEL, KNOWN_MODELS, cache_root
     from ..training.datamix import (
         default_mix,
         describe,
@@ -61,7 +61,8 @@ def run(args) -> int:
     files = [parse_data_spec(spec) for spec in args.data + ([args.prompts] if args.prompts else [])]
     files = files or default_mix()
     name = args.model or DEFAULT_MODEL
-    target = load_model(name, dtype=args.dtype, max_context=MAX_SEQUENCE)
+    # a built-in alias trains on its float conversion, as its shipped heads were (its file would run 4-bit)
+    target = load_model(name, dtype=args.dtype, max_context=MAX_SEQUENCE, dequantize=name in KNOWN_MODELS)
     layers = feature_layers(args, target)  # what the head reads (EAGLE-3), or () for the final state
     stored = stored_layers(args, target, layers)
     check_feature_layers(stored, target.info.num_layers)

