@@ -23,6 +23,10 @@ from .costs import AcceptanceMemory, CostModel, SharedPasses, fade_position_coun
 
 PROBE_LENGTH = 2  # drafts of a probe after a pause (a tree drafter sizes its own tree)
 PROBE_MARGIN = 0.1  # a probe must promise 10% more tokens per second than plain decoding, at the prior
+# In a pass over several sequences, drafts must promise this much more than the pass without them: there the drafted
+# rows' verification, rollback and drafting outside the measured curves cost a few percent, and a plan that only
+# just pays on the curve made the server's steps at 4 sequences 4% slower (docs/experiments/serving-measurements.md)
+BATCH_MARGIN = 0.1
 
 
 class DraftLengthPolicy:
@@ -175,7 +179,8 @@ def plan_lengths(
     that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
     drafting. Draft tokens go, one at a time, where that chance is highest; the allocation kept is the
     best prefix of that order. With many sequences the pass is compute-bound, so lengths shrink, and
-    speculation switches off by itself when it no longer pays. Alone, this is argmax_k E(k) / C(k).
+    speculation switches off by itself when it no longer pays; with more than one sequence an allocation must beat
+    the pass without drafts by BATCH_MARGIN. Alone, this is argmax_k E(k) / C(k).
 
     A question: no policy changes. The plan's commit() is each policy's step.
     """
@@ -211,7 +216,7 @@ def plan_lengths(
     tokens = len(policies) + sum(ks)
     drafting = sum(added_cost(i, depth) for i, k in enumerate(ks) for depth in range(k))  # fixed-length ones
     expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
-    best_rate = expected / (costs.verify_s(tokens) + drafting)
+    best_rate = expected / (costs.verify_s(tokens) + drafting) * (1.0 + BATCH_MARGIN if len(policies) > 1 else 1.0)
     # each candidate's next draft token, by its gain (the likeliest first; on a tie, the later sequence)
     options = [(-acc[0], -i, 0) for i, _, acc in candidates]
     heapq.heapify(options)

@@ -192,7 +192,8 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
         from specdec.drafters.routing.select import SelectingDrafter
 
         drafter = SelectingDrafter([drafter, NgramDrafter()])
-    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4))
+    # fixed lengths: what is asked here is the draft's shape, alone and in a batch, not whether drafting pays
+    decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     prompts = _prompts(4)

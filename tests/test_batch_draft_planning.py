@@ -50,7 +50,7 @@ def test_drafts_made_in_shared_passes_are_charged_what_a_row_adds():
     from specdec.costs import SharedPasses
     from specdec.policy import plan_lengths
 
-    costs = CostModel({1: 0.010, 4: 0.011, 8: 0.014, 16: 0.026, 32: 0.050})
+    costs = CostModel({1: 0.010, 4: 0.011, 8: 0.012, 16: 0.026, 32: 0.050})
     copy_costs = costs.for_drafter("quantized")
     copy_costs.observe_draft(1, 0.0042)
 
@@ -100,3 +100,28 @@ def test_planning_lengths_changes_no_policy_until_the_plan_is_committed():
     assert plans[0].turns == ["wait", "probe", "pause", "draft"] and alone[0].lengths == alone[2].lengths == [0]
     assert plans[0].commit() == plans[0].lengths
     assert waiting.paused == 0 and not probing.probing and missing.paused > 0
+
+
+def test_a_batch_drafts_only_where_the_curve_promises_the_margin(monkeypatch):
+    """Four requests whose drafts are nearly always right, drafting for free, over a verify curve where one draft
+    each (8 rows) gives 4-5% more tokens a second than the 4-row pass: below BATCH_MARGIN, the batch drafts nothing;
+    without the margin it would draft. Alone, where a second row costs 5% more, the same estimates draft."""
+    import specdec.policy as policy_module
+    from specdec.policy import BATCH_MARGIN, plan_lengths
+
+    costs = CostModel({1: 0.010, 2: 0.0105, 4: 0.011, 8: 0.021, 16: 0.042})
+    lookup_costs = costs.for_drafter("ngram")
+    lookup_costs.observe_draft(1, 1e-6)
+
+    def ready(batch: int) -> list[DraftLengthPolicy]:
+        policies = [DraftLengthPolicy(1, lookup_costs) for _ in range(batch)]
+        for policy in policies:
+            for _ in range(30):
+                policy.observe(1, 1)
+        return policies
+
+    assert BATCH_MARGIN >= 0.05
+    assert plan_lengths(ready(4), costs, [1] * 4).commit() == [0] * 4
+    assert plan_lengths(ready(1), costs, [1]).commit() == [1]
+    monkeypatch.setattr(policy_module, "BATCH_MARGIN", 0.0)
+    assert sum(plan_lengths(ready(4), costs, [1] * 4).commit()) > 0
