@@ -11,7 +11,7 @@ from specdec.engine import SpecDecoder
 from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
 from specdec.models import kernel_llama
-from specdec.prefill import ChunkBudget, parse_prefill_chunk, plan_prefill
+from specdec.prefill import MIN_CHUNK_TOKENS, ChunkBudget, parse_prefill_chunk, plan_prefill
 from tiny import loaded, tiny_llama
 
 VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16),
@@ -147,7 +147,11 @@ def test_the_auto_budget_takes_a_step_and_a_half_and_grows_with_the_waiting_over
     tiny = ChunkBudget("auto")  # a tiny model's steps: chunks of MIN_CHUNK_TOKENS
     tiny.observe_step(0.001)
     tiny.observe_prefill(100, 0.100)
-    assert tiny.tokens() == 64
+    assert tiny.tokens() == MIN_CHUNK_TOKENS
+    four_bit = ChunkBudget("auto")  # 16 streams over a 4-bit file: 15 ms steps, 0.5 ms a prompt token
+    four_bit.observe_step(0.015)
+    four_bit.observe_prefill(100, 0.050)
+    assert four_bit.tokens() == 45  # the rule's step and a half, not a floor of several steps' time
     assert ChunkBudget(48).tokens(waiting=8, running=2) == 48
 
 
