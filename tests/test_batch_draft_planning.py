@@ -55,11 +55,7 @@ def test_drafts_made_in_shared_passes_are_charged_what_a_row_adds():
     copy_costs.observe_draft(1, 0.0042)
 
     def ready(batch: int) -> list[DraftLengthPolicy]:
-        policies = [DraftLengthPolicy(8, copy_costs) for _ in range(batch)]
-        for policy in policies:
-            for _ in range(30):
-                policy.observe(5, 5)
-        return policies
+        return _always_right(batch, 8, copy_costs, drafted=5)
 
     shared = SharedPasses({1: 0.0042, 2: 0.0044, 4: 0.0058, 8: 0.0106, 16: 0.020})
     apart = SharedPasses({1: 0.0042, 2: 0.0084, 4: 0.0168, 8: 0.0336, 16: 0.0672})
@@ -114,14 +110,19 @@ def test_a_batch_drafts_only_where_the_curve_promises_the_margin(monkeypatch):
     lookup_costs.observe_draft(1, 1e-6)
 
     def ready(batch: int) -> list[DraftLengthPolicy]:
-        policies = [DraftLengthPolicy(1, lookup_costs) for _ in range(batch)]
-        for policy in policies:
-            for _ in range(30):
-                policy.observe(1, 1)
-        return policies
+        return _always_right(batch, 1, lookup_costs, drafted=1)
 
     assert BATCH_MARGIN >= 0.05
     assert plan_lengths(ready(4), costs, [1] * 4).commit() == [0] * 4
     assert plan_lengths(ready(1), costs, [1]).commit() == [1]
     monkeypatch.setattr(policy_module, "BATCH_MARGIN", 0.0)
     assert sum(plan_lengths(ready(4), costs, [1] * 4).commit()) > 0
+
+
+def _always_right(batch: int, k_max: int, costs, drafted: int) -> list[DraftLengthPolicy]:
+    """`batch` policies that saw 30 steps of `drafted` drafts all accepted."""
+    policies = [DraftLengthPolicy(k_max, costs) for _ in range(batch)]
+    for policy in policies:
+        for _ in range(30):
+            policy.observe(drafted, drafted)
+    return policies
