@@ -194,3 +194,12 @@ def test_heads_built_on_the_target_get_the_files_embeddings_and_head(target, qua
     attach_float_tables(target)
     for get in ("get_input_embeddings", "get_output_embeddings"):
         assert torch.equal(getattr(target.hf_model, get)().weight, getattr(reference.hf_model, get)().weight)
+
+
+def test_a_dtype_asked_of_a_quantized_file_is_said_to_apply_with_dequantize(quantized_file, capsys):
+    load_model(str(quantized_file), device="cpu")
+    assert "--dtype" not in capsys.readouterr().err
+    loaded = load_model(str(quantized_file), device="cpu", dtype="bfloat16")
+    assert loaded.backend.quantized_weights
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"specdec: {quantized_file} runs its file's quantized matrices; --dtype applies with --dequantize"]

@@ -15,22 +15,13 @@ from typing import Any
 
 import torch
 
-from ..config import DTYPES, check
-from ..errors import ConfigError, ModelLoadError, first_line
+from ..errors import ModelLoadError, first_line
 from .backend import CausalLM, ModelInfo
 from .backend_choice import check_backend, check_graphs, make_backend
+from .devices import check_device_dtype, cpu_has_bf16, resolve_device, resolve_dtype  # noqa: F401  (imported from here too)
 from .registry import KNOWN_MODELS
 
-DEVICES = ("auto", "cpu", "cuda")
 QUANTIZED_BACKENDS = ("auto", "kernels", "kernels-bf16kv")  # those that run a GGUF file's quantized matrices
-
-
-def check_device_dtype(device: str, dtype: str) -> None:
-    """Refuses (ConfigError) a device or dtype a model cannot be loaded on or in."""
-    check(
-        device in DEVICES or device.startswith("cuda:"), f"device must be one of {', '.join(DEVICES)}, got {device!r}"
-    )
-    check(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 @dataclass
@@ -43,32 +34,6 @@ class LoadedModel:
     @property
     def info(self) -> ModelInfo:
         return self.backend.info
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA GPU")
-    return torch.device(device)
-
-
-def cpu_has_bf16() -> bool:
-    """True where the CPU computes bfloat16 natively (AVX-512 BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' is bfloat16 on GPUs and CPUs that compute it natively, else float32."""
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_bf16() else torch.float32
-    return getattr(torch, dtype)
 
 
 def locate(spec: str) -> tuple[str, str | None]:
@@ -126,21 +91,16 @@ def load_model(
     check_backend(backend)
     check_graphs(graphs, compile)
     dev = resolve_device(device)
-    as_file = not dequantize and dev.type == "cpu" and backend in QUANTIZED_BACKENDS
-    if as_file and spec in KNOWN_MODELS and builtin_runs_its_file():
-        from .fetch import ensure_gguf
-
-        path = ensure_gguf(spec)
-        quantized = _load_quantized_gguf(spec, path, trust_remote_code, slots, max_context, backend != "kernels")
+    if not dequantize and dev.type == "cpu" and backend in QUANTIZED_BACKENDS:
+        quantized = _load_as_file(spec, backend, trust_remote_code, slots, max_context)
         if quantized is not None:
+            if dtype != "auto":  # said, not refused: the same command runs a float model in that dtype
+                print(
+                    f"specdec: {spec} runs its file's quantized matrices; --dtype applies with --dequantize",
+                    file=sys.stderr,
+                )
             return quantized
     folder, gguf = locate(spec)
-    if gguf and as_file:
-        quantized = _load_quantized_gguf(
-            spec, Path(folder) / gguf, trust_remote_code, slots, max_context, bf16_cache=backend != "kernels"
-        )
-        if quantized is not None:
-            return quantized
     torch_dtype = resolve_dtype(dtype, dev)
     hf_model, tokenizer = _load_transformers(folder, gguf, torch_dtype, trust_remote_code)
     hf_model.to(dev).eval()
@@ -153,6 +113,25 @@ def load_model(
         tokenizer=tokenizer,
         backend=make_backend(hf_model, info, backend, slots, max_context, graphs, compile),
     )
+
+
+def _load_as_file(
+    spec: str, backend: str, trust_remote_code: bool, slots: int, max_context: int | None
+) -> LoadedModel | None:
+    """The model of a GGUF file, or of a built-in alias's file where the kernels run, with its quantized matrices as
+    they are; None for any other model, or where the kernels or the file's architecture do not allow it."""
+    if spec in KNOWN_MODELS:
+        if not builtin_runs_its_file():
+            return None
+        from .fetch import ensure_gguf
+
+        path = ensure_gguf(spec)
+    else:
+        folder, gguf = locate(spec)
+        if not gguf:
+            return None
+        path = Path(folder) / gguf
+    return _load_quantized_gguf(spec, path, trust_remote_code, slots, max_context, bf16_cache=backend != "kernels")
 
 
 def _load_quantized_gguf(
