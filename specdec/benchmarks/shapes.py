@@ -154,7 +154,7 @@ def environment(device: torch.device) -> dict:
 def run_shapes(names: list[str], settings: ShapeBenchSettings, progress=None) -> dict:
     """The bench-shape JSON for these shapes, measured one after another on one device."""
     from ..models.backend_choice import check_backend
-    from ..models.loading import resolve_device
+    from ..models.devices import resolve_device
 
     settings.check()
     check_backend(settings.backend)

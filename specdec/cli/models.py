@@ -33,6 +33,6 @@ def run(args) -> int:
     print(f"cache: {cache_root()}  (set SPECDEC_CACHE to move it)")
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        held = f"cached ({', '.join(r.get('forms') or ['float'])})" if r["cached"] else "not cached"
+        held = f"cached ({', '.join(r['forms'])})" if r["cached"] else "not cached"
         print(f"{r['name']:<{width}}  {held:<21}  {r['description']}")
     return 0

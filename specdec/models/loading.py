@@ -18,7 +18,7 @@ import torch
 from ..errors import ModelLoadError, first_line
 from .backend import CausalLM, ModelInfo
 from .backend_choice import check_backend, check_graphs, make_backend
-from .devices import check_device_dtype, cpu_has_bf16, resolve_device, resolve_dtype  # noqa: F401  (imported from here too)
+from .devices import check_device_dtype, resolve_device, resolve_dtype
 from .registry import KNOWN_MODELS
 
 QUANTIZED_BACKENDS = ("auto", "kernels", "kernels-bf16kv")  # those that run a GGUF file's quantized matrices

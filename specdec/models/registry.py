@@ -74,6 +74,12 @@ def list_models() -> list[dict]:
         for folder in sorted(models_dir.iterdir()):
             if folder.name not in KNOWN_MODELS and (folder / "model.safetensors").is_file():
                 rows.append(
-                    {"name": folder.name, "cached": True, "path": str(folder), "description": "converted model"}
+                    {
+                        "name": folder.name,
+                        "cached": True,
+                        "path": str(folder),
+                        "forms": ["float"],
+                        "description": "converted model",
+                    }
                 )
     return rows

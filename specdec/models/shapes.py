@@ -267,7 +267,8 @@ def load_shape(
     load_model's."""
     from .family import fast_path_problem
     from .backend_choice import make_backend
-    from .loading import LoadedModel, model_info, resolve_device, resolve_dtype
+    from .devices import resolve_device, resolve_dtype
+    from .loading import LoadedModel, model_info
 
     shape = get_shape(name)
     dev = resolve_device(device)

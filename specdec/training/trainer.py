@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from ..errors import ConfigError
 from ..files import write_atomic
-from ..models.loading import cpu_has_bf16
+from ..models.devices import cpu_has_bf16
 from .batching import TrainSettings, batches, collate
 from .datamix import repeat_families
 from .eagle_trainer import unrolled_losses
