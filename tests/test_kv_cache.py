@@ -113,10 +113,13 @@ KERNEL_VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16), ("ke
 
 
 @pytest.mark.parametrize("kind,dtype", KERNEL_VARIANTS)
-@pytest.mark.parametrize("shape", [(64, 4, 2), (128, 2, 1)], ids=["head_dim16", "head_dim64"])
+@pytest.mark.parametrize(
+    "shape", [(64, 4, 2), (128, 2, 1), (192, 6, 2)], ids=["head_dim16", "head_dim64", "head_dim32_groups3"]
+)
 def test_kernels_are_batch_invariant_bit_for_bit(kind, dtype, shape):
     """One pass over k tokens, k one-token passes, a tree and a batch of sequences give identical logits
-    (attention rows that share their keys' values are summed side by side, each in its own order)."""
+    (attention rows that share their keys' values are summed side by side, each in its own order: a one-token
+    pass sums its head group's 2 or 3 rows together, a wide pass 8 at a time)."""
     hidden, heads, kv_heads = shape
     model = tiny_llama(seed=5, hidden=hidden, heads=heads, kv_heads=kv_heads).to(dtype)
     backend = loaded(model, kind, dtype=dtype).backend

@@ -77,13 +77,24 @@ constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
 constexpr int rows_per_pass(int dv) { return dv <= 2 ? 2 : 1; }
 #endif
 
+// the last `rows` (fewer than a pass holds) in one pass over v, so that a head group of 3 query rows (smollm2's) reads
+// its values once, not three times
+template <int R, int DV, typename KV>
+void accumulate_rest(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
+                     float* const* acc) {
+  if constexpr (R > 0) {
+    if (rows == R) return accumulate_rows<R, DV, KV>(w, i0, i1, v, hd, acc);
+    accumulate_rest<R - 1, DV, KV>(rows, w, i0, i1, v, hd, acc);
+  }
+}
+
 template <int DV, typename KV>
 void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
                      float* const* acc) {
   constexpr int R = rows_per_pass(DV);
   int64_t r = 0;
   for (; r + R <= rows; r += R) accumulate_rows<R, DV, KV>(w + r, i0, i1, v, hd, acc + r);
-  for (; r < rows; ++r) accumulate_rows<1, DV, KV>(w + r, i0, i1, v, hd, acc + r);
+  accumulate_rest<R - 1, DV, KV>(rows - r, w + r, i0, i1, v, hd, acc + r);
 }
 
 template <int DV = 16, typename KV>
