@@ -93,8 +93,15 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 }
 
 constexpr int kQMaxRows = 4;
-// units per thread below which quantized_share shares half-blocks instead of blocks
+// units per thread below which quantized_share shares half-blocks instead of blocks. AVX2 builds only: there a
+// half-block is two of the block's four streams, read whole; in an AVX-512 build's one stream a block, a half is
+// every other 64 bytes, and smollm2's one-token pass ran 16% slower with its small products (q, k, v, o, down) so
+// shared than by whole blocks (Zen 4, same bits).
+#ifdef SPECDEC_AVX512
+constexpr int64_t kHalvedUnits = 0;
+#else
 constexpr int64_t kHalvedUnits = 16;
+#endif
 
 template <int FMT, int NV, int MR = kQMaxRows>
 void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K, const uint8_t* block, int v0,
@@ -105,9 +112,9 @@ void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K,
   }
 }
 
-// One quantized product as the threads share it: (block, group of rows) units, or half-blocks of 32 columns where
-// whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a small model's
-// attention output): each output is computed the same way whichever unit holds it.
+// One quantized product as the threads share it: (block, group of rows) units, or (AVX2 builds) half-blocks of 32
+// columns where whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a
+// small model's attention output): each output is computed the same way whichever unit holds it.
 struct QuantizedShare {
   int fmt;
   const uint8_t* packed;
