@@ -93,14 +93,17 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 }
 
 constexpr int kQMaxRows = 4;
-// units per thread below which quantized_share shares half-blocks instead of blocks. AVX2 builds only: there a
-// half-block is two of the block's four streams, read whole; in an AVX-512 build's one stream a block, a half is
-// every other 64 bytes, and smollm2's one-token pass ran 16% slower with its small products (q, k, v, o, down) so
-// shared than by whole blocks (Zen 4, same bits).
-#ifdef SPECDEC_AVX512
-constexpr int64_t kHalvedUnits = 0;
-#else
+// units per thread below which quantized_share shares half-blocks instead of blocks
 constexpr int64_t kHalvedUnits = 16;
+// Whether a thread runs two halves of a block it holds both of as one whole-block tile (one-row-group products): on
+// AVX-512 builds, whose one stream a block makes a half every other 64 bytes, smollm2's one-token pass ran 16%
+// slower with its small products (q, k, v, o, down) shared by halves than by whole blocks (Zen 4, the same bits), and
+// whole blocks alone leave a thread idle where blocks are few and odd (9 for o and down). On AVX2 builds a half is
+// two of the block's four streams, read whole.
+#ifdef SPECDEC_AVX512
+constexpr bool kWholeHalves = true;
+#else
+constexpr bool kWholeHalves = false;
 #endif
 
 template <int FMT, int NV, int MR = kQMaxRows>
@@ -112,8 +115,7 @@ void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K,
   }
 }
 
-// One quantized product as the threads share it: (block, group of rows) units, or (AVX2 builds) half-blocks of 32
-// columns where whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a
+// One quantized product as the threads share it: (block, group of rows) units, or half-blocks of 32 columns where whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a
 // small model's attention output): each output is computed the same way whichever unit holds it.
 struct QuantizedShare {
   int fmt;
@@ -136,30 +138,46 @@ inline QuantizedShare quantized_share(int fmt, int64_t M, const uint8_t* packed,
           blocks * pieces * groups};
 }
 
-// Unit u of a product in format FMT (s.fmt)
+// Unit u of a product in format FMT (s.fmt); whole: the whole block of a half-block unit u (piece 0), in one tile
 template <int FMT>
-void quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u) {
+void quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u, bool whole = false) {
   const int64_t b = u / (s.groups * s.pieces), piece = u / s.groups % s.pieces, m = u % s.groups * kQMaxRows;
   const int64_t n = b * kBlockCols;
   const int valid = static_cast<int>(std::min<int64_t>(kBlockCols, s.N - n));
   const int v0 = static_cast<int>(piece * 2);
-  if (s.halves && !live_lanes(valid, v0)) return;
+  const bool half = s.halves && !whole;
+  if (half && !live_lanes(valid, v0)) return;
   const int64_t rows = std::min<int64_t>(kQMaxRows, s.M - m);
   const uint8_t* block = s.packed + b * s.block_bytes;
   const float* bias = s.bias ? s.bias + n : nullptr;
   float* y = s.y + m * s.ldy + n;
-  if (s.halves) tile_quantized_rows<FMT, 2>(rows, xq, m, s.K, block, v0, valid, bias, y, s.ldy);
+  if (half) tile_quantized_rows<FMT, 2>(rows, xq, m, s.K, block, v0, valid, bias, y, s.ldy);
   else tile_quantized_rows<FMT, kVecs>(rows, xq, m, s.K, block, 0, valid, bias, y, s.ldy);
 }
 
-inline void any_quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u) {
+// Units [u0, u1) of a product, one thread's share: where kWholeHalves, both halves of a block (one group of rows) in
+// one tile. A half-block's outputs are computed as the whole block's tile computes them, so the share changes no bit.
+template <int FMT>
+void quantized_units(const Q8Rows& xq, const QuantizedShare& s, int64_t u0, int64_t u1) {
+  const bool pairs = kWholeHalves && s.halves && s.groups == 1;
+  for (int64_t u = u0; u < u1;) {
+    if (pairs && u % 2 == 0 && u + 1 < u1) {
+      quantized_unit<FMT>(xq, s, u, true);
+      u += 2;
+    } else {
+      quantized_unit<FMT>(xq, s, u++);
+    }
+  }
+}
+
+inline void any_quantized_units(const Q8Rows& xq, const QuantizedShare& s, int64_t u0, int64_t u1) {
   switch (s.fmt) {
-    case Q4: return quantized_unit<Q4>(xq, s, u);
-    case Q40: return quantized_unit<Q40>(xq, s, u);
-    case Q8: return quantized_unit<Q8>(xq, s, u);
-    case K4: return quantized_unit<K4>(xq, s, u);
-    case K5: return quantized_unit<K5>(xq, s, u);
-    default: return quantized_unit<K6>(xq, s, u);
+    case Q4: return quantized_units<Q4>(xq, s, u0, u1);
+    case Q40: return quantized_units<Q40>(xq, s, u0, u1);
+    case Q8: return quantized_units<Q8>(xq, s, u0, u1);
+    case K4: return quantized_units<K4>(xq, s, u0, u1);
+    case K5: return quantized_units<K5>(xq, s, u0, u1);
+    default: return quantized_units<K6>(xq, s, u0, u1);
   }
 }
 
@@ -169,9 +187,7 @@ template <int FMT>
 void linear_quantized(const Q8Rows& xq, int64_t M, const uint8_t* packed, int64_t N, int64_t K, const float* bias,
                       float* y, int64_t ldy) {
   const QuantizedShare share = quantized_share(FMT, M, packed, N, K, bias, y, ldy);
-  at::parallel_for(0, share.units, 1, [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u) quantized_unit<FMT>(xq, share, u);
-  });
+  at::parallel_for(0, share.units, 1, [&](int64_t u0, int64_t u1) { quantized_units<FMT>(xq, share, u0, u1); });
 }
 
 // Several products of the same activations at once (the parts of a fused weight in different formats, as a GGUF
@@ -184,8 +200,7 @@ void linear_quantized_parts(const Q8Rows& xq, const std::vector<QuantizedShare>&
     for (int64_t t = t0; t < t1; ++t)
       for (const QuantizedShare& s : shares) {
         const int64_t per_thread = (s.units + threads - 1) / threads;
-        for (int64_t u = t * per_thread; u < std::min(s.units, (t + 1) * per_thread); ++u)
-          any_quantized_unit(xq, s, u);
+        any_quantized_units(xq, s, std::min(s.units, t * per_thread), std::min(s.units, (t + 1) * per_thread));
       }
   });
 }
