@@ -155,15 +155,17 @@ void quantized_unit(const Q8Rows& xq, const QuantizedShare& s, int64_t u, bool w
   else tile_quantized_rows<FMT, kVecs>(rows, xq, m, s.K, block, 0, valid, bias, y, s.ldy);
 }
 
-// Units [u0, u1) of a product, one thread's share: where kWholeHalves, both halves of a block (one group of rows) in
-// one tile. A half-block's outputs are computed as the whole block's tile computes them, so the share changes no bit.
+// Units [u0, u1) of a product, one thread's share: where kWholeHalves, the blocks whose units (both halves, every
+// group of rows) it holds all in whole-block tiles. A half-block's outputs are computed as the whole block's tile
+// computes them, so the share changes no bit.
 template <int FMT>
 void quantized_units(const Q8Rows& xq, const QuantizedShare& s, int64_t u0, int64_t u1) {
-  const bool pairs = kWholeHalves && s.halves && s.groups == 1;
+  const bool wholes = kWholeHalves && s.halves;
+  const int64_t per_block = s.groups * s.pieces;  // units are ordered by block, then piece, then group of rows
   for (int64_t u = u0; u < u1;) {
-    if (pairs && u % 2 == 0 && u + 1 < u1) {
-      quantized_unit<FMT>(xq, s, u, true);
-      u += 2;
+    if (wholes && u % per_block == 0 && u + per_block <= u1) {
+      for (int64_t m = 0; m < s.groups; ++m) quantized_unit<FMT>(xq, s, u + m, true);  // piece 0's units
+      u += per_block;
     } else {
       quantized_unit<FMT>(xq, s, u++);
     }
