@@ -95,11 +95,11 @@ __attribute__((noinline)) void tile_quantized(const Q8Rows& x, int64_t row0, int
 constexpr int kQMaxRows = 4;
 // units per thread below which quantized_share shares half-blocks instead of blocks
 constexpr int64_t kHalvedUnits = 16;
-// Whether a thread runs two halves of a block it holds both of as one whole-block tile (one-row-group products): on
-// AVX-512 builds, whose one stream a block makes a half every other 64 bytes, smollm2's one-token pass ran 16%
-// slower with its small products (q, k, v, o, down) shared by halves than by whole blocks (Zen 4, the same bits), and
-// whole blocks alone leave a thread idle where blocks are few and odd (9 for o and down). On AVX2 builds a half is
-// two of the block's four streams, read whole.
+// Whether a thread runs the halves it holds of a block (both, for every group of rows) as whole-block tiles. On
+// AVX-512 builds, whose one stream a block makes a half every other 64 bytes, smollm2's one-token pass ran 5-10%
+// slower with its small products (q, k, v, o, down) read by halves (Zen 4, the same bits); halves are still how
+// those products are shared, so that 9 blocks go 4.5 and 4.5 to two threads. On AVX2 builds a half is two of the
+// block's four streams, read whole.
 #ifdef SPECDEC_AVX512
 constexpr bool kWholeHalves = true;
 #else
@@ -115,8 +115,9 @@ void tile_quantized_rows(int64_t rows, const Q8Rows& x, int64_t row0, int64_t K,
   }
 }
 
-// One quantized product as the threads share it: (block, group of rows) units, or half-blocks of 32 columns where whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a
-// small model's attention output): each output is computed the same way whichever unit holds it.
+// One quantized product as the threads share it: (block, group of rows) units, or half-blocks of 32 columns where
+// whole blocks would be too few to share evenly (a one-row pass over a matrix of few blocks, such as a small model's
+// attention output): each output is computed the same way whichever unit holds it.
 struct QuantizedShare {
   int fmt;
   const uint8_t* packed;
