@@ -17,20 +17,12 @@ from pathlib import Path
 import torch
 
 import specdec.kernels as K
+from qwen3_kernel_ab import build
 from specdec.models.loading import load_model
-
-SOURCE, HEADERS = K.SOURCE, list(K.HEADERS)
-
-
-def build(folder: str):
-    K.SOURCE = Path(folder) / SOURCE.name
-    K.HEADERS = [Path(folder) / h.name for h in HEADERS]
-    K._build.cache_clear()
-    return K._build(K.instruction_set())
 
 
 def main(model: str, mode: str, rounds: int) -> None:
-    modules = [build(os.environ["KA"]), build(os.environ["KB"])]
+    modules = [build(Path(os.environ["KA"])), build(Path(os.environ["KB"]))]
     backends = []
     for module in modules:
         K.load = lambda isa=None, module=module: module

@@ -119,11 +119,11 @@ def test_outputs_do_not_depend_on_how_the_threads_share_the_blocks(module, kind)
     blocks, k = 41, 256
     quantized = read_rows(kind, random_blocks(kind, 64 * blocks, k, seed=5))
     packed = pack_rows(module, quantized)
-    for few_blocks in (3, 4):
-        first = packed[: packed.numel() // blocks * few_blocks]
-        for rows in (1, 3, 6):
-            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            many = module.packed_matmul(x, packed, quantized.fmt, 64 * blocks, k)
+    for rows in (1, 3, 6):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        many = module.packed_matmul(x, packed, quantized.fmt, 64 * blocks, k)
+        for few_blocks in (3, 4):
+            first = packed[: packed.numel() // blocks * few_blocks]
             few = module.packed_matmul(x, first, quantized.fmt, 64 * few_blocks, k)
             assert torch.equal(few, many[:, : 64 * few_blocks])
 
