@@ -42,6 +42,8 @@ void score_rows(int64_t rows, const float* const* q, const KV* kbase, int64_t hd
   }
 }
 
+constexpr int kMaxAttentionRows = 8;  // query rows a task of attention (or of attention_split) shares its loads among
+
 // Value sums of R attention rows over consecutive keys [i0, i1): acc_r[d] += w_r[i] v[i][d], i in increasing order,
 // for DV vectors of 16 lanes of d (v rows of hd floats). The rows share every load of v; each row's sum is the
 // same chain of fused multiply-adds as if it ran alone, so a row's result does not depend on its neighbours.
@@ -73,8 +75,14 @@ void accumulate_rows(const float* const* w, int64_t i0, int64_t i1, const KV* v,
 // rows sharing one pass over v: as many as keep the accumulators in registers
 #ifdef SPECDEC_AVX512
 constexpr int rows_per_pass(int dv) { return dv <= 4 ? 4 : dv <= 8 ? 2 : 1; }
+// vectors of 16 lanes of d a pass over v takes: all of them
+constexpr int slice_vectors(int dv) { return dv; }
 #else
-constexpr int rows_per_pass(int dv) { return dv <= 2 ? 2 : 1; }
+constexpr int rows_per_pass(int dv) { return dv <= 1 ? 4 : dv <= 2 ? 2 : 1; }
+// AVX2's 16 registers hold one row's sums of a 64-wide head (8) beside its values (8), so each of a head group's rows
+// would take its own pass over v, widening every bfloat16 value once a row; a pass over one vector of d at a time
+// holds 4 rows' sums, so each value is widened once for 4 rows. A row's sum of each d is the same chain either way.
+constexpr int slice_vectors(int dv) { return dv <= 1 ? dv : 1; }
 #endif
 
 // the last `rows` (fewer than a pass holds) in one pass over v, so that a head group of 3 query rows (smollm2's) reads
@@ -89,12 +97,29 @@ void accumulate_rest(int64_t rows, const float* const* w, int64_t i0, int64_t i1
 }
 
 template <int DV, typename KV>
-void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
-                     float* const* acc) {
+void accumulate_slice(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
+                      float* const* acc) {
   constexpr int R = rows_per_pass(DV);
   int64_t r = 0;
   for (; r + R <= rows; r += R) accumulate_rows<R, DV, KV>(w + r, i0, i1, v, hd, acc + r);
   accumulate_rest<R - 1, DV, KV>(rows - r, w + r, i0, i1, v, hd, acc + r);
+}
+
+// rows (at most kMaxAttentionRows) of value sums over DV vectors of d, in passes over slices of slice_vectors(DV)
+template <int DV, typename KV>
+void accumulate_some(int64_t rows, const float* const* w, int64_t i0, int64_t i1, const KV* v, int64_t hd,
+                     float* const* acc) {
+  constexpr int SL = slice_vectors(DV);
+  if constexpr (SL == DV) {
+    accumulate_slice<DV, KV>(rows, w, i0, i1, v, hd, acc);
+  } else {
+    static_assert(DV % SL == 0, "a head's vectors of d split into whole slices");
+    float* sliced[kMaxAttentionRows];
+    for (int c = 0; c < DV; c += SL) {
+      for (int64_t r = 0; r < rows; ++r) sliced[r] = acc[r] + c * 16;
+      accumulate_slice<SL, KV>(rows, w, i0, i1, v + c * 16, hd, sliced);
+    }
+  }
 }
 
 template <int DV = 16, typename KV>
@@ -145,7 +170,8 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
   for (int64_t s = 0; s < S; ++s)
     for (int64_t g = 0; g < nkv && !(skip && (*skip)[s]); ++g) {
       const int64_t rows = (off[s + 1] - off[s]) * groups;
-      const int64_t chunk = rows <= 8 ? rows : std::clamp<int64_t>((rows + splits - 1) / splits, 1, 8);
+      const int64_t chunk =
+          rows <= kMaxAttentionRows ? rows : std::clamp<int64_t>((rows + splits - 1) / splits, 1, kMaxAttentionRows);
       // causal chunks cost in proportion to the keys they see, which grow down the rows: listed first, last,
       // second, second last..., so that the threads' consecutive shares of the list cost about the same
       const int64_t chunks = (rows + chunk - 1) / chunk;
@@ -157,10 +183,10 @@ void attention(int64_t nh, int64_t nkv, int64_t hd, const float* qkv, int64_t qk
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores, weights, acc;
     std::vector<int64_t> tail_keys;
-    int64_t lowest[8], contig[8], count[8];
-    float inv_totals[8];
-    const float* wptr[8];
-    float* aptr[8];
+    int64_t lowest[kMaxAttentionRows], contig[kMaxAttentionRows], count[kMaxAttentionRows];
+    float inv_totals[kMaxAttentionRows];
+    const float* wptr[kMaxAttentionRows];
+    float* aptr[kMaxAttentionRows];
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t s = tasks[w][0], g = tasks[w][1], first = tasks[w][2], rows = tasks[w][3];
       const int64_t Ts = off[s + 1] - off[s], base = start[s];
