@@ -174,14 +174,7 @@ void quantized_units(const Q8Rows& xq, const QuantizedShare& s, int64_t u0, int6
 }
 
 inline void any_quantized_units(const Q8Rows& xq, const QuantizedShare& s, int64_t u0, int64_t u1) {
-  switch (s.fmt) {
-    case Q4: return quantized_units<Q4>(xq, s, u0, u1);
-    case Q40: return quantized_units<Q40>(xq, s, u0, u1);
-    case Q8: return quantized_units<Q8>(xq, s, u0, u1);
-    case K4: return quantized_units<K4>(xq, s, u0, u1);
-    case K5: return quantized_units<K5>(xq, s, u0, u1);
-    default: return quantized_units<K6>(xq, s, u0, u1);
-  }
+  with_format(s.fmt, [&](auto format) { quantized_units<decltype(format)::value>(xq, s, u0, u1); });
 }
 
 // y (M, ldy) columns [0, N) = x (M, K, quantized by quantize_rows) @ W^T (+ bias) for W packed in format FMT

@@ -48,6 +48,20 @@ constexpr bool has_min(int fmt) { return fmt == Q4 || fmt == Q40 || fmt == K4 ||
 // K4 and K5: d and m of a group are the super-block's d and -dmin times the group's 6-bit sc and mn
 constexpr bool k_min(int fmt) { return fmt == K4 || fmt == K5; }
 
+// f(std::integral_constant<int, FMT>{}) for the format fmt names (K6 for any other: the packed weights' formats are
+// checked where they are packed, pack_codes): the one switch from a format number to the templates of that format
+template <typename F>
+inline decltype(auto) with_format(int fmt, F&& f) {
+  switch (fmt) {
+    case Q4: return f(std::integral_constant<int, Q4>{});
+    case Q40: return f(std::integral_constant<int, Q40>{});
+    case Q8: return f(std::integral_constant<int, Q8>{});
+    case K4: return f(std::integral_constant<int, K4>{});
+    case K5: return f(std::integral_constant<int, K5>{});
+    default: return f(std::integral_constant<int, K6>{});
+  }
+}
+
 template <int FMT>
 struct QLayout {
   static constexpr int kBits = q_bits(FMT);
@@ -98,14 +112,7 @@ static_assert(QLayout<Q8>::kStreams * QLayout<Q8>::kChunkBytes == q_group_bytes(
 static_assert(QLayout<Q4>::kStreams * QLayout<Q4>::kChunkBytes == q_group_bytes(4), "4-bit layout");
 
 inline int64_t q_block_bytes(int fmt, int64_t G) {
-  switch (fmt) {
-    case Q4: return QLayout<Q4>::block_bytes(G);
-    case Q40: return QLayout<Q40>::block_bytes(G);
-    case Q8: return QLayout<Q8>::block_bytes(G);
-    case K4: return QLayout<K4>::block_bytes(G);
-    case K5: return QLayout<K5>::block_bytes(G);
-    default: return QLayout<K6>::block_bytes(G);
-  }
+  return with_format(fmt, [&](auto format) { return QLayout<decltype(format)::value>::block_bytes(G); });
 }
 
 // A quantized weight as numbers, row by row, before packing: codes (N, K) uint8 (u, for Q4, Q40, K4 and K5) or int8
@@ -292,12 +299,5 @@ void dequantized_row_as(const uint8_t* packed, int64_t n, int64_t K, float* out)
 }
 
 void dequantized_row(int fmt, const uint8_t* packed, int64_t n, int64_t K, float* out) {
-  switch (fmt) {
-    case Q4: return dequantized_row_as<Q4>(packed, n, K, out);
-    case Q40: return dequantized_row_as<Q40>(packed, n, K, out);
-    case Q8: return dequantized_row_as<Q8>(packed, n, K, out);
-    case K4: return dequantized_row_as<K4>(packed, n, K, out);
-    case K5: return dequantized_row_as<K5>(packed, n, K, out);
-    default: return dequantized_row_as<K6>(packed, n, K, out);
-  }
+  with_format(fmt, [&](auto format) { dequantized_row_as<decltype(format)::value>(packed, n, K, out); });
 }

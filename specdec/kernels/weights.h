@@ -87,14 +87,9 @@ Weight packed_weight(const torch::Tensor& packed, int fmt, int64_t N, int64_t K)
 
 void linear_quantized_any(const Q8Rows& xq, int64_t M, const Weight& w, const float* bias, float* y, int64_t ldy) {
   const uint8_t* packed = reinterpret_cast<const uint8_t*>(w.data);
-  switch (w.qfmt) {
-    case Q4: return linear_quantized<Q4>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    case Q40: return linear_quantized<Q40>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    case Q8: return linear_quantized<Q8>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    case K4: return linear_quantized<K4>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    case K5: return linear_quantized<K5>(xq, M, packed, w.N, w.K, bias, y, ldy);
-    default: return linear_quantized<K6>(xq, M, packed, w.N, w.K, bias, y, ldy);
-  }
+  with_format(w.qfmt, [&](auto format) {
+    linear_quantized<decltype(format)::value>(xq, M, packed, w.N, w.K, bias, y, ldy);
+  });
 }
 
 // y (M, ldy) columns [0, N) = x (M, K) @ w^T (+ bias), x float32; bf16_products: round x to bfloat16 and
