@@ -1,4 +1,5 @@
-"""A `specdec serve` child process on a free local port: started, waited for (/health), stopped (SIGTERM).
+"""A `specdec serve` child process on a free local port: started, waited for (/health), stopped (SIGTERM). The
+child ends with this process too, however it ends (parent_process.py).
 
 Used by `specdec bench-serve` (when it starts its own server) and by the tests.
 """
@@ -14,6 +15,7 @@ import tempfile
 import time
 
 from ..errors import SpecdecError
+from ..parent_process import PARENT_PID_ENV
 
 
 def free_port() -> int:
@@ -27,7 +29,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict | None = None, port: int | None = None):
         self.args, self.port = list(args), port or free_port()
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **(env or {}), PARENT_PID_ENV: str(os.getpid())}
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="specdec-serve-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None

@@ -6,6 +6,7 @@ import os
 import sys
 
 from ..config import LOGPROBS_MODES
+from ..parent_process import exit_with_parent
 from ..prefill import parse_prefill_chunk
 from .common import (
     add_acceptance_option,
@@ -144,6 +145,7 @@ def run(args) -> int:
         "max_context": 256,
     }
     check_minimums(args, minimums)
+    exit_with_parent()  # where a bench or a test started this server, it ends with it
     if args.port > 65535:
         raise ConfigError(f"--port must be <= 65535, got {args.port}")
     prefill_chunk = parse_prefill_chunk(args.prefill_chunk)
