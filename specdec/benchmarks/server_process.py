@@ -29,7 +29,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict | None = None, port: int | None = None):
         self.args, self.port = list(args), port or free_port()
-        self.env = {**os.environ, **(env or {}), PARENT_PID_ENV: str(os.getpid())}
+        self.env = {**os.environ, **(env or {})}
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="specdec-serve-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
@@ -38,7 +38,8 @@ class ServerProcess:
         import httpx
 
         command = [sys.executable, "-m", "specdec.cli.main", "serve", *self.args, "--port", str(self.port)]
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        env = {**self.env, PARENT_PID_ENV: str(os.getpid())}  # the process starting it, which it ends with
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
