@@ -42,14 +42,21 @@ def wait_ended(pid: int, seconds: float) -> bool:
     return ended(pid)
 
 
-def start_middle(child_code: str) -> tuple[subprocess.Popen, int]:
-    middle = subprocess.Popen([sys.executable, "-c", MIDDLE, child_code], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return middle, int(middle.stdout.readline())
+def start_script(*argv: str) -> tuple[subprocess.Popen, int]:
+    """`python -c argv...` from the repository, and the process id its first line of output names."""
+    process = subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return process, int(process.stdout.readline())
+
+
+def kill_left(*pids: int) -> None:
+    for pid in pids:
+        if not ended(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_child_ends_soon_after_its_parent_is_killed_and_not_before():
-    middle, child = start_middle("import time\nfrom specdec.parent_process import exit_with_parent\n"
+    middle, child = start_script(MIDDLE, "import time\nfrom specdec.parent_process import exit_with_parent\n"
                                  "exit_with_parent(poll_s=0.1)\ntime.sleep(600)")
     try:
         assert not wait_ended(child, 2.0)  # its parent lives: it keeps running
@@ -57,9 +64,7 @@ def test_a_child_ends_soon_after_its_parent_is_killed_and_not_before():
         middle.wait()
         assert wait_ended(child, 10.0)
     finally:
-        for pid in (middle.pid, child):
-            if not ended(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(middle.pid, child)
 
 
 def test_a_child_without_the_variable_is_not_watched():
@@ -79,15 +84,11 @@ def test_a_server_started_by_server_process_ends_with_the_process_that_started_i
         f"server = ServerProcess(['--model', {str(tiny_folder)!r}, '--dtype', 'float32', '--threads', '1']).start()\n"
         "print(server.proc.pid, flush=True)\ntime.sleep(600)"
     )
-    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    server = int(starter.stdout.readline())
+    starter, server = start_script(code)
     try:
         assert not ended(server)
         starter.send_signal(signal.SIGKILL)  # no clean-up of its own runs
         starter.wait()
         assert wait_ended(server, 30.0)  # drained (nothing in flight) and exited
     finally:
-        for pid in (starter.pid, server):
-            if not ended(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(starter.pid, server)
