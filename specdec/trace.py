@@ -100,16 +100,24 @@ class TraceWriter:
 
 def read_trace(path: str | Path) -> tuple[dict[int, float], list[dict]]:
     """(the first header's verify costs {tokens scored: seconds}, the request records in order)."""
+    costs, requests, _ = read_trace_with_model(path)
+    return costs, requests
+
+
+def read_trace_with_model(path: str | Path) -> tuple[dict[int, float], list[dict], str]:
+    """read_trace, and the model its first header names ("" where it names none)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"trace file not found: {path}")
-    costs, requests = None, []
+    costs, requests, model = None, [], ""
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             if record["type"] == "header":
+                if costs is None:
+                    model = str(record.get("model") or "")
                 costs = costs or {int(t): float(s) for t, s in record["verify_costs_s"].items()}
             elif record["type"] == "request":
                 if not (
@@ -125,4 +133,4 @@ def read_trace(path: str | Path) -> tuple[dict[int, float], list[dict]]:
         raise ConfigError(f"{path} has no header with verify costs (write traces with `--trace FILE`)")
     if not requests:
         raise ConfigError(f"{path} holds no requests")
-    return costs, requests
+    return costs, requests, model

@@ -106,3 +106,55 @@ def test_replay_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def _index_file(path, sequences, vocab_size=64, model=""):
+    from specdec.drafters.lookup.suffix import SuffixIndex
+
+    index = SuffixIndex.load(path, vocab_size, model=model)
+    index.store_all(sequences)
+    index.save()
+    return path
+
+
+def test_a_suffix_index_file_is_where_the_replayed_suffix_drafter_starts(tmp_path, capsys):
+    """With an index holding the traced outputs themselves (as a server that served them before would), the suffix
+    drafter drafts further than from an empty index; ngram, which reads no index, replays the same. (Fixed draft
+    lengths: the adaptive policy also weighs the drafting time measured as it replays.)"""
+    path = _traced(tmp_path, NgramDrafter(1, 3), k=4, adaptive=False)
+    _, records = read_trace(path)
+    outputs = [r["prompt_ids"] + r["output_ids"] for r in replayable(records)]
+    index = _index_file(tmp_path / "index.safetensors", outputs)
+    rows = {}
+    for name, extra in (("empty", []), ("file", ["--suffix-index", str(index)])):
+        out_json = tmp_path / f"{name}.json"
+        assert main(["replay", str(path), "--k", "2,4", "--ngram-min", "1", "--ngram-max", "3",
+                     "--out-json", str(out_json), *extra]) == 0
+        rows[name] = {p["name"]: p for p in json.loads(out_json.read_text())["policies"]}
+    assert "suffix from" in capsys.readouterr().out
+    for k in ("2", "4"):
+        with_file, without = rows["file"][f"suffix k={k}"], rows["empty"][f"suffix k={k}"]
+        assert with_file["mean_accepted_tokens"] > without["mean_accepted_tokens"]
+        assert rows["file"][f"ngram k={k}"]["steps"] == rows["empty"][f"ngram k={k}"]["steps"]
+    # fixed k=4 from an index holding every output: each step after the first of a request drafts 4 and keeps them
+    assert rows["file"]["suffix k=4"]["acceptance_rate"] > 0.9
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("missing", "suffix index not found"),
+    ("not an index", "could not read suffix index"),
+    ("other model", "was written for model other-model"),
+    ("small vocabulary", "was written for a vocabulary of 8 tokens"),
+])
+def test_replay_refuses_an_index_that_does_not_fit_the_trace_in_one_line(tmp_path, capsys, kind, message):
+    path = _traced(tmp_path, NgramDrafter(1, 3), k=2, adaptive=False)
+    index = tmp_path / "index.safetensors"
+    if kind == "not an index":
+        index.write_text("not safetensors")
+    elif kind == "other model":
+        _index_file(index, [[1, 2, 3]], model="other-model")
+    elif kind == "small vocabulary":
+        _index_file(index, [[1, 2, 3]], vocab_size=8)
+    assert main(["replay", str(path), "--suffix-index", str(index)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

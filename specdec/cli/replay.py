@@ -36,6 +36,13 @@ def register(sub) -> None:
     p.add_argument("--k-max", type=int, default=8, help="the adaptive policy's longest draft (default: 8)")
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument(
+        "--suffix-index",
+        default=None,
+        metavar="FILE",
+        help="the suffix drafter starts from this index file (`specdec suffix-index build`, or a server's "
+        "--suffix-index), as a server given it would; the file is only read",
+    )
     p.add_argument("--out-json", default=None, help="write every figure here")
     p.add_argument(
         "--with-steps",
@@ -64,7 +71,7 @@ def run(args) -> int:
     from ..drafters.lookup.ngram import NgramDrafter
     from ..drafters.lookup.suffix import SuffixDrafter
     from ..replay import replay_drafter, replay_logged, replay_plain, replayable
-    from ..trace import read_trace
+    from ..trace import read_trace_with_model
 
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     unknown = [d for d in drafters if d not in REPLAYABLE]
@@ -72,11 +79,15 @@ def run(args) -> int:
         raise ConfigError(f"cannot replay {', '.join(unknown)} without the model; replayable: {', '.join(REPLAYABLE)}")
     policies = _policies(args.k, args.k_max)
     ngram = NgramDrafter(args.ngram_min, args.ngram_max)  # checks the sizes before anything runs
-    makers: dict[str, Callable[[], Drafter]] = {"ngram": lambda: ngram, "suffix": SuffixDrafter}
-    verify_costs, records = read_trace(args.trace)
+    verify_costs, records, model = read_trace_with_model(args.trace)
     requests = replayable(records)
     if not requests:
         raise ConfigError(f"{args.trace}: no greedy, unconstrained request to replay ({len(records)} in all)")
+    corpus = _corpus(args.suffix_index, requests, model) if args.suffix_index else []
+    makers: dict[str, Callable[[], Drafter]] = {
+        "ngram": lambda: ngram,
+        "suffix": lambda: SuffixDrafter(shared=_index_of(corpus)),  # each policy from the file's state
+    }
     costs = CostModel(verify_costs)
     plain = replay_plain(requests, costs)
     results = [replay_logged(requests, costs)]
@@ -88,6 +99,7 @@ def run(args) -> int:
     print(
         f"{len(requests)} requests replayed of {len(records)} (sampled or constrained ones are left out); logged "
         f"with {', '.join(logged)}; {plain.tokens} tokens after the first of each"
+        + (f"; suffix from {args.suffix_index} ({sum(map(len, corpus))} tokens)" if args.suffix_index else "")
     )
     print(f"{'policy':<22} {'MAT':>5} {'accept':>7} {'pred tok/s':>10} {'speedup':>8}  measured tok/s")
     for r in [plain, *results]:
@@ -102,6 +114,7 @@ def run(args) -> int:
     if args.out_json:
         out = {
             "trace": str(args.trace),
+            "suffix_index": args.suffix_index,
             "requests": len(requests),
             "requests_in_trace": len(records),
             "verify_costs_s": verify_costs,
@@ -116,3 +129,31 @@ def run(args) -> int:
         Path(args.out_json).write_text(json.dumps(out, indent=1), encoding="utf-8")
         print(f"wrote {args.out_json}", file=sys.stderr)
     return 0
+
+
+def _corpus(path: str, requests: list[dict], model: str) -> list[list[int]]:
+    """The sequences of an index file, refused in one line where it cannot hold the trace's tokens: written for
+    another model than the trace names, or for a vocabulary smaller than the trace's token ids."""
+    from ..drafters.lookup.suffix import read_index_file
+
+    if not Path(path).is_file():
+        raise ConfigError(f"suffix index not found: {path}")
+    meta, sequences = read_index_file(Path(path))
+    if model and meta.get("model") and meta["model"] != model:
+        raise ConfigError(f"suffix index {path} was written for model {meta['model']}, the trace for {model}")
+    highest = max(max(r["prompt_ids"] + r["output_ids"]) for r in requests)
+    if highest >= int(meta["vocab_size"]):
+        raise ConfigError(
+            f"suffix index {path} was written for a vocabulary of {meta['vocab_size']} tokens; the trace holds "
+            f"token id {highest}"
+        )
+    return sequences
+
+
+def _index_of(corpus: list[list[int]]):
+    """A fresh shared index holding `corpus` (within the index's size bound, newest kept, as a file load keeps)."""
+    from ..drafters.lookup.suffix import SuffixIndex
+
+    index = SuffixIndex()
+    index.store_all(corpus)
+    return index

@@ -35,6 +35,28 @@ def tokenizer_id(tokenizer) -> str:
     return "sha256:" + hashlib.sha256(vocab.encode("utf-8")).hexdigest()[:16]
 
 
+def read_index_file(path: Path) -> tuple[dict[str, str], list[list[int]]]:
+    """(metadata, stored sequences) of an index file (`SuffixIndex.save`); a file that is not one is refused."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tokens, lengths = f.get_tensor("tokens").tolist(), f.get_tensor("lengths").tolist()
+    except Exception as exc:  # not safetensors, or not ours
+        raise ConfigError(f"could not read suffix index {path}: {exc}") from None
+    if meta.get("format") != INDEX_FORMAT or not str(meta.get("vocab_size", "")).isdigit():
+        raise ConfigError(
+            f"suffix index {path} was not written by specdec (format {meta.get('format')!r}, "
+            f"vocabulary {meta.get('vocab_size')})"
+        )
+    sequences, start = [], 0
+    for n in lengths:
+        sequences.append(tokens[start : start + n])
+        start += n
+    return meta, sequences
+
+
 class SuffixIndex:
     """For every run of 1..max_n tokens in the stored sequences, how often each token followed it.
 
@@ -84,15 +106,8 @@ class SuffixIndex:
         index = cls(max_n)
         index.path, index.vocab_size, index.tokenizer, index.model = path, vocab_size, tokenizer, model
         if path.exists():
-            from safetensors import safe_open
-
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    meta = f.metadata() or {}
-                    tokens, lengths = f.get_tensor("tokens").tolist(), f.get_tensor("lengths").tolist()
-            except Exception as exc:  # not safetensors, or not ours
-                raise ConfigError(f"could not read suffix index {path}: {exc}") from None
-            if meta.get("format") != INDEX_FORMAT or meta.get("vocab_size") != str(vocab_size):
+            meta, sequences = read_index_file(path)
+            if meta.get("vocab_size") != str(vocab_size):
                 raise ConfigError(
                     f"suffix index {path} was not written by specdec for a vocabulary of {vocab_size} "
                     f"tokens (format {meta.get('format')!r}, vocabulary {meta.get('vocab_size')})"
@@ -100,10 +115,8 @@ class SuffixIndex:
             if tokenizer and meta.get("tokenizer", tokenizer) != tokenizer:
                 owner = f"for model {meta['model']}, whose tokenizer" if meta.get("model") else "for a tokenizer that"
                 raise ConfigError(f"suffix index {path} was written {owner} is not {model or 'this model'}'s")
-            start = 0
-            for n in lengths if keep else ():
-                index.store(tokens[start : start + n])
-                start += n
+            for sequence in sequences if keep else ():
+                index.store(sequence)
         return index
 
     def _save_at_exit(self) -> None:
