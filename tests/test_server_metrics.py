@@ -119,3 +119,5 @@ def test_serving_floors_pool_repeated_runs():
     assert got["speculation_on_over_off_c4"] == 1.25
     assert got["latency_speedup_c1_speculation"] == 1.0
     assert got["throughput_scaling_c4_over_c1_no_speculation"] == 4.0 and got["lost_or_failed"] == 0
+    alone = floors([r for r in runs if r["concurrency"] == 4])  # one concurrency: no scaling to report
+    assert not any(name.startswith("throughput_scaling") for name in alone) and alone["lost_or_failed"] == 0

@@ -103,7 +103,8 @@ def floors(runs: list[dict]) -> dict:
             for r in runs
         )
     }
-    if (a := pooled(lo, "off")) and (b := pooled(hi, "off")) and a["tokens_per_s"] > 0:
+    # scaling compares two concurrencies: a run at one has none to report (not a 1.00x that fails the floor)
+    if hi > lo and (a := pooled(lo, "off")) and (b := pooled(hi, "off")) and a["tokens_per_s"] > 0:
         out[f"throughput_scaling_c{hi}_over_c{lo}_no_speculation"] = b["tokens_per_s"] / a["tokens_per_s"]
     if (a := pooled(lo, "off")) and (b := pooled(lo, "on")) and a["latency_s"] and b["latency_s"]:
         out[f"latency_speedup_c{lo}_speculation"] = a["latency_s"] / b["latency_s"]
