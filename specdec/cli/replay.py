@@ -11,6 +11,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
+    from ..drafters.lookup.suffix import SuffixIndex
 
 REPLAYABLE = ("ngram", "suffix")
 
@@ -150,7 +151,7 @@ def _corpus(path: str, requests: list[dict], model: str) -> list[list[int]]:
     return sequences
 
 
-def _index_of(corpus: list[list[int]]):
+def _index_of(corpus: list[list[int]]) -> "SuffixIndex":
     """A fresh shared index holding `corpus` (within the index's size bound, newest kept, as a file load keeps)."""
     from ..drafters.lookup.suffix import SuffixIndex
 
