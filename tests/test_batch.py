@@ -274,3 +274,47 @@ def test_no_drafts_while_the_batch_is_over_the_limit():
 def test_max_batch_for_drafting_must_be_an_integer_of_at_least_one(limit):
     with pytest.raises(ConfigError, match="max_batch_for_drafting must be an integer >= 1"):
         SpeculationConfig(max_batch_for_drafting=limit)
+
+
+@pytest.mark.parametrize("p_min", [0.0, 0.3])
+def test_a_draft_model_drafts_a_batch_in_shared_passes_the_drafts_each_would_alone(p_min):
+    """Greedy requests drafting with one draft model share each pass (one pass a drafted token, every request's
+    latest token in it), and each gets the chain it would draft alone, the confidence stop included; sampled and
+    penalized requests draft alone."""
+    from specdec.drafters.base import DraftJob, DraftRequest
+
+    draft = loaded(tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2), "kernels").backend
+    root = DraftModelDrafter(draft, 64, p_min=p_min)
+    contexts = _prompts(5)[1:]
+    ks = [5, 2, 6, 4]
+
+    def drafters():
+        out = []
+        for context in contexts:
+            d = root.fork()
+            d.begin(DraftRequest(prompt_ids=context))
+            out.append(d)
+        return out
+
+    passes = []
+    forward_batch = draft.forward_batch
+    draft.forward_batch = lambda caches, ids, **kw: passes.append(len(ids)) or forward_batch(caches, ids, **kw)
+    together = drafters()
+    shared = together[0].pass_sharing()
+    assert shared is not None and all(d.pass_sharing() is shared for d in together)  # one table for every fork
+    assert root.pass_sharing() is None  # drafting for no request
+    # twice: the second call rolls each draft cache back to what it shares with the context (the last token fed)
+    for _ in range(2):
+        passes.clear()
+        made = together[0].propose_together([DraftJob(d, c, k) for d, c, k in zip(together, contexts, ks)])
+        alone = [d.propose(c, Budget(k)) for d, c, k in zip(drafters(), contexts, ks)]
+        assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
+        lengths = [len(m) for m in made]
+        assert len(passes) == max(lengths) and passes[0] == len(contexts)  # one pass a drafted token, shared
+        assert all(1 <= n <= k for n, k in zip(lengths, ks)) and (p_min > 0 or lengths == ks)
+    draft.forward_batch = forward_batch
+    sampled = root.fork()
+    sampled.begin(DraftRequest(prompt_ids=contexts[0], sampling=SamplingConfig(temperature=1.0)))
+    penalized = root.fork()
+    penalized.begin(DraftRequest(prompt_ids=contexts[0], sampling=SamplingConfig(repetition_penalty=1.3)))
+    assert sampled.pass_sharing() is None and penalized.pass_sharing() is None

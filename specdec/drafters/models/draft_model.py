@@ -5,19 +5,39 @@ Confidence stop (llama.cpp's --draft-p-min, transformers' assistant_confidence_t
 ends after the first token whose draft probability is below p_min (that token is kept). The probability is the
 draft's softmax of that token under greedy decoding, else q(token), the distribution it was drawn from. Stopping only
 shortens the draft: each position's q and token are the ones drafting used, so verification stays lossless.
+
+In a batch, greedy requests without penalties draft together (propose_together) where the draft backend runs
+several sequences in one pass (CausalLM.batched): one pass a drafted token for all of them instead of one each.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+from typing import cast
+
 import torch
 
+from ...costs import SharedPasses, time_by_size
 from ...models.backend import CausalLM, SequenceCache
 from ...penalties import TokenHistory, penalize
 from ...sampling import probs_from_logits
 from ...tokens import common_prefix
 from ...verify import greedy_choices
-from ..base import Budget, Draft, Drafter, DraftRequest
+from ..base import Budget, Draft, Drafter, DraftJob, DraftRequest
 from ..options import check_p_min
+
+
+@dataclass
+class _Chain:
+    """One request drafting in the shared passes of propose_together."""
+
+    index: int  # its place among the jobs
+    drafter: "DraftModelDrafter"
+    k: int  # the most tokens it drafts
+    pending: list[int]  # the tokens the next pass feeds it
+    tokens: list[int] = field(default_factory=list)  # drafted so far
+    done: bool = False
 
 
 class DraftModelDrafter(Drafter):
@@ -26,7 +46,15 @@ class DraftModelDrafter(Drafter):
 
     name = "draft-model"
 
-    def __init__(self, draft: CausalLM, target_vocab_size: int, name: str = "draft-model", p_min: float = 0.0):
+    def __init__(
+        self,
+        draft: CausalLM,
+        target_vocab_size: int,
+        name: str = "draft-model",
+        p_min: float = 0.0,
+        shared: list[SharedPasses] | None = None,
+    ):
+        """shared: the draft's pass costs by rows, shared by every fork (measured when a batch first drafts)."""
         self.name = name
         self.draft = draft
         self.device = draft.info.device  # where its logits are
@@ -34,9 +62,73 @@ class DraftModelDrafter(Drafter):
         self.p_min = check_p_min(p_min)
         self.cache: SequenceCache | None = None  # the draft's own KV cache, from the first request on
         self.cached: list[int] = []  # tokens whose keys and values the draft cache holds
+        self.shared = shared if shared is not None else []
 
     def fork(self) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.draft, self.vocab, self.name, self.p_min)
+        return DraftModelDrafter(self.draft, self.vocab, self.name, self.p_min, self.shared)
+
+    def pass_sharing(self) -> SharedPasses | None:
+        """The draft's pass costs where this request drafts in passes shared with others (a greedy request without
+        penalties, on a backend that runs several sequences in one pass: propose_together), else None."""
+        sampling = self.current.sampling if self.request is not None else None
+        if not self.draft.batched or sampling is None or not sampling.greedy or sampling.penalized:
+            return None
+        if not self.shared:
+            self.shared.append(SharedPasses(self._measure_passes()))
+        return self.shared[0]
+
+    @torch.inference_mode()
+    def propose_together(self, jobs: list[DraftJob]) -> list[Draft]:
+        """Chains for requests whose drafters share this draft model (pass_sharing), all in one pass a drafted token:
+        each request's drafts are those propose would make for it (the pass is batch-invariant on specdec's
+        kernels; elsewhere, it decides only which drafts are proposed)."""
+        drafts: dict[int, Draft] = {}
+        live = []
+        for i, (job_drafter, context, k) in enumerate(jobs):
+            drafter = cast(DraftModelDrafter, job_drafter)  # pass_sharing groups this drafter's jobs only
+            if k <= 0:
+                drafts[i] = Draft.empty()
+            else:
+                live.append(_Chain(i, drafter, k, drafter._sync(context)))
+        active = live
+        while active:
+            start = time.perf_counter()
+            outputs = self.draft.forward_batch(
+                [c.drafter._cache() for c in active], [torch.tensor(c.pending) for c in active], last_only=True
+            )
+            self.shared[0].observe(sum(len(c.pending) for c in active), time.perf_counter() - start)
+            for chain, out in zip(active, outputs):
+                logits = _fit_vocab(out.logits[-1].float(), self.vocab)
+                token = int(greedy_choices(logits))
+                chain.tokens.append(token)
+                # as propose: the last token is not fed, so the cache holds the context and the drafts before it
+                chain.done = len(chain.tokens) == chain.k or chain.drafter._unsure(logits, None, token)
+                if not chain.done:
+                    chain.pending = [token]
+                    chain.drafter.cached.append(token)
+            active = [c for c in active if not c.done]
+        for chain in live:
+            drafts[chain.index] = Draft(tokens=torch.tensor(chain.tokens, dtype=torch.long))
+        return [drafts[i] for i in range(len(jobs))]
+
+    @torch.inference_mode()
+    def _measure_passes(self, sizes=(1, 2, 4, 8, 16), context: int = 128, repeats: int = 3) -> dict[int, float]:
+        """{rows: seconds} of the draft's pass over that many rows of one sequence after `context` cached tokens
+        (time_by_size): what a pass over that many sequences' one token each costs, but for their attention."""
+        context = max(1, min(context, self.draft.info.max_context - max(sizes)))
+        cache = self.draft.new_cache()
+        vocab = self.draft.info.vocab_size
+        try:
+            self.draft.forward(cache, torch.randint(0, vocab, (context,)), last_only=True)
+            feeds = {rows: torch.randint(0, vocab, (rows,)) for rows in sizes}
+            return time_by_size(
+                lambda rows: self.draft.forward(cache, feeds[rows], last_only=True),
+                lambda _rows: self.draft.truncate(cache, context),
+                sizes,
+                repeats,
+            )
+        finally:
+            self.draft.release(cache)
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
