@@ -74,7 +74,10 @@ class DraftModelDrafter(Drafter):
         if not self.draft.batched or sampling is None or not sampling.greedy or sampling.penalized:
             return None
         if not self.shared:
-            self.shared.append(SharedPasses(self._measure_passes()))
+            measured = self._time_passes_in(self._cache())
+            if measured is None:
+                return None  # no room past this request's cache: another request measures
+            self.shared.append(SharedPasses(measured))
         return self.shared[0]
 
     @torch.inference_mode()
@@ -112,23 +115,23 @@ class DraftModelDrafter(Drafter):
         return [drafts[i] for i in range(len(jobs))]
 
     @torch.inference_mode()
-    def _measure_passes(self, sizes=(1, 2, 4, 8, 16), context: int = 128, repeats: int = 3) -> dict[int, float]:
-        """{rows: seconds} of the draft's pass over that many rows of one sequence after `context` cached tokens
-        (time_by_size): what a pass over that many sequences' one token each costs, but for their attention."""
-        context = max(1, min(context, self.draft.info.max_context - max(sizes)))
-        cache = self.draft.new_cache()
-        vocab = self.draft.info.vocab_size
-        try:
-            self.draft.forward(cache, torch.randint(0, vocab, (context,)), last_only=True)
-            feeds = {rows: torch.randint(0, vocab, (rows,)) for rows in sizes}
-            return time_by_size(
-                lambda rows: self.draft.forward(cache, feeds[rows], last_only=True),
-                lambda _rows: self.draft.truncate(cache, context),
-                sizes,
-                repeats,
-            )
-        finally:
-            self.draft.release(cache)
+    def _time_passes_in(
+        self, cache: SequenceCache, sizes=(1, 2, 4, 8, 16), repeats: int = 3
+    ) -> dict[int, float] | None:
+        """{rows: seconds} of the draft's pass over that many rows of one sequence (time_by_size): what a pass over
+        that many sequences' one token each costs, but for their attention. Timed in `cache` past its length, each
+        pass truncated away, so that no slot is taken (the draft's pool is sized for the batch); None where the
+        cache has no room for the largest."""
+        length = cache.length
+        if length + max(sizes) > self.draft.info.max_context:
+            return None
+        feeds = {rows: torch.randint(0, self.draft.info.vocab_size, (rows,)) for rows in sizes}
+        return time_by_size(
+            lambda rows: self.draft.forward(cache, feeds[rows], last_only=True),
+            lambda _rows: self.draft.truncate(cache, length),
+            sizes,
+            repeats,
+        )
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
