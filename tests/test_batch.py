@@ -300,8 +300,10 @@ def test_a_draft_model_drafts_a_batch_in_shared_passes_the_drafts_each_would_alo
     forward_batch = draft.forward_batch
     draft.forward_batch = lambda caches, ids, **kw: passes.append(len(ids)) or forward_batch(caches, ids, **kw)
     together = drafters()
-    shared = together[0].pass_sharing()
+    slots, held = draft.pool.slots, [d.cache.length for d in together]
+    shared = together[0].pass_sharing()  # timed in that request's own cache: no slot taken, nothing it holds moved
     assert shared is not None and all(d.pass_sharing() is shared for d in together)  # one table for every fork
+    assert draft.pool.slots == slots and [d.cache.length for d in together] == held
     assert root.pass_sharing() is None  # drafting for no request
     # twice: the second call rolls each draft cache back to what it shares with the context (the last token fed)
     for _ in range(2):
