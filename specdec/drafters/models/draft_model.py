@@ -37,7 +37,6 @@ class _Chain:
     k: int  # the most tokens it drafts
     pending: list[int]  # the tokens the next pass feeds it
     tokens: list[int] = field(default_factory=list)  # drafted so far
-    done: bool = False
 
 
 class DraftModelDrafter(Drafter):
@@ -100,16 +99,17 @@ class DraftModelDrafter(Drafter):
                 [c.drafter._cache() for c in active], [torch.tensor(c.pending) for c in active], last_only=True
             )
             self.shared[0].observe(sum(len(c.pending) for c in active), time.perf_counter() - start)
+            going = []
             for chain, out in zip(active, outputs):
                 logits = _fit_vocab(out.logits[-1].float(), self.vocab)
                 token = int(greedy_choices(logits))
                 chain.tokens.append(token)
                 # as propose: the last token is not fed, so the cache holds the context and the drafts before it
-                chain.done = len(chain.tokens) == chain.k or chain.drafter._unsure(logits, None, token)
-                if not chain.done:
+                if len(chain.tokens) < chain.k and not chain.drafter._unsure(logits, None, token):
                     chain.pending = [token]
                     chain.drafter.cached.append(token)
-            active = [c for c in active if not c.done]
+                    going.append(chain)
+            active = going
         for chain in live:
             drafts[chain.index] = Draft(tokens=torch.tensor(chain.tokens, dtype=torch.long))
         return [drafts[i] for i in range(len(jobs))]
