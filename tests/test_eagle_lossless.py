@@ -70,20 +70,22 @@ def test_trees_larger_than_the_room_left_are_cut_to_fit_the_context():
 
 
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
-def test_lookup_only_drafts_keep_greedy_output(eagle_target, backend):
+def test_lookup_only_drafts_keep_greedy_output(eagle_target, backend, monkeypatch):
+    from specdec.drafters.heads import eagle
+
     target = loaded(eagle_target, backend)
     torch.manual_seed(1)
     head = new_head(eagle_target, "tiny", torch.arange(eagle_target.config.vocab_size))
     drafter = EagleDrafter(head, tree=True, width=2)
     kinds = []
-    tree = drafter._tree
+    tree = eagle.host_tree
 
     def spy(*args):
         draft = tree(*args)
         kinds.append(draft.parents is None)
         return draft
 
-    drafter._tree = spy
+    monkeypatch.setattr(eagle, "host_tree", spy)
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
     config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     prompt = [5, 6, 7, 8, 9, 10] * 5

@@ -58,5 +58,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("dims"), pybind11::arg("eps"), pybind11::arg("input_norm"), pybind11::arg("qkv"),
            pybind11::arg("o"), pybind11::arg("post_norm"), pybind11::arg("gate_up"), pybind11::arg("down"),
            pybind11::arg("inv_freq"), pybind11::arg("bf16_dot"), pybind11::arg("bits") = 0)
-      .def("forward", &HeadLayer::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("forward", &HeadLayer::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("forward_each", &HeadLayer::forward_each, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -34,13 +34,78 @@ class HeadLayer {
 
   std::vector<torch::Tensor> forward(torch::Tensor x_in, torch::Tensor h_in, torch::Tensor positions,
                                      torch::Tensor past_k, torch::Tensor past_v, torch::Tensor mask) const {
-    const int64_t T = x_in.size(0), S = past_k.size(1), qkv_width = qkv_.N;
-    TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == H_, "x must be (T, hidden)");
-    TORCH_CHECK(positions.numel() == T, "one position per row");
+    const int64_t T = x_in.size(0), S = past_k.size(1);
     TORCH_CHECK(past_k.dim() == 3 && past_k.size(0) == nkv_ && past_k.size(2) == hd_ &&
                     past_v.sizes() == past_k.sizes(), "past keys and values must be (kv_heads, S, head_dim)");
     TORCH_CHECK(mask.numel() == 0 || (mask.dim() == 2 && mask.size(0) == T && mask.size(1) == S + T),
                 "mask must be (T, S + T)");
+    const torch::Tensor pk = heads_in_place(past_k), pv = heads_in_place(past_v);
+    const torch::Tensor m = mask.numel() ? mask.contiguous().to(torch::kBool) : mask;
+    const bool* seen = m.numel() ? m.data_ptr<bool>() : nullptr;
+    return run(x_in, h_in, positions, [&](const float* kn, const float* vn) {
+      std::vector<std::vector<KeyRef>> visible(T);  // the keys row t sees, in increasing order (all its heads')
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < S + T; ++j)
+          if (seen ? seen[t * (S + T) + j] : j < S + t + 1)
+            visible[t].push_back(j < S ? past_key(pk, pv, j) : new_key(kn, vn, T, j - S));
+      return visible;
+    });
+  }
+
+  // New pairs of several sequences in one call: counts[b] rows of sequence b, in order (rows of one sequence
+  // consecutive, in position order), each seeing its sequence's past, past_k[b] and past_v[b] (nkv, S_b, hd), then
+  // its sequence's new pairs up to its own. The same numbers, row by row, as forward over that sequence's rows alone
+  // with that past (the products are batch-invariant): several requests' pairs in one call read the weights once.
+  std::vector<torch::Tensor> forward_each(torch::Tensor x_in, torch::Tensor h_in, torch::Tensor positions,
+                                          std::vector<torch::Tensor> past_k, std::vector<torch::Tensor> past_v,
+                                          std::vector<int64_t> counts) const {
+    const int64_t B = static_cast<int64_t>(counts.size()), T = x_in.size(0);
+    TORCH_CHECK(static_cast<int64_t>(past_k.size()) == B && static_cast<int64_t>(past_v.size()) == B,
+                "one past a sequence");
+    TORCH_CHECK(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == T &&
+                    std::all_of(counts.begin(), counts.end(), [](int64_t n) { return n > 0; }),
+                "counts must be positive and sum to the rows");
+    std::vector<torch::Tensor> pk(B), pv(B);
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(past_k[b].dim() == 3 && past_k[b].size(0) == nkv_ && past_k[b].size(2) == hd_ &&
+                      past_v[b].sizes() == past_k[b].sizes(), "past keys and values must be (kv_heads, S, head_dim)");
+      pk[b] = heads_in_place(past_k[b]), pv[b] = heads_in_place(past_v[b]);
+    }
+    return run(x_in, h_in, positions, [&](const float* kn, const float* vn) {
+      std::vector<std::vector<KeyRef>> visible(T);
+      for (int64_t b = 0, first = 0; b < B; first += counts[b], ++b)
+        for (int64_t t = first; t < first + counts[b]; ++t) {
+          for (int64_t j = 0; j < pk[b].size(1); ++j) visible[t].push_back(past_key(pk[b], pv[b], j));
+          for (int64_t u = first; u <= t; ++u) visible[t].push_back(new_key(kn, vn, T, u));
+        }
+      return visible;
+    });
+  }
+
+ private:
+  // A key a row sees: its keys' and values' rows for KV head 0, and the elements from one KV head's row to the next's.
+  struct KeyRef {
+    const float *k, *v;
+    int64_t k_head_stride, v_head_stride;
+  };
+
+  KeyRef past_key(const torch::Tensor& pk, const torch::Tensor& pv, int64_t j) const {
+    return {pk.data_ptr<float>() + j * hd_, pv.data_ptr<float>() + j * hd_, pk.stride(0), pv.stride(0)};
+  }
+
+  // the new key of row u among T (kn, vn (nkv, T, hd))
+  KeyRef new_key(const float* kn, const float* vn, int64_t T, int64_t u) const {
+    return {kn + u * hd_, vn + u * hd_, T * hd_, T * hd_};
+  }
+
+  // The layer over T rows: norms, products and RoPE row by row; visible(kn, vn) lists the keys each row's attention
+  // sees, given the new rows' keys and values (nkv, T, hd). Returns (x, keys, values) as forward's.
+  template <typename Visible>
+  std::vector<torch::Tensor> run(torch::Tensor x_in, torch::Tensor h_in, torch::Tensor positions,
+                                 Visible visible) const {
+    const int64_t T = x_in.size(0), qkv_width = qkv_.N;
+    TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == H_, "x must be (T, hidden)");
+    TORCH_CHECK(positions.numel() == T, "one position per row");
     auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
     torch::Tensor x_t = x_in.contiguous().to(torch::kFloat32).clone();
     torch::Tensor h_t;
@@ -66,12 +131,8 @@ class HeadLayer {
         std::copy(row + (nh_ + nkv_ + g) * hd_, row + (nh_ + nkv_ + g + 1) * hd_,
                   v_new.data_ptr<float>() + (g * T + t) * hd_);
       }
-    const torch::Tensor pk = heads_in_place(past_k), pv = heads_in_place(past_v);
-    const torch::Tensor m = mask.numel() ? mask.contiguous().to(torch::kBool) : mask;
     torch::Tensor attn_t = torch::empty({T, nh_ * hd_}, f32);
-    attend(qkv, qkv_width, {pk.data_ptr<float>(), pk.stride(0)}, {pv.data_ptr<float>(), pv.stride(0)}, S,
-           k_new.data_ptr<float>(), v_new.data_ptr<float>(), T, m.numel() ? m.data_ptr<bool>() : nullptr,
-           attn_t.data_ptr<float>());
+    attend(qkv, qkv_width, visible(k_new.data_ptr<float>(), v_new.data_ptr<float>()), attn_t.data_ptr<float>());
 
     float* x = x_t.data_ptr<float>();
     torch::Tensor y_t = torch::empty({T, H_}, f32), gu_t = torch::empty({T, 2 * I_}, f32);
@@ -87,7 +148,6 @@ class HeadLayer {
     return {x_t, k_new, v_new};
   }
 
- private:
   // RoPE on each row's q and k heads, angles position * inv_freq (float32, as the torch head computes them)
   void rope(float* qkv, int64_t width, const int64_t* pos, int64_t T) const {
     const int64_t half = hd_ / 2;
@@ -111,43 +171,29 @@ class HeadLayer {
     return past.contiguous().to(torch::kFloat32);
   }
 
-  struct PastRows {
-    const float* data;
-    int64_t head_stride;  // elements from one kv head's rows to the next's
-  };
-
-  // out (T, nh * hd): each query head's softmax-weighted values over the keys its row sees, past then new
-  void attend(const float* qkv, int64_t width, PastRows pk, PastRows pv, int64_t S, const float* kn, const float* vn,
-              int64_t T, const bool* mask, float* out) const {
-    const int64_t groups = nh_ / nkv_, keys = S + T;
+  // out (T, nh * hd): each query head's softmax-weighted values over the keys its row sees, in the order listed
+  void attend(const float* qkv, int64_t width, const std::vector<std::vector<KeyRef>>& visible, float* out) const {
+    const int64_t groups = nh_ / nkv_, T = static_cast<int64_t>(visible.size());
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-    std::vector<std::vector<int64_t>> visible(T);  // the keys row t sees, in increasing order (all its heads')
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < keys; ++j)
-        if (mask ? mask[t * keys + j] : j < S + t + 1) visible[t].push_back(j);
     at::parallel_for(0, T * nh_, 1, [&](int64_t r0, int64_t r1) {
-      std::vector<float> w(keys);
+      std::vector<float> w;
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / nh_, head = r % nh_, g = head / groups;
         const float* q = qkv + t * width + head * hd_;
-        const std::vector<int64_t>& seen = visible[t];
+        const std::vector<KeyRef>& seen = visible[t];
         const int64_t n = static_cast<int64_t>(seen.size());
+        w.resize(n);
         float top = -INFINITY;
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t j = seen[i];
-          const float* k = j < S ? pk.data + g * pk.head_stride + j * hd_ : kn + (g * T + j - S) * hd_;
-          w[i] = dot(q, k, hd_) * scale;
+          w[i] = dot(q, seen[i].k + g * seen[i].k_head_stride, hd_) * scale;
           top = std::max(top, w[i]);
         }
         const float inv_total = 1.0f / exp_shifted(w.data(), n, top);
         float* o = out + t * nh_ * hd_ + head * hd_;
         for (int64_t d = 0; d < hd_; d += 16) {
           f32x16 acc = vec::zero();
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t j = seen[i];
-            const float* v = j < S ? pv.data + g * pv.head_stride + j * hd_ : vn + (g * T + j - S) * hd_;
-            acc = vec::fmadd(vec::set1(w[i]), vec::load(v + d), acc);
-          }
+          for (int64_t i = 0; i < n; ++i)
+            acc = vec::fmadd(vec::set1(w[i]), vec::load(seen[i].v + g * seen[i].v_head_stride + d), acc);
           vec::store(o + d, vec::mul(acc, vec::set1(inv_total)));
         }
       }

@@ -20,24 +20,23 @@ requests and calibrated trees take the host path, over the same cache.
 
 from __future__ import annotations
 
-import math
-from functools import partial
-
 import torch
 
-from ...costs import CostModel
+from ...costs import SharedPasses
 from ...errors import ConfigError
 from ...penalties import SubsetPenalties, TokenHistory, inverse_index
 from ...sampling import probs_from_logits
 from ...tokens import common_prefix
-from ..base import Budget, Draft, Drafter, DraftRequest
-from .calibration import Calibration, DraftedTree, node_depths
+from ..base import Budget, Draft, Drafter, DraftJob, DraftRequest
+from .calibration import Calibration, DraftedTree
 from .eagle3_head import Eagle3Head
 from .eagle_device import FeatureRows, HeadCache
 from .eagle_head import EagleHead
-from .eagle_kernels import KernelEagle3Head, KernelEagleHead
+from .eagle_batch import draft_chains_together, time_head_passes
+from .eagle_kernels import KernelEagle3Head, KernelEagleHead, KernelHeadLayer
 from .head_graphs import FEED_BUCKETS, HeadGraphs
-from ..trees import LookupBranch, expand_floor, finish_tree, TreeNodes, level_visibility, path_tokens, tree_width
+from .eagle_trees import device_tree, host_tree
+from ..trees import LookupBranch
 
 
 class EagleDrafter(Drafter):
@@ -55,6 +54,7 @@ class EagleDrafter(Drafter):
         name: str = "eagle",
         calibration: Calibration | None = None,
         device_drafting: bool | None = None,
+        shared: list[SharedPasses] | None = None,
     ):
         """width None: chosen each step from the measured verify-cost curve (tree_width). fixed_size: every tree
         is drafted to the depth cap and holds `max_nodes` nodes (the most probable), whatever the measured costs
@@ -64,8 +64,11 @@ class EagleDrafter(Drafter):
         kept per name: "eagle3" for an EAGLE-3 head asked for by that name). calibration: trees are scored and
         sized by the acceptance observed for the head's confidences (calibration.py), shared with forks; None: by
         the raw confidences. device_drafting: draft greedy chains and trees with shape-static tensor code, captured
-        as CUDA graphs on a GPU (None: where the head is a torch module on a CUDA device)."""
+        as CUDA graphs on a GPU (None: where the head is a torch module on a CUDA device). shared: the head's pass
+        costs by rows for chains drafted together (pass_sharing), shared by every fork, measured when a batch first
+        drafts."""
         self.name = name
+        self.shared = shared if shared is not None else []
         self.calibration = calibration
         if isinstance(head, torch.nn.Module):
             head.eval().requires_grad_(False)
@@ -103,6 +106,7 @@ class EagleDrafter(Drafter):
             self.name,
             self.calibration,
             self.device_drafting,
+            self.shared,
         )
 
     @property
@@ -150,27 +154,51 @@ class EagleDrafter(Drafter):
         k = budget.k
         if k <= 0:
             return Draft.empty()
-        root = self._sync(context)
-        self.penalties = self._penalties(context)
-        if self.last_tree is not None and self.calibration is not None:  # which of its nodes the target accepted
-            self.last_tree.observed_by(self.calibration, context)
-        self.last_tree = None
+        root = self.start_step(context)
         on_device = self.device_drafting and self.penalties is None
         if self.tree and budget.tree:
             if on_device and self.calibration is None:
-                return self._device_tree(root, context, min(k, self.max_depth))
-            return self._tree(root, context, min(k, self.max_depth))
+                return device_tree(self, root, context, min(k, self.max_depth))
+            return host_tree(self, root, context, min(k, self.max_depth))
         if on_device and self.current.sampling.greedy:
             return Draft(tokens=self.graphs.chain(root, k).cpu())  # the step's one host read
         return self._chain(root, len(context), k)
 
+    def start_step(self, context: list[int]) -> torch.Tensor:
+        """A step's start: the head fed the pairs it has not seen (_sync), then the step's bookkeeping (begun).
+        Returns the head's output at the last pair (H,)."""
+        root = self._sync(context)
+        self.begun(context)
+        return root
+
+    def begun(self, context: list[int]) -> None:
+        """After the head has seen every pair of `context`: the request's penalties at it, and the last tree's
+        accepted nodes given to the calibration."""
+        self.penalties = self._penalties(context)
+        if self.last_tree is not None and self.calibration is not None:  # which of its nodes the target accepted
+            self.last_tree.observed_by(self.calibration, context)
+        self.last_tree = None
+
+    def pass_sharing(self) -> SharedPasses | None:
+        """The head's pass costs by rows where this request drafts its chains in passes shared with other requests'
+        (a greedy request without penalties, the head on the CPU kernels: propose_together), else None."""
+        sampling = self.current.sampling if self.request is not None else None
+        if not isinstance(self.head, KernelHeadLayer) or sampling is None or not sampling.greedy or sampling.penalized:
+            return None
+        if not self.shared:
+            self.shared.append(SharedPasses(time_head_passes(self.head)))
+        return self.shared[0]
+
+    def propose_together(self, jobs: list[DraftJob]) -> list[Draft]:
+        """Chains for requests whose drafters share this head (pass_sharing), one head pass a drafted token for all
+        of them (eagle_batch.draft_chains_together): each gets the chain propose would draft for it."""
+        return draft_chains_together(jobs, self.shared[0])
+
     # ---- the head's view of the accepted context ----------------------------------------------------
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Feeds the head the true pairs (f_t, x_{t+1}) it has not seen; returns its output at the last one (H,)."""
-        n = min(self.features.rows, len(context) - 1)  # pairs known: features of every position but the last
-        want = context[1 : n + 1]
-        keep = common_prefix(self.pair_tokens, want)
-        self.cache.length = min(self.cache.length, keep)  # rollback
+        keep, want = self.unseen(context)
+        n = len(want)
         if self.device_drafting and 0 < n - keep <= FEED_BUCKETS[-1]:  # a step's pairs: a bucketed, captured feed
             self.last_out = self.graphs.feed(self.feat[keep:n], self._on_device(want[keep:n])[0])
         elif keep < n:
@@ -182,6 +210,19 @@ class EagleDrafter(Drafter):
             )
             self.cache.append(new_kv)
             self.last_out = out[0, -1]
+        return self.fed(want)
+
+    def unseen(self, context: list[int]) -> tuple[int, list[int]]:
+        """(keep, want): the head cache rolled back to the `keep` true pairs it shares with `context`, whose pairs'
+        tokens x_{t+1} are `want` (features are known for every position but the last); pairs keep.. are to feed."""
+        n = min(self.features.rows, len(context) - 1)
+        want = context[1 : n + 1]
+        keep = common_prefix(self.pair_tokens, want)
+        self.cache.length = min(self.cache.length, keep)  # rollback
+        return keep, want
+
+    def fed(self, want: list[int]) -> torch.Tensor:
+        """After the pairs `want` (unseen's) were fed: the head's output at the last of them (H,)."""
         self.pair_tokens = list(want)
         assert self.last_out is not None  # the prompt's pairs were fed at the prefill (observe)
         return self.last_out
@@ -200,12 +241,12 @@ class EagleDrafter(Drafter):
         history = TokenHistory.of(self.current.prompt_ids, context, self.vocab)
         return SubsetPenalties(history, self.head.draft_ids.cpu(), self._inverse, sampling)
 
-    def _draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+    def draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
         """The head's logits over the draft vocabulary (F, K) for hidden (F, H), penalized along each row's path."""
         logits = self.head.draft_logits(hidden).float().cpu()  # the host path chooses on the CPU
         return logits if self.penalties is None else self.penalties.apply(logits, paths)
 
-    def _step(self, features: torch.Tensor, tokens: list[int], positions: list[int], window: int, mask=None):
+    def head_step(self, features: torch.Tensor, tokens: list[int], positions: list[int], window: int, mask=None):
         """One head pass over T new pairs attending to the cache's first `window` rows (the true pairs, then those
         this step drafted): features (T, H) -> outputs (T, H); their keys and values go to rows [window, window + T),
         past the true pairs, where the next true pairs overwrite them."""
@@ -226,7 +267,7 @@ class EagleDrafter(Drafter):
         position = len(self.pair_tokens)  # pair position of the first draft
         window, tokens, rows = self.cache.length, list[int](), []
         for i in range(k):
-            logits = self._draft_logits(h[None], [tokens])[0]  # (K,)
+            logits = self.draft_logits(h[None], [tokens])[0]  # (K,)
             if sampling.greedy:
                 token = int(self.draft_ids[int(logits.argmax())])
             else:
@@ -235,58 +276,6 @@ class EagleDrafter(Drafter):
                 rows.append(q)
             tokens.append(token)
             if i < k - 1:
-                h = self._step(h[None], [token], [position + i], window)[0]
+                h = self.head_step(h[None], [token], [position + i], window)[0]
                 window += 1
         return Draft(tokens=torch.tensor(tokens), probs=torch.stack(rows) if rows else None)
-
-    # ---- trees ---------------------------------------------------------------------------------------
-    def _tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
-        costs = self.current.costs or CostModel()  # unmeasured: the cost model's default curve
-        if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
-            return copied
-        n_true = len(self.pair_tokens)
-        width = self.width or tree_width(costs)
-        nodes = TreeNodes()
-        tokens, parents, scores = nodes.tokens, nodes.parents, nodes.scores
-        hidden_of: dict[int, torch.Tensor] = {-1: root}
-        fed: list[int] = []  # nodes with head keys, in kv order after the true pairs
-        frontier = [-1]
-        window = self.cache.length  # the true pairs, then the levels fed so far
-        floor = 0.0 if self.fixed_size else expand_floor(costs)
-        for depth in range(1, depth_cap + 1):
-            # the whole frontier's draft distributions in one product: (F, K)
-            paths = [path_tokens(n, tokens, parents) for n in frontier]
-            logits = self._draft_logits(torch.stack([hidden_of[n] for n in frontier]), paths)
-            calibrated = None if self.calibration is None else partial(self.calibration.log_probability, depth)
-            frontier = nodes.grow(frontier, logits, width, self.draft_ids, calibrated)
-            if depth == depth_cap or math.exp(scores[frontier[0]]) < floor:
-                break
-            # one head pass for the new level: node i's pair is (its parent's output, its token)
-            feats = torch.stack([hidden_of[parents[i]] for i in frontier])
-            visible = level_visibility(frontier, parents, n_true, fed)
-            out = self._step(
-                feats, [tokens[i] for i in frontier], [n_true + depth - 1] * len(frontier), window, visible[None, None]
-            )
-            window += len(frontier)
-            for r, node in enumerate(frontier):
-                hidden_of[node] = out[r]
-            fed += frontier
-        draft = finish_tree(
-            tokens, parents, node_depths(parents), scores, costs, self.max_nodes, self.branch, self.fixed_size
-        )
-        if self.calibration is not None:
-            self.last_tree = DraftedTree.of(len(context), draft, tokens, parents, nodes.probs)
-        return draft
-
-    def _device_tree(self, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
-        """A tree drafted on the device (every level up to depth_cap), then sized on the host as _tree's is."""
-        costs = self.current.costs or CostModel()
-        if self.branch is not None and (copied := self.branch.start(context, depth_cap, costs)) is not None:
-            return copied
-        width = min(self.width or tree_width(costs), self.head.config.draft_vocab_size)
-        tokens, parents, scores = self.graphs.tree(root, depth_cap, width, self.max_nodes)
-        values = torch.stack([tokens.double(), parents.double(), scores.double()]).tolist()  # the one host read
-        tokens, parents = [int(t) for t in values[0]], [int(p) for p in values[1]]
-        return finish_tree(
-            tokens, parents, node_depths(parents), values[2], costs, self.max_nodes, self.branch, self.fixed_size
-        )

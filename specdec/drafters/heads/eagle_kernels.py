@@ -105,6 +105,33 @@ class KernelHeadLayer:
         )
         return x.view(1, T, -1), (keys[None], values[None])
 
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """features (N, H) and tokens (N,) -> the layer's rows x (N, H) float32 and attention inputs h (N, A) or
+        None (x after the head's input norm): the head's own."""
+        raise NotImplementedError
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., K) float32 logits over the draft vocabulary: the head's own."""
+        raise NotImplementedError
+
+    def each(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, pasts: list, counts=None):
+        """New pairs of several sequences in one call: features (N, H), tokens (N,), positions (N,), counts[b] rows of
+        sequence b in order (None: one each); pasts: each sequence's (keys, values) (1, nkv, S_b, hd), or None for
+        none. -> (outputs (N, H) float32, each sequence's (keys, values) (1, nkv, counts[b], hd)): a sequence's
+        numbers are those of __call__ over its rows alone with its past (the products are batch-invariant), so
+        several requests draft together what each drafts alone."""
+        c = self.config
+        counts = [1] * len(pasts) if counts is None else list(counts)
+        empty = torch.empty(c.num_kv_heads, 0, c.head_dim)
+        keys = [empty if past is None else past[0][0] for past in pasts]
+        values = [empty if past is None else past[1][0] for past in pasts]
+        x, h = self.inputs(features, tokens)
+        x, k, v = self.native.forward_each(
+            x, torch.empty(0) if h is None else h, positions.reshape(-1), keys, values, counts
+        )
+        starts = [sum(counts[:b]) for b in range(len(counts))]
+        return x, [(k[None, :, s : s + n], v[None, :, s : s + n]) for s, n in zip(starts, counts)]
+
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return features.float()
 
@@ -120,8 +147,12 @@ class KernelEagleHead(KernelHeadLayer):
     def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """As EagleHead.forward: features (B, T, H) -> (hidden (B, T, H) float32, (keys, values) (B, nkv, T, hd))."""
         B, T, H = features.shape
-        x = self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1).view(B * T, 2 * H))
+        x, _ = self.inputs(features.reshape(B * T, H), tokens.reshape(B * T))
         return self.layer(x, None, (B, T), positions, past, mask)
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """features (N, H), tokens (N,) -> fc([embedding, feature]) (N, H) float32, and no attention input."""
+        return self.fc(torch.cat([self.embed[tokens].float(), features.float()], dim=-1)), None
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
@@ -145,15 +176,18 @@ class KernelEagle3Head(KernelHeadLayer):
     def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """As Eagle3Head.forward: hidden (B, T, H) -> (outputs (B, T, H) float32, (keys, values))."""
         B, T, H = hidden.shape
-        x = hidden.float().reshape(B * T, H).contiguous()
+        x, both = self.inputs(hidden.reshape(B * T, H), tokens.reshape(B * T))
+        return self.layer(x, both, (B, T), positions, past, mask)
+
+    def inputs(self, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (N, H), tokens (N,) -> the residual rows (N, H) float32 and the attention's input (N, 2H): the
+        normed embeddings beside the normed hidden states."""
+        x = hidden.float().contiguous()
         both = torch.cat(
-            [
-                rms_norm(self.embed[tokens].float().reshape(B * T, H), *self.norms["input_norm"]),
-                rms_norm(x, *self.norms["hidden_norm"]),
-            ],
+            [rms_norm(self.embed[tokens].float(), *self.norms["input_norm"]), rms_norm(x, *self.norms["hidden_norm"])],
             dim=-1,
         )
-        return self.layer(x, both, (B, T), positions, past, mask)
+        return x, both
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., K) float32 logits over the draft vocabulary."""
