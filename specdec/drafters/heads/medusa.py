@@ -13,13 +13,15 @@ in one captured step (medusa_device.py), read back at once; sampled chains read 
 from __future__ import annotations
 
 import heapq
+import time
+from typing import cast
 
 import torch
 
-from ...costs import CostModel
+from ...costs import CostModel, SharedPasses, time_by_size
 from ...errors import ConfigError
 from ...sampling import probs_from_logits
-from ..base import Budget, Draft, Drafter
+from ..base import Budget, Draft, Drafter, DraftJob
 from .medusa_device import MedusaGraphs
 from .medusa_head import MedusaHeads
 from .medusa_kernels import KernelMedusaHeads
@@ -39,11 +41,14 @@ class MedusaDrafter(Drafter):
         lookup: bool = True,
         fixed_size: bool = False,
         device_drafting: bool | None = None,
+        shared: list[SharedPasses] | None = None,
     ):
         """width None: candidates per head chosen each step from the verify-cost curve (trees.tree_width).
         fixed_size: every tree holds `max_nodes` nodes (the most probable), whatever the measured costs say.
         lookup: trees also hold the prompt-lookup continuation as one more branch. device_drafting: greedy chains and
-        trees take their candidates from one shape-static step (None: where the heads are on a CUDA device)."""
+        trees take their candidates from one shape-static step (None: where the heads are on a CUDA device). shared:
+        the heads' pass costs by rows for chains drafted together (pass_sharing), shared by every fork."""
+        self.shared = shared if shared is not None else []
         if isinstance(heads, torch.nn.Module):
             heads.eval().requires_grad_(False)
         self.heads = heads  # MedusaHeads, or its KernelMedusaHeads view
@@ -58,7 +63,9 @@ class MedusaDrafter(Drafter):
         self._reset()
 
     def fork(self) -> "MedusaDrafter":
-        fork = MedusaDrafter(self.heads, self.tree, self.width, self.max_nodes, self.lookup, self.fixed_size, False)
+        fork = MedusaDrafter(
+            self.heads, self.tree, self.width, self.max_nodes, self.lookup, self.fixed_size, False, self.shared
+        )
         fork.device_drafting, fork.graphs = self.device_drafting, self.graphs  # no per-request state: shared
         return fork
 
@@ -87,14 +94,11 @@ class MedusaDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
         k, tree = budget.k, self.tree and budget.tree
-        if k <= 0 or self.last is None or self.seen != len(context) - 1:
-            return Draft.empty()  # the feature that gave the context's last token is not known
+        if (made := self._before_heads(context, k, tree)) is not None:
+            return made
+        assert self.last is not None  # _before_heads drafts nothing where the feature is not known
         request = self.current
         costs = request.costs or CostModel()  # unmeasured: the cost model's default curve
-        # trees hold the prompt-lookup continuation, greedy chains may be it; either drafts it alone where trusted
-        if self.branch is not None and (tree or request.sampling.greedy):
-            if (copied := self.branch.start(context, k, costs)) is not None:
-                return copied  # the heads are not run
         depth = min(k, self.heads.config.num_heads)
         heads = self.heads
         f = self.last.to(heads.draft_ids.device, heads.feature_dtype)
@@ -110,6 +114,49 @@ class MedusaDrafter(Drafter):
         if tree:
             return self._tree(logits, costs)
         return self._chain(logits, len(context))
+
+    def pass_sharing(self) -> SharedPasses | None:
+        """The heads' pass costs by rows where this request drafts its chain in a pass shared with other requests'
+        (a greedy request without penalties, the heads on the CPU kernels: propose_together), else None."""
+        sampling = self.current.sampling if self.request is not None else None
+        if not isinstance(self.heads, KernelMedusaHeads) or sampling is None or not sampling.greedy:
+            return None
+        if sampling.penalized:
+            return None
+        if not self.shared:
+            self.shared.append(SharedPasses(time_heads_passes(self.heads)))
+        return self.shared[0]
+
+    @torch.inference_mode()
+    def propose_together(self, jobs: list[DraftJob]) -> list[Draft]:
+        """Greedy chains for requests whose drafters share these heads (pass_sharing): the heads run once over every
+        request that needs them (rows are independent: each gets the chain propose drafts for it)."""
+        drafts: dict[int, Draft] = {}
+        running = []  # (job index, drafter, depth) of the requests the heads draft for
+        for i, (job_drafter, context, k) in enumerate(jobs):
+            drafter = cast(MedusaDrafter, job_drafter)  # pass_sharing groups these heads' drafters only
+            if (made := drafter._before_heads(context, k, tree=False)) is not None:
+                drafts[i] = made
+            else:
+                running.append((i, drafter, min(k, self.heads.config.num_heads)))
+        if running:
+            start = time.perf_counter()
+            features = torch.stack([cast(torch.Tensor, drafter.last).float() for _, drafter, _ in running])
+            logits = self.heads.draft_logits(self.heads(features)).float().cpu()  # (B, heads, K)
+            for (i, drafter, depth), rows in zip(running, logits):
+                drafts[i] = drafter._chain(rows[:depth], len(jobs[i].context))
+            self.shared[0].observe(len(running), time.perf_counter() - start)
+        return [drafts[i] for i in range(len(jobs))]
+
+    def _before_heads(self, context: list[int], k: int, tree: bool) -> Draft | None:
+        """The draft made without running the heads, or None where they run: none where the feature that gave the
+        context's last token is not known, or the prompt-lookup continuation alone where it is trusted (trees hold
+        it, greedy chains may be it)."""
+        if k <= 0 or self.last is None or self.seen != len(context) - 1:
+            return Draft.empty()
+        if self.branch is not None and (tree or self.current.sampling.greedy):
+            return self.branch.start(context, k, self.current.costs or CostModel())
+        return None
 
     def _chain(self, logits: torch.Tensor, context_len: int) -> Draft:
         """Each head's best token (greedy), or a draw from each head's distribution (sampling)."""
@@ -157,3 +204,10 @@ class MedusaDrafter(Drafter):
                 for r2 in range(width):
                     heapq.heappush(frontier, (negative - logp[d][r2], node, d + 1, r2))
         return finish_tree(tokens, parents, depths, scores, costs, self.max_nodes, self.branch, self.fixed_size)
+
+
+@torch.inference_mode()
+def time_heads_passes(heads: KernelMedusaHeads, sizes=(1, 2, 4, 8, 16), repeats: int = 3) -> dict[int, float]:
+    """{rows: seconds} of the heads and their draft logits over that many random features (time_by_size)."""
+    features = {rows: torch.randn(rows, heads.config.hidden_size) for rows in sizes}
+    return time_by_size(lambda rows: heads.draft_logits(heads(features[rows])), lambda _rows: None, sizes, repeats)

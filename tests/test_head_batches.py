@@ -1,6 +1,6 @@
-"""EAGLE chains of a batch drafted in shared head passes: a pass over several sequences' next pairs gives each row
-what it gets alone, several requests' chains drafted together are the chains each drafts alone, and a batch drafting
-so keeps every sequence's greedy output."""
+"""Drafter heads' chains of a batch drafted in shared passes. EAGLE: a head pass over several sequences' new pairs
+gives each row what it gets alone, several requests' chains drafted together are the chains each drafts alone, and a
+batch drafting so keeps every sequence's greedy output. Medusa: the heads run once for every request's chain."""
 
 import pytest
 import torch
@@ -11,9 +11,11 @@ from specdec.drafters.heads.eagle import EagleDrafter
 from specdec.drafters.heads.eagle3_head import new_eagle3_head
 from specdec.drafters.heads.eagle_head import new_head
 from specdec.drafters.heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
+from specdec.drafters.heads.medusa import MedusaDrafter
+from specdec.drafters.heads.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
 from specdec.engine import SpecDecoder
 from specdec.speculation_config import SpeculationConfig
-from tiny import loaded, tiny_llama
+from tiny import loaded, random_medusa_heads, tiny_llama
 
 LAYERS = (2, 4, 5)  # an EAGLE-3 head's feature layers, of its target's 8
 
@@ -145,3 +147,45 @@ def test_a_batch_drafting_eagle_chains_together_keeps_every_greedy_output(monkey
             got.setdefault(event.request_id, []).extend(event.new_tokens)
     assert [got[i] for i in range(len(prompts))] == want
     assert together and max(together) == len(prompts)
+
+
+def test_medusa_chains_of_a_batch_are_drafted_in_one_pass_of_the_heads_each_as_alone():
+    """Greedy requests whose drafters share kernel Medusa heads: one pass of the heads over every request that needs
+    them, each chain the one it drafts alone; a request whose last feature is unknown, or given no tokens, drafts
+    nothing; sampled requests draft alone."""
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    heads = random_medusa_heads(model)
+    if kernel_heads_problem(heads):
+        pytest.skip(f"the CPU kernels cannot run here: {kernel_heads_problem(heads)}")
+    fast = KernelMedusaHeads(heads)
+    root = MedusaDrafter(fast, tree=False, lookup=False)
+    gen = torch.Generator().manual_seed(3)
+    contexts = [torch.randint(0, 64, (n,), generator=gen).tolist() for n in (5, 9, 3, 12, 7)]
+    features = [torch.randn(len(c) - 1, 64, generator=gen) for c in contexts]
+    features[4] = features[4][:-1]  # the feature that gave this context's last token has not arrived
+    ks = [4, 2, 3, 0, 4]
+
+    def drafters(**sampling):
+        out = []
+        for context, feats in zip(contexts, features):
+            drafter = root.fork()
+            drafter.begin(DraftRequest(prompt_ids=context, sampling=SamplingConfig(**sampling)))
+            drafter.observe(feats)
+            out.append(drafter)
+        return out
+
+    together = drafters()
+    shared = together[0].pass_sharing()
+    assert shared is not None and all(d.pass_sharing() is shared for d in together)
+    runs = []
+    call = KernelMedusaHeads.__call__
+    KernelMedusaHeads.__call__ = lambda self, f: runs.append(f.shape[0]) or call(self, f)
+    try:
+        made = together[0].propose_together([DraftJob(d, c, k) for d, c, k in zip(together, contexts, ks)])
+        assert runs == [3]  # one pass, over the three requests that need the heads
+        alone = [d.propose(c, Budget(k)) for d, c, k in zip(drafters(), contexts, ks)]
+    finally:
+        KernelMedusaHeads.__call__ = call
+    assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
+    assert [len(m) for m in made] == [4, 2, 3, 0, 0]
+    assert drafters(temperature=1.0)[0].pass_sharing() is None
