@@ -91,6 +91,13 @@ def test_bench_shape_end_to_end(tmp_path, capsys, tiny_shapes):
         assert 0 < entry["specdec_plain_share_of_bound"] == pytest.approx(
             entry["specdec_plain"]["tokens_per_s"] / entry["bandwidth_bound_tokens_per_s"])
         assert entry["specdec_plain"]["decode_tokens_per_s"] > 0 and entry["specdec_decode_share_of_bound"] > 0
+        # one run: its decoding against the bandwidth read just before it, besides the bound read at the start
+        plain, per_token = entry["specdec_plain"], entry["bytes_read_per_token"]
+        (before,) = plain["read_bandwidth_before_run"]
+        assert before > 0 and plain["decode_tokens_per_s_by_run"] == [plain["decode_tokens_per_s"]]
+        assert entry["specdec_decode_share_of_bound_paired"] == pytest.approx(
+            plain["decode_tokens_per_s"] * per_token / before)
+        assert f"{entry['shape']}: decode share of the bandwidth read just before each run" in stdout
         assert entry["same_tokens_as_hf_generate"] is True  # float32, greedy: specdec's plain decoding is generate's
         assert not any(k in entry for k in ("mean_accepted_tokens", "acceptance_rate"))
     assert llama["backend"] in ("kernels", "torch") and llama["fast_path_problem"] is None

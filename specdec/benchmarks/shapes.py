@@ -19,12 +19,11 @@ from ..costs import measure_verify_costs
 from ..errors import ConfigError
 from ..models.shapes import bytes_read_per_token, load_shape, weight_bytes
 from .runner import machine_info, stamp
-from .shape_speed import bound_figures, decode_speeds, passes_run, timed
+from .shape_speed import BANDWIDTH_BUFFER_BYTES, bound_figures, decode_speeds, memory_read_bandwidth, passes_run
 
 SPEED_ONLY_NOTE = (
     "random weights: speed only. The outputs mean nothing, so no acceptance, MAT or drafter figure is reported."
 )
-BANDWIDTH_BUFFER_BYTES = 512 << 20  # 16x a 32 MiB L3 cache, 10x an H100's L2: the reads come from memory
 
 
 @dataclass(frozen=True)
@@ -76,16 +75,6 @@ def parse_sizes(text: str, option: str = "--pass-sizes") -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"{option} takes whole numbers >= 1, got {text!r}")
     return tuple(dict.fromkeys(sizes))
-
-
-def memory_read_bandwidth(device: torch.device, buffer_bytes: int = BANDWIDTH_BUFFER_BYTES, reads: int = 5) -> float:
-    """Bytes per second of the fastest of `reads` full reads of a buffer much larger than the caches, each read
-    once as float32 sums and once as a byte maximum (whichever this machine runs nearer its memory's speed)."""
-    buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)  # written once: pages are mapped
-    as_bytes = buffer.view(torch.uint8)
-    best = min(timed(op, device) for _ in range(reads) for op in (buffer.sum, as_bytes.amax))
-    del buffer, as_bytes
-    return buffer_bytes / best
 
 
 def bench_one(name: str, settings: ShapeBenchSettings, bandwidth: float | None, progress=None) -> dict:
@@ -230,6 +219,11 @@ def table(result: dict) -> str:
             f"{'-' if share is None else f'{share:.0%}':>6} {'-' if decode is None else f'{decode:.0%}':>6}  "
             + " ".join(f"{s['pass_seconds'][str(size)] * 1e3:>9.2f}" for size in sizes)
         )
+        if (paired := s.get("specdec_decode_share_of_bound_paired")) is not None:
+            runs = ", ".join(f"{share:.0%}" for share in s["specdec_decode_share_of_bound_by_run"])
+            lines.append(
+                f"  {s['shape']}: decode share of the bandwidth read just before each run: {paired:.0%} ({runs})"
+            )
         if s["fast_path_problem"]:
             lines.append(f"  {s['shape']}: transformers' forward (hf): {s['fast_path_problem']}")
         if s["kernels_problem"]:
