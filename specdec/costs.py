@@ -75,9 +75,10 @@ class CostModel:
 
 
 class SharedPasses:
-    """A drafter whose passes serve several sequences at once (the 4-bit copy drafting for a batch): its seconds per
-    pass by rows fed (measured at load, moved by every pass; read as the verify curve is: non-decreasing,
-    interpolated), so that the policy charges a sequence's draft what one more row adds to a shared pass."""
+    """A drafter whose passes serve several sequences at once (the 4-bit copy, a draft model or a head drafting for
+    a batch): its seconds per pass by rows fed (measured at load, moved by every pass; read as the verify curve is:
+    non-decreasing, interpolated), so that the policy charges a sequence's draft what one more row adds to a shared
+    pass."""
 
     def __init__(self, table: dict[int, float]):
         self.table = dict(table)  # {rows fed: seconds of one pass}

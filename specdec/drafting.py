@@ -1,7 +1,7 @@
 """A step's drafts: each request's draft length (DraftLengths, from its policy and the measured costs), then each
 running request's drafter proposes up to it (the scheduler's step, before the verify pass), or the tokens its
 constraint forces next; drafters that draft several requests in shared passes (propose_together: the target's 4-bit
-copy) do so. Each request's drafting time goes to its metrics and costs.
+copy, a draft model, a drafter head on the kernels) do so. Each request's drafting time goes to its metrics and costs.
 Shared passes are charged to the policy by what a row adds to them (policy.plan_lengths, costs.SharedPasses)."""
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def propose_all(requests: list[Request], lengths: list[int], solo: bool) -> list
 
 
 def shared_passes(request: Request) -> SharedPasses | None:
-    """The passes a request's drafts share with other requests' (the 4-bit copy drafting for greedy requests that
-    no constraint steers), or None where it drafts alone."""
+    """The passes a request's drafts share with other requests' (a 4-bit copy, draft model or head drafting for
+    greedy requests that no constraint steers), or None where it drafts alone."""
     drafter = request.drafter
     return drafter.pass_sharing() if drafter is not None and request.logits_processor is None else None
 

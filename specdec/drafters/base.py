@@ -3,10 +3,11 @@
 A drafter serves one request at a time: begin(request), then each step propose(context, budget) with the whole
 context and what the step allows, observe(features) with the target's hidden states of the positions it kept
 (drafters that read them), scored(...) with the target's choices at every scored row (drafters that need them), and
-at the end learn(output) and end(). Drafters that share drafting passes between requests (the quantized copy)
-declare it with pass_sharing() and draft them with propose_together(). Drafters that sample (draft models) also return
-q, their distribution at each drafted position, so verification can accept with min(1, p/q); deterministic
-drafters return probs=None (q is one-hot). fork() gives another concurrent request a drafter of its own.
+at the end learn(output) and end(). Drafters that share drafting passes between requests (the quantized copy, draft
+models, EAGLE and Medusa heads on the kernels) declare it with pass_sharing() and draft them with propose_together().
+Drafters that sample (draft models) also return q, their distribution at each drafted position, so verification can
+accept with min(1, p/q); deterministic drafters return probs=None (q is one-hot). fork() gives another concurrent
+request a drafter of its own.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ shape-static tensor code over a preallocated head cache (eagle_device.py), captu
 step too (more than its largest bucket, as the prompt, eagerly). A tree then has every level up to the depth cap,
 and the nodes that pay are chosen on the host from the most probable `max_nodes`. Sampled chains, penalized
 requests and calibrated trees take the host path, over the same cache.
+
+In a batch, the greedy chains of requests whose head runs on the CPU kernels are drafted together, one head pass a
+drafted token for all of them (pass_sharing, propose_together: eagle_batch.py).
 """
 
 from __future__ import annotations
