@@ -13,13 +13,13 @@ DEFAULT_EXIT_LAYER = 15
 
 
 class EarlyExit(CausalLM):
-    """The first `layers` layers of a backend as a model of its own."""
-
-    batched = True
+    """The first `layers` layers of a backend as a model of its own: several sequences in one pass where the backend
+    runs them so (`batched`, forward_batch)."""
 
     def __init__(self, backend: CausalLM, layers: int):
         self.backend, self.layers = backend, layers
         self.info = backend.info
+        self.batched = backend.batched
 
     def new_cache(self):
         return self.backend.new_cache()
@@ -46,6 +46,27 @@ class EarlyExit(CausalLM):
             cache,
             input_ids,
             tree_mask=tree_mask,
+            output_hidden=output_hidden,
+            last_only=last_only,
+            layers=min(layers or self.layers, self.layers),
+            feature_layers=feature_layers,
+            argmax_only=argmax_only,
+        )
+
+    def forward_batch(
+        self,
+        caches,
+        input_ids,
+        *,
+        output_hidden=False,
+        last_only=False,
+        layers=None,
+        feature_layers=(),
+        argmax_only=False,
+    ):
+        return self.backend.forward_batch(
+            caches,
+            input_ids,
             output_hidden=output_hidden,
             last_only=last_only,
             layers=min(layers or self.layers, self.layers),

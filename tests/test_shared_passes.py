@@ -1,6 +1,7 @@
-"""Drafter heads' chains of a batch drafted in shared passes. EAGLE: a head pass over several sequences' new pairs
-gives each row what it gets alone, several requests' chains drafted together are the chains each drafts alone, and a
-batch drafting so keeps every sequence's greedy output. Medusa: the heads run once for every request's chain."""
+"""Chains of a batch drafted in shared passes. EAGLE: a head pass over several sequences' new pairs gives each row
+what it gets alone, several requests' chains drafted together are the chains each drafts alone, and a batch drafting
+so keeps every sequence's greedy output. Medusa: the heads run once for every request's chain. Layer-skip: the early
+exit's passes over several sequences are the target's own batched passes."""
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from specdec.drafters.heads.eagle_head import new_head
 from specdec.drafters.heads.eagle_kernels import KernelEagle3Head, KernelEagleHead, kernel_head_problem
 from specdec.drafters.heads.medusa import MedusaDrafter
 from specdec.drafters.heads.medusa_kernels import KernelMedusaHeads, kernel_heads_problem
+from specdec.drafters.registry import create_drafter
 from specdec.engine import SpecDecoder
 from specdec.speculation_config import SpeculationConfig
 from tiny import loaded, random_medusa_heads, tiny_llama
@@ -189,3 +191,37 @@ def test_medusa_chains_of_a_batch_are_drafted_in_one_pass_of_the_heads_each_as_a
     assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
     assert [len(m) for m in made] == [4, 2, 3, 0, 0]
     assert drafters(temperature=1.0)[0].pass_sharing() is None
+
+
+def test_layer_skip_drafts_a_batch_in_the_targets_own_batched_passes():
+    """The early exit runs several sequences in one pass of the target's first layers (its backend's forward_batch),
+    so that layer-skip shares passes as a draft model does: one pass a drafted token, each chain as alone."""
+    target = loaded(tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2), "kernels")
+    root = create_drafter("layerskip", target, layerskip_layers=1)
+    assert root.draft.batched and root.draft.backend is target.backend
+    gen = torch.Generator().manual_seed(9)
+    contexts = [torch.randint(0, 64, (n,), generator=gen).tolist() for n in (4, 7, 3)]
+    ks = [3, 1, 4]
+
+    def drafters():
+        out = []
+        for context in contexts:
+            drafter = root.fork()
+            drafter.begin(DraftRequest(prompt_ids=context))
+            out.append(drafter)
+        return out
+
+    together = drafters()
+    assert together[0].pass_sharing() is not None
+    passes = []
+    forward_batch = target.backend.forward_batch
+    target.backend.forward_batch = lambda caches, ids, **kw: passes.append((len(ids), kw["layers"])) or forward_batch(
+        caches, ids, **kw
+    )
+    try:
+        made = together[0].propose_together([DraftJob(d, c, k) for d, c, k in zip(together, contexts, ks)])
+    finally:
+        target.backend.forward_batch = forward_batch
+    alone = [d.propose(c, Budget(k)) for d, c, k in zip(drafters(), contexts, ks)]
+    assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
+    assert passes == [(3, 1), (2, 1), (2, 1), (1, 1)]  # one pass of the first layer a depth, every chain in it
