@@ -11,16 +11,26 @@ from .drafters.base import features_in_layout
 from .request import Request
 
 
+def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
+    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
+    (each request then takes its own layout: features_in_layout); None where no drafter reads features."""
+    readers = [r for r in requests if r.needs_features]
+    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
+
+
 def observe_prompt_features(request: Request, hidden: torch.Tensor | None, layers: tuple[int, ...] | None) -> None:
-    """hidden: the prefill's rows (prompt length, H + A*H) for the pass's feature `layers`. After rows a prefix cache
-    restored (request.features), the request then keeps the whole prompt's (prompt length, H) as one tensor."""
+    """hidden: a prefill pass's rows of the request (rows, H + A*H) for the pass's feature `layers`: the rest of its
+    prompt, or one chunk of it. The drafter is given them after any rows a prefix cache restored that it has not
+    been given yet (request.features, where the request keeps every row so far as one tensor for the prefix cache)."""
     assert request.drafter is not None and hidden is not None and layers is not None  # a reader's pass returns them
     hidden = features_in_layout(hidden, layers, request.feature_layers)
     if request.features is not None:  # restored rows first, then the prefill's
         features = request.features
-        hidden = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden
-        request.features = [hidden]
+        kept = torch.cat([*features, hidden.to(features[0].device)]) if features else hidden
+        request.features = [kept]
+        hidden = kept[request.features_given :]
     request.drafter.observe(hidden)
+    request.features_given += hidden.shape[0]
 
 
 def observe_step_features(

@@ -12,6 +12,9 @@ engine runs: the step's seconds and the seconds a prefilled token takes, each a 
 wait than run, the chunk grows in proportion: each step's delay, borne by the running streams, then buys as much for
 the waiting ones (a burst of arrivals over a small batch is prefilled quickly; a long prompt beside a full batch is
 prefilled a short chunk a step). Where nothing else runs, nobody waits: prompts are prefilled whole.
+
+A request whose drafter reads the target's features (EAGLE and Medusa heads) is chunked too: each chunk's pass
+returns its rows' features, which the drafter observes in order, as it would the whole prompt's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .drafter_features import observe_prompt_features, pass_feature_layers
 from .request import Request
 
 AUTO = "auto"
@@ -129,15 +133,29 @@ class Chunk:
         caches.append(self.request.cache)
         inputs.append(self.tokens())
 
-    def prefilled(self) -> None:
+    def prefilled(self, hidden: torch.Tensor | None = None, layers: tuple[int, ...] | None = None) -> None:
+        """After its pass: its cache marked in_prompt; a drafter that reads features observes its rows' (hidden,
+        for the pass's feature `layers`)."""
         self.request.cache.in_prompt = True
+        if self.request.needs_features:
+            observe_prompt_features(self.request, hidden, layers)
 
     def prefill_alone(self, backend: Any) -> float:
-        """Its pass, for its keys and values only; returns the pass's seconds. backend: the target's CausalLM."""
+        """Its pass, for its keys and values (and its rows' features, for a drafter that reads them); returns the
+        pass's seconds. backend: the target's CausalLM."""
+        layers = pass_feature_layers([self.request])
         t0 = time.perf_counter()
-        backend.forward_batch([self.request.cache], [self.tokens()], last_only=True, argmax_only=True)
-        self.prefilled()
-        return time.perf_counter() - t0
+        (out,) = backend.forward_batch(
+            [self.request.cache],
+            [self.tokens()],
+            last_only=True,
+            argmax_only=True,
+            output_hidden=layers is not None,
+            feature_layers=layers or (),
+        )
+        seconds = time.perf_counter() - t0
+        self.prefilled(out.hidden, layers)
+        return seconds
 
 
 def take_due(waiting: list, chunks: ChunkBudget, running: int) -> tuple[list, list, Chunk | None]:
@@ -146,7 +164,7 @@ def take_due(waiting: list, chunks: ChunkBudget, running: int) -> tuple[list, li
     or None)."""
     requests = [r for _, r in waiting]
     left = [len(r.tokens) - r.cache.length for r in requests]
-    chunkable = [not (r.prefill_all_logits or r.needs_features) for r in requests]
+    chunkable = [not r.prefill_all_logits for r in requests]
     plan = plan_prefill(left, chunkable, chunks.tokens(len(waiting), running))
     due = [w for i, w in enumerate(waiting) if i in plan.due]
     rest = [w for i, w in enumerate(waiting) if i not in plan.due]

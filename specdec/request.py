@@ -85,6 +85,7 @@ class Request:
         self.feature_layers = tuple(layers) if layers is not None else ()  # its drafter's layout
         self.needs_scores = drafter is not None and drafter.needs_scores  # Drafter.scored after each verify
         self.features: list[torch.Tensor] | None = None  # hidden rows kept for the prefix cache (the scheduler's)
+        self.features_given = 0  # prompt rows its drafter has observed (a prompt's prefill may come in chunks)
         self.cache: Any = None  # the KV cache (a model's SequenceCache) the scheduler holds for it, None once it ended
         self.acceptance = speculation.acceptance if drafter is not None else EXACT  # nothing drafted: exact
         self.metrics = GenerationMetrics(prompt_tokens=self.prompt_len, acceptance=str(self.acceptance))

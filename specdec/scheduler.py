@@ -25,7 +25,7 @@ from .choice import OWN_DRAFTER, DrafterChoice
 from .config import GenerationConfig
 from .speculation_config import SpeculationConfig
 from .drafters.base import Drafter
-from .drafter_features import observe_prompt_features, observe_step_features
+from .drafter_features import observe_prompt_features, observe_step_features, pass_feature_layers
 from .errors import ConstraintError
 from .events import StepEvent
 from .costs import CostModel
@@ -35,13 +35,6 @@ from .request import Request, close_request, open_request
 from .verify import Draft, tree_mask, verify
 
 ENGINE_PARTS = ("prefill", "draft", "pass", "verify")  # BatchEngine.seconds: where its steps' time went
-
-
-def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
-    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
-    (each request then takes its own layout: features_in_layout); None where no drafter reads features."""
-    readers = [r for r in requests if r.needs_features]
-    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
 
 
 class BatchEngine:
@@ -218,10 +211,11 @@ class BatchEngine:
             if not groups:
                 continue
             leads = [members[0][1] for members in groups.values()]
-            layers = pass_feature_layers([r for members in groups.values() for _, r in members])
+            rider, chunk = (chunk, None) if not every_row else (None, chunk)  # it rides in the first pass
+            riding = [rider.request] if rider is not None else []
+            layers = pass_feature_layers([r for members in groups.values() for _, r in members] + riding)
             inputs = [torch.tensor(r.tokens[r.cache.length :]) for r in leads]
             caches = [r.cache for r in leads]  # after the prefix the cache restored
-            rider, chunk = (chunk, None) if not every_row else (None, chunk)  # it rides in the first pass
             if rider is not None:
                 rider.join(caches, inputs)
             t0 = time.perf_counter()
@@ -234,8 +228,8 @@ class BatchEngine:
                 argmax_only=all(r.argmax_only for m in groups.values() for _, r in m),
             )
             seconds = time.perf_counter() - t0
-            if rider is not None:
-                rider.prefilled()
+            if rider is not None:  # its output is the last
+                rider.prefilled(outputs[-1].hidden, layers)
             self._prefilled(sum(len(x) for x in inputs), seconds)
             for members, lead, out in zip(groups.values(), leads, outputs):
                 for _, request in members[1:]:  # before any starts: a lead that ends at once frees its cache

@@ -12,7 +12,7 @@ from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
 from specdec.models import kernel_llama
 from specdec.prefill import MIN_CHUNK_TOKENS, ChunkBudget, parse_prefill_chunk, plan_prefill
-from tiny import loaded, tiny_llama
+from tiny import kernel_head, loaded, random_medusa_heads, tiny_llama
 
 VARIANTS = [("kernels", torch.float32), ("kernels", torch.bfloat16),
             pytest.param("kernels-bf16", torch.bfloat16, marks=pytest.mark.skipif(
@@ -67,6 +67,66 @@ def test_a_long_prompt_prefilled_in_chunks_changes_no_output(backend, dtype, sam
     assert max(n for n, _, others in unchunked if others) == 150  # without chunks, the running ones waited for it
     with_others = [(n, stepped) for n, stepped, others in chunked if others and n]
     assert len(with_others) >= 3 and all(n <= 16 and stepped for n, stepped in with_others)
+
+
+def _feature_reader(kind: str):
+    """A drafter that reads the target's features, drafting chains of fixed length (no tree sized by timings): an
+    EAGLE head on the kernels, or Medusa heads."""
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    torch.manual_seed(2)
+    if kind == "medusa":
+        from specdec.drafters.heads.medusa import MedusaDrafter
+
+        return MedusaDrafter(random_medusa_heads(model), tree=False, lookup=False)
+    from specdec.drafters.heads.eagle import EagleDrafter
+    from specdec.drafters.heads.eagle_head import new_head
+
+    head = new_head(model, "tiny", torch.arange(64))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return EagleDrafter(kernel_head(head), tree=False, lookup=False)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_a_drafter_reading_features_gets_a_chunked_prompt_as_it_gets_it_whole(monkeypatch, kind, prefix_cache):
+    """A drafter that reads the target's features (EAGLE, Medusa) no longer makes its prompt wait to be prefilled
+    whole: a 180-token prompt arriving while another runs is prefilled 16 tokens a step, its chunks' features reach the
+    drafter in order (after the rows a prefix cache restored, where it did), and every step drafts exactly what it
+    drafts with the prompt prefilled whole; every output equals the unchunked run's."""
+    from specdec import scheduler
+
+    decoder = _decoder("kernels", torch.float32, _feature_reader(kind))
+    decoder.speculation = SpeculationConfig(num_speculative_tokens=3, adaptive=False)
+    if prefix_cache:
+        decoder.enable_prefix_cache(2)
+    first = _prompt(120, 3)  # ends by step 24; the last prompt begins with it (restored, with a prefix cache)
+    prompts, arrive_at = [first, _prompt(7, 2), _prompt(9, 5), first + _prompt(60, 4)], [0, 0, 25, 27]
+    drafts, propose_all = [], scheduler.propose_all
+
+    def recording(requests, lengths, solo):
+        made = propose_all(requests, lengths, solo)
+        drafts.append([(r.tokens[: r.prompt_len], len(r.tokens), d.tokens.tolist()) for r, d in zip(requests, made)])
+        return made
+
+    monkeypatch.setattr(scheduler, "propose_all", recording)
+    want, unchunked = _serve(decoder, prompts, CONFIGS["greedy"], None, arrive_at)
+    whole, drafts = drafts, []
+    got, chunked = _serve(decoder, prompts, CONFIGS["greedy"], 16, arrive_at)
+    assert got == want
+    with_others = [n for n, _, others in chunked if others and n]
+    assert len(with_others) >= 3 and max(with_others) <= 16  # the prompts were chunked while others ran
+    assert max(n for n, _, others in unchunked if others) > 16
+
+    def by_request(steps):
+        out: dict = {}
+        for step in steps:
+            for prompt, at, tokens in step:
+                out.setdefault(tuple(prompt), {})[at] = tokens
+        return out
+
+    assert by_request(drafts) == by_request(whole) and any(t for s in drafts for *_, t in s)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

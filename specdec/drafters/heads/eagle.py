@@ -149,8 +149,8 @@ class EagleDrafter(Drafter):
         head reads its columns, fused (m, H)."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.features.append(self.head.fuse(mine).to(self.dtype))
-        if not self.cache.length and self.request is not None:
-            self._sync(self.current.prompt_ids)  # the head reads the prompt now, as part of the prefill
+        if self.request is not None and self.features.rows <= len(self.current.prompt_ids):
+            self._sync(self.current.prompt_ids)  # the head reads the prompt now, chunk by chunk, with its prefill
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:

@@ -12,16 +12,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 import torch
 
 from ...costs import SharedPasses, time_by_size
 from ..base import Draft, DraftJob
+from .eagle_device import HeadCache
+from .eagle_kernels import KernelHeadLayer
 
-if TYPE_CHECKING:
-    from .eagle import EagleDrafter
-    from .eagle_kernels import KernelHeadLayer
+
+class ChainDrafter(Protocol):
+    """What drafting chains together reads and writes of each request's drafter (an EagleDrafter)."""
+
+    head: Any  # a KernelHeadLayer where its chains are drafted together (EagleDrafter.pass_sharing)
+    cache: HeadCache
+    pair_tokens: list[int]
+    draft_ids: torch.Tensor
+    last_out: torch.Tensor | None
+
+    @property
+    def feat(self) -> torch.Tensor: ...
+
+    def unseen(self, context: list[int]) -> tuple[int, list[int]]: ...
+
+    def fed(self, want: list[int]) -> torch.Tensor: ...
+
+    def begun(self, context: list[int]) -> None: ...
 
 
 @dataclass
@@ -29,7 +46,7 @@ class _Chain:
     """One request's chain in the shared passes."""
 
     index: int  # its place among the jobs
-    drafter: "EagleDrafter"
+    drafter: ChainDrafter
     k: int  # the most tokens it drafts
     hidden: torch.Tensor  # (H,) the head's output the next draft is scored from
     position: int  # pair position of its next drafted pair
@@ -44,7 +61,7 @@ def draft_chains_together(jobs: list[DraftJob], passes: SharedPasses) -> list[Dr
     pass (forward_each) over every chain still drafting. Each chain is the one EagleDrafter's propose drafts alone.
     `passes` learns each drafting pass's time by rows."""
     drafts: dict[int, Draft] = {}
-    drafting = [(i, cast("EagleDrafter", job.drafter), job.context, job.k) for i, job in enumerate(jobs) if job.k > 0]
+    drafting = [(i, cast(ChainDrafter, job.drafter), job.context, job.k) for i, job in enumerate(jobs) if job.k > 0]
     drafts.update({i: Draft.empty() for i, job in enumerate(jobs) if job.k <= 0})
     roots = feed_together([(drafter, context) for _, drafter, context, _ in drafting])
     live = [
@@ -54,7 +71,7 @@ def draft_chains_together(jobs: list[DraftJob], passes: SharedPasses) -> list[Dr
     active = live
     while active:
         start = time.perf_counter()
-        head = cast("KernelHeadLayer", active[0].drafter.head)
+        head = cast(KernelHeadLayer, active[0].drafter.head)
         scores = head.draft_logits(torch.stack([c.hidden for c in active])).float()  # (B, K)
         for chain, best in zip(active, scores.argmax(-1).tolist()):
             chain.tokens.append(int(chain.drafter.draft_ids[best]))
@@ -77,7 +94,7 @@ def draft_chains_together(jobs: list[DraftJob], passes: SharedPasses) -> list[Dr
     return [drafts[i] for i in range(len(jobs))]
 
 
-def feed_together(requests: list[tuple["EagleDrafter", list[int]]]) -> list[torch.Tensor]:
+def feed_together(requests: list[tuple[ChainDrafter, list[int]]]) -> list[torch.Tensor]:
     """Each (drafter, context)'s step start (EagleDrafter.start_step), the true pairs its head has not seen fed for
     all of them in one head pass (a drafter's rows attend to its own cache): the head's output at each one's last
     pair (H,), as start_step returns it."""
@@ -89,7 +106,7 @@ def feed_together(requests: list[tuple["EagleDrafter", list[int]]]) -> list[torc
         if keep < len(want):
             feeding.append((drafter, keep, want))
     if feeding:
-        head = cast("KernelHeadLayer", feeding[0][0].head)
+        head = cast(KernelHeadLayer, feeding[0][0].head)
         outputs, kvs = head.each(
             torch.cat([d.feat[keep : len(want)] for d, keep, want in feeding]),
             torch.tensor([token for _, keep, want in feeding for token in want[keep:]]),
@@ -110,7 +127,7 @@ def feed_together(requests: list[tuple["EagleDrafter", list[int]]]) -> list[torc
 
 
 @torch.inference_mode()
-def time_head_passes(head: "KernelHeadLayer", sizes=(1, 2, 4, 8, 16), repeats: int = 3) -> dict[int, float]:
+def time_head_passes(head: KernelHeadLayer, sizes=(1, 2, 4, 8, 16), repeats: int = 3) -> dict[int, float]:
     """{rows: seconds} of one shared drafting pass over that many chains (time_by_size): the draft logits and the
     head's layer over random rows, with no past (what a pass over that many sequences costs but for their
     attention); no drafter's cache is touched."""

@@ -7,20 +7,41 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from ...costs import CostModel
-from ..base import Draft
-from ..trees import TreeNodes, expand_floor, finish_tree, level_visibility, path_tokens, tree_width
-from .calibration import DraftedTree, node_depths
-
-if TYPE_CHECKING:
-    from .eagle import EagleDrafter
+from ..base import Draft, DraftRequest
+from ..trees import LookupBranch, TreeNodes, expand_floor, finish_tree, level_visibility, path_tokens, tree_width
+from .calibration import Calibration, DraftedTree, node_depths
+from .eagle_device import HeadCache
 
 
-def host_tree(drafter: "EagleDrafter", root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
+class TreeDrafter(Protocol):
+    """What drafting a tree reads and writes of its drafter (an EagleDrafter)."""
+
+    head: Any
+    graphs: Any  # its HeadGraphs, where it drafts on the device
+    cache: HeadCache
+    pair_tokens: list[int]
+    draft_ids: torch.Tensor
+    branch: LookupBranch | None
+    calibration: Calibration | None
+    last_tree: DraftedTree | None
+    width: int | None
+    max_nodes: int
+    fixed_size: bool
+
+    @property
+    def current(self) -> DraftRequest: ...
+
+    def draft_logits(self, hidden: torch.Tensor, paths: list[list[int]]) -> torch.Tensor: ...
+
+    def head_step(self, features: torch.Tensor, tokens: list[int], positions: list[int], window: int, mask=None): ...
+
+
+def host_tree(drafter: TreeDrafter, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
     """A dynamic tree (EAGLE-2) drafted level by level on the host, or the prompt-lookup continuation alone where
     it is expected to go as far (the drafter's LookupBranch), sized by the measured costs."""
     costs = drafter.current.costs or CostModel()  # unmeasured: the cost model's default curve
@@ -61,7 +82,7 @@ def host_tree(drafter: "EagleDrafter", root: torch.Tensor, context: list[int], d
     return draft
 
 
-def device_tree(drafter: "EagleDrafter", root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
+def device_tree(drafter: TreeDrafter, root: torch.Tensor, context: list[int], depth_cap: int) -> Draft:
     """A tree drafted on the device (every level up to depth_cap), then sized on the host as host_tree's is."""
     costs = drafter.current.costs or CostModel()
     if drafter.branch is not None and (copied := drafter.branch.start(context, depth_cap, costs)) is not None:
