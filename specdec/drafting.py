@@ -49,7 +49,9 @@ class DraftLengths:
         caps = [r.draft_cap() for r in requests]
         plan = plan_lengths([r.policy for r in requests], self.costs, caps, [shared_passes(r) for r in requests])
         lengths = plan.commit()
-        self.idle = (len(requests), 0 if any(lengths) else IDLE_RECHECK)
+        # idle only where drafts were possible and did not pay: a batch whose requests are at their last token
+        # (no room for a draft) says nothing of the next batch of its size
+        self.idle = (len(requests), 0 if any(lengths) or not any(caps) else IDLE_RECHECK)
         return lengths
 
 

@@ -140,6 +140,23 @@ def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeyp
     assert asked == [3, 3, 2]
 
 
+def test_a_batch_at_its_last_tokens_does_not_keep_the_next_batch_from_drafting():
+    """Requests at their last token have no room for drafts, so their batch's plan is empty; that says nothing of
+    whether drafts pay, and the batch that runs next at the same size drafts at once (drafting fixed, not adaptive)."""
+    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
+    speculation = SpeculationConfig(num_speculative_tokens=2, adaptive=False)
+    engine = SpecDecoder(loaded(model, "kernels"), _RepeatDrafter([]), speculation).batch_engine(max_batch=2)
+    for name in "ab":
+        engine.submit(name, [1, 2, 3], GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    engine.step()  # the prefill: one token each
+    engine.step()  # their last token: no room for drafts
+    assert not len(engine)
+    states = [engine.submit(name, [4, 5, 6], GenerationConfig(max_new_tokens=30, ignore_eos=True)) for name in "cd"]
+    engine.step()  # their prefill
+    engine.step()
+    assert all(s.metrics.drafted_tokens == 2 for s in states)
+
+
 def test_sampling_in_a_batch_is_reproducible_per_seed():
     model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
     decoder = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3),
