@@ -88,7 +88,7 @@ class EagleDrafter(Drafter):
             self.graphs = HeadGraphs(head, self.cache, capture=self.device.type == "cuda")
         H, layers = head.config.hidden_size, len(head.feature_layers)
         # observe() gets the final state, then the inputs of the head's feature layers (EAGLE-3 reads those alone)
-        self.columns = (torch.arange(H, H + H * layers) if layers else torch.arange(H)).to(self.device)
+        self.columns = slice(H, H + H * layers) if layers else slice(0, H)  # a view of each row, not a copy
         self.tree, self.width, self.max_depth, self.max_nodes = tree, width, max_depth, max_nodes
         self.fixed_size = fixed_size
         self.dtype = head.feature_dtype
@@ -146,11 +146,10 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H + A*H): the target's final state, then the inputs of the head's A feature layers; the
-        head reads its columns, fused (m, H)."""
+        head reads its columns, fused (m, H). The head is fed the pairs when a step drafts (_sync): in a batch where
+        drafts do not pay, steps that draft nothing cost no head pass (its prompt's included)."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.features.append(self.head.fuse(mine).to(self.dtype))
-        if self.request is not None and self.features.rows <= len(self.current.prompt_ids):
-            self._sync(self.current.prompt_ids)  # the head reads the prompt now, chunk by chunk, with its prefill
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
@@ -227,7 +226,7 @@ class EagleDrafter(Drafter):
     def fed(self, want: list[int]) -> torch.Tensor:
         """After the pairs `want` (unseen's) were fed: the head's output at the last of them (H,)."""
         self.pair_tokens = list(want)
-        assert self.last_out is not None  # the prompt's pairs were fed at the prefill (observe)
+        assert self.last_out is not None  # a context of two tokens or more has a pair
         return self.last_out
 
     def _on_device(self, values: list[int]) -> torch.Tensor:
