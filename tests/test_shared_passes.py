@@ -67,13 +67,14 @@ def test_a_head_pass_over_several_sequences_gives_each_row_what_it_gets_alone(ki
         assert torch.equal(torch.cat([head.draft_logits(together[b : b + 1]) for b in range(4)]), logits)
 
 
-def _drafters(root: EagleDrafter, contexts: list[list[int]], features: list[torch.Tensor], **sampling):
-    """A fork of root for each context, begun on it and given its features (the head reads the prompt's pairs)."""
+def _drafters(root, contexts: list[list[int]], features: list[torch.Tensor] | None = None, **sampling):
+    """A fork of root (a drafter) for each context, begun on it and given its features where there are any."""
     out = []
-    for context, feats in zip(contexts, features):
+    for i, context in enumerate(contexts):
         drafter = root.fork()
         drafter.begin(DraftRequest(prompt_ids=context, sampling=SamplingConfig(**sampling)))
-        drafter.observe(feats)
+        if features is not None:
+            drafter.observe(features[i])
         out.append(drafter)
     return out
 
@@ -167,16 +168,7 @@ def test_medusa_chains_of_a_batch_are_drafted_in_one_pass_of_the_heads_each_as_a
     features[4] = features[4][:-1]  # the feature that gave this context's last token has not arrived
     ks = [4, 2, 3, 0, 4]
 
-    def drafters(**sampling):
-        out = []
-        for context, feats in zip(contexts, features):
-            drafter = root.fork()
-            drafter.begin(DraftRequest(prompt_ids=context, sampling=SamplingConfig(**sampling)))
-            drafter.observe(feats)
-            out.append(drafter)
-        return out
-
-    together = drafters()
+    together = _drafters(root, contexts, features)
     shared = together[0].pass_sharing()
     assert shared is not None and all(d.pass_sharing() is shared for d in together)
     runs = []
@@ -185,12 +177,12 @@ def test_medusa_chains_of_a_batch_are_drafted_in_one_pass_of_the_heads_each_as_a
     try:
         made = together[0].propose_together([DraftJob(d, c, k) for d, c, k in zip(together, contexts, ks)])
         assert runs == [3]  # one pass, over the three requests that need the heads
-        alone = [d.propose(c, Budget(k)) for d, c, k in zip(drafters(), contexts, ks)]
+        alone = [d.propose(c, Budget(k)) for d, c, k in zip(_drafters(root, contexts, features), contexts, ks)]
     finally:
         KernelMedusaHeads.__call__ = call
     assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
     assert [len(m) for m in made] == [4, 2, 3, 0, 0]
-    assert drafters(temperature=1.0)[0].pass_sharing() is None
+    assert _drafters(root, contexts, features, temperature=1.0)[0].pass_sharing() is None
 
 
 def test_layer_skip_drafts_a_batch_in_the_targets_own_batched_passes():
@@ -203,15 +195,7 @@ def test_layer_skip_drafts_a_batch_in_the_targets_own_batched_passes():
     contexts = [torch.randint(0, 64, (n,), generator=gen).tolist() for n in (4, 7, 3)]
     ks = [3, 1, 4]
 
-    def drafters():
-        out = []
-        for context in contexts:
-            drafter = root.fork()
-            drafter.begin(DraftRequest(prompt_ids=context))
-            out.append(drafter)
-        return out
-
-    together = drafters()
+    together = _drafters(root, contexts)
     assert together[0].pass_sharing() is not None
     passes = []
     forward_batch = target.backend.forward_batch
@@ -222,6 +206,6 @@ def test_layer_skip_drafts_a_batch_in_the_targets_own_batched_passes():
         made = together[0].propose_together([DraftJob(d, c, k) for d, c, k in zip(together, contexts, ks)])
     finally:
         target.backend.forward_batch = forward_batch
-    alone = [d.propose(c, Budget(k)) for d, c, k in zip(drafters(), contexts, ks)]
+    alone = [d.propose(c, Budget(k)) for d, c, k in zip(_drafters(root, contexts), contexts, ks)]
     assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
     assert passes == [(3, 1), (2, 1), (2, 1), (1, 1)]  # one pass of the first layer a depth, every chain in it
