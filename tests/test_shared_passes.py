@@ -81,10 +81,10 @@ def _drafters(root, contexts: list[list[int]], features: list[torch.Tensor] | No
 
 @pytest.mark.parametrize("kind,bits", [("eagle", 0), ("eagle", 8), ("eagle3", 0)])
 def test_eagle_chains_of_a_batch_draft_in_shared_passes_the_chains_each_would_alone(kind, bits):
-    """Greedy requests whose drafters share a kernel head draft their chains together: the pairs each head cache
-    has not seen (the prompts', at first) fed in one pass, then one head pass a drafted token over every chain still
-    drafting, and each gets the chain it drafts alone; then again after each context grew by a few tokens (fed over
-    the first step's drafts, past the true pairs); sampled and penalized requests draft alone, as does a head that is a torch
+    """Greedy requests whose drafters share a kernel head draft their chains together, one head pass a drafted
+    token over every chain still drafting, and each gets the chain it drafts alone; then again after each context
+    grew by a few tokens, whose pairs the heads' caches are fed together in one pass first (over the first step's
+    drafts, past the true pairs); sampled and penalized requests draft alone, as does a head that is a torch
     module."""
     model, head = _kernel_head(kind, bits)
     root = EagleDrafter(head, tree=False)
@@ -115,7 +115,7 @@ def test_eagle_chains_of_a_batch_draft_in_shared_passes_the_chains_each_would_al
         alone = [d.propose(c, Budget(k)) for d, c, k in zip(_drafters(root, contexts, features), contexts, ks)]
         assert [m.tokens.tolist() for m in made] == [a.tokens.tolist() for a in alone]
         assert [len(m) for m in made] == ks
-        assert passes == [len(ks)] + chain_passes  # the pairs not yet fed (the prompts' first), then each depth
+        assert passes == [len(ks)] * grown + chain_passes  # the new pairs fed together, then each depth
     assert len({tuple(m.tokens.tolist()) for m in made}) > 1  # the requests' chains differ
     sampled = _drafters(root, contexts[:1], features[:1], temperature=1.0)[0]
     penalized = _drafters(root, contexts[:1], features[:1], repetition_penalty=1.3)[0]

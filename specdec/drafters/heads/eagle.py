@@ -146,10 +146,13 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()  # as propose: the head cache is written in one mode only
     def observe(self, features: torch.Tensor) -> None:
         """features (m, H + A*H): the target's final state, then the inputs of the head's A feature layers; the
-        head reads its columns, fused (m, H). The head is fed the pairs when a step drafts (_sync): in a batch where
-        drafts do not pay, steps that draft nothing cost no head pass (its prompt's included)."""
+        head reads its columns, fused (m, H). The prompt's pairs are fed with its prefill, once the last of its
+        features arrive (a chunked prompt's last chunk): a step's drafting time, which the policy weighs, is then the
+        step's own. Later pairs are fed when a step drafts (_sync): steps that draft nothing run no head pass."""
         mine = features.detach().to(self.device)[:, self.columns]  # no copy where they are already there
         self.features.append(self.head.fuse(mine).to(self.dtype))
+        if self.request is not None and self.features.rows == len(self.current.prompt_ids):
+            self._sync(self.current.prompt_ids)
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: Budget) -> Draft:
@@ -226,7 +229,7 @@ class EagleDrafter(Drafter):
     def fed(self, want: list[int]) -> torch.Tensor:
         """After the pairs `want` (unseen's) were fed: the head's output at the last of them (H,)."""
         self.pair_tokens = list(want)
-        assert self.last_out is not None  # a context of two tokens or more has a pair
+        assert self.last_out is not None  # fed at the prefill (observe), or now: a context of two tokens has a pair
         return self.last_out
 
     def _on_device(self, values: list[int]) -> torch.Tensor:
