@@ -11,13 +11,6 @@ from .drafters.base import features_in_layout
 from .request import Request
 
 
-def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
-    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
-    (each request then takes its own layout: features_in_layout); None where no drafter reads features."""
-    readers = [r for r in requests if r.needs_features]
-    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
-
-
 def observe_prompt_features(request: Request, hidden: torch.Tensor | None, layers: tuple[int, ...] | None) -> None:
     """hidden: a prefill pass's rows of the request (rows, H + A*H) for the pass's feature `layers`: the rest of its
     prompt, or one chunk of it. The drafter is given them after any rows a prefix cache restored that it has not

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .drafter_features import observe_prompt_features, pass_feature_layers
-from .request import Request
+from .drafter_features import observe_prompt_features
+from .request import Request, pass_feature_layers
 
 AUTO = "auto"
 FIRST_GUESS_TOKENS = 64  # auto's budget before a step and a prefill were timed

@@ -228,6 +228,13 @@ def count_step_metrics(
         m.accepted_per_position[i] += 1
 
 
+def pass_feature_layers(requests: list[Request]) -> tuple[int, ...] | None:
+    """The feature layers one target pass returns for `requests`: those their drafters read, in order of first ask
+    (each request then takes its own layout: features_in_layout); None where no drafter reads features."""
+    readers = [r for r in requests if r.needs_features]
+    return tuple(dict.fromkeys(i for r in readers for i in r.feature_layers)) if readers else None
+
+
 # ---- a request's KV cache and drafter, from its start to its end ------------------------------------------
 def open_request(backend, request: Request) -> Request:
     """Gives a request its KV cache, a prefix restored from the backend's prefix cache where an earlier request

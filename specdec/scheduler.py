@@ -25,13 +25,13 @@ from .choice import OWN_DRAFTER, DrafterChoice
 from .config import GenerationConfig
 from .speculation_config import SpeculationConfig
 from .drafters.base import Drafter
-from .drafter_features import observe_prompt_features, observe_step_features, pass_feature_layers
+from .drafter_features import observe_prompt_features, observe_step_features
 from .errors import ConstraintError
 from .events import StepEvent
 from .costs import CostModel
 from .drafting import DraftLengths, propose_all
 from .prefill import Chunk, ChunkBudget, take_due
-from .request import Request, close_request, open_request
+from .request import Request, close_request, open_request, pass_feature_layers
 from .verify import Draft, tree_mask, verify
 
 ENGINE_PARTS = ("prefill", "draft", "pass", "verify")  # BatchEngine.seconds: where its steps' time went

@@ -82,7 +82,7 @@ def test_drafter_eagle3_needs_an_eagle3_head(eagle3_target, tmp_path):
     with pytest.raises(ConfigError, match="holds no EAGLE-3 head"):
         create_drafter("eagle3", target, eagle_head=tmp_path / "eagle1")
     drafter = create_drafter("eagle", target, eagle_head=tmp_path / "eagle1")
-    assert torch.equal(drafter.columns, torch.arange(64))  # the final state
+    assert drafter.columns == slice(0, 64)  # the final state
 
 
 def test_drafters_are_named_as_asked_and_unknown_options_are_refused(eagle3_target, tmp_path):
