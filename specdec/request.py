@@ -23,6 +23,7 @@ from .logprobs import TokenLogprob, logprob_logits, prompt_logprobs, token_logpr
 from .metrics import GenerationMetrics
 from .costs import CostModel
 from .policy import DraftLengthPolicy
+from .request_prefix import claim_prefix, park
 from .sampling import make_generator, position_gumbel
 from .text import TextAssembler
 from .verify import Draft
@@ -242,7 +243,8 @@ def open_request(backend, request: Request) -> Request:
     prefix = backend.prefix_cache
     if request.needs_features and prefix is not None:
         request.features = []  # the hidden rows, which a drafter reading features needs from a restored prefix
-    request.cache = _claim_prefix(prefix, request) or backend.new_cache()
+    claimed = claim_prefix(prefix, request) if prefix is not None else None
+    request.cache = claimed or backend.new_cache()
     request.metrics.cached_prompt_tokens = request.cache.length
     if request.drafter is not None:
         generator = None if request.generator is None else make_generator(request.seed + 1)  # its draws, sampling
@@ -269,35 +271,9 @@ def close_request(backend, request: Request, reason: str) -> None:
         if request.learn:
             drafter.learn(request.generated)
         drafter.end()
-    _park_or_release(backend, request)
+    prefix = backend.prefix_cache
+    if prefix is None or not park(prefix, backend, request):
+        backend.release(request.cache)
     request.cache = None
     if request.tracer is not None and request.generated:
         request.tracer.write(request)
-
-
-def _claim_prefix(prefix, request: Request):
-    """The cache of an earlier request that began as this prompt does, from the prefix cache (for a drafter that
-    reads features, one that kept its hidden states, handed on with the prefill's); None when there is none, or
-    when the request asks for every prompt row's logprobs."""
-    if prefix is None or request.prefill_all_logits:
-        return None
-    claimed = prefix.claim(request.tokens, request.feature_layers if request.needs_features else None)
-    if claimed is None:
-        return None
-    cache, features = claimed
-    if features is not None:
-        request.features = [features]  # the restored rows' hidden states, for the drafter at the prefill
-    return cache
-
-
-def _park_or_release(backend, request: Request) -> None:
-    """Hands the cache to the prefix cache (its rows a later prefill would compute identically), or frees it."""
-    prefix = backend.prefix_cache
-    if prefix is not None:
-        rows = min(len(request.tokens), backend.exact_prefix_rows(request.cache, request.prompt_len))
-        features = torch.cat(request.features) if request.features else None  # none: it ended before its prefill
-        if features is not None and features.shape[0] < rows:
-            features = None
-        if prefix.park(request.tokens[:rows], request.cache, features, request.feature_layers):
-            return
-    backend.release(request.cache)

@@ -11,7 +11,7 @@ from pathlib import Path
 import specdec
 
 ROOT = Path(specdec.__file__).parent
-CORE = ("engine.py", "scheduler.py", "drafting.py", "request.py", "policy.py")
+CORE = ("engine.py", "scheduler.py", "drafting.py", "request.py", "request_prefix.py", "policy.py")
 
 
 def _sources():
