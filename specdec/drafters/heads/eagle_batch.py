@@ -139,5 +139,4 @@ def time_head_passes(head: KernelHeadLayer, sizes=(1, 2, 4, 8, 16), repeats: int
         head.draft_logits(hidden[rows]).argmax(-1)
         head.each(hidden[rows], tokens[rows], torch.zeros(rows, dtype=torch.long), [None] * rows)
 
-    with torch.inference_mode():
-        return time_by_size(shared_pass, lambda _rows: None, sizes, repeats)
+    return time_by_size(shared_pass, lambda _rows: None, sizes, repeats)

@@ -30,46 +30,14 @@ class EarlyExit(CausalLM):
     def truncate(self, cache, length: int) -> None:
         self.backend.truncate(cache, length)
 
-    def forward(
-        self,
-        cache,
-        input_ids,
-        *,
-        tree_mask=None,
-        output_hidden=False,
-        last_only=False,
-        layers=None,
-        feature_layers=(),
-        argmax_only=False,
-    ):
-        return self.backend.forward(
-            cache,
-            input_ids,
-            tree_mask=tree_mask,
-            output_hidden=output_hidden,
-            last_only=last_only,
-            layers=min(layers or self.layers, self.layers),
-            feature_layers=feature_layers,
-            argmax_only=argmax_only,
-        )
+    def forward(self, cache, input_ids, *, layers=None, **options):
+        """The backend's forward over at most the first `layers` layers; every other option passed on."""
+        return self.backend.forward(cache, input_ids, layers=self._exit(layers), **options)
 
-    def forward_batch(
-        self,
-        caches,
-        input_ids,
-        *,
-        output_hidden=False,
-        last_only=False,
-        layers=None,
-        feature_layers=(),
-        argmax_only=False,
-    ):
-        return self.backend.forward_batch(
-            caches,
-            input_ids,
-            output_hidden=output_hidden,
-            last_only=last_only,
-            layers=min(layers or self.layers, self.layers),
-            feature_layers=feature_layers,
-            argmax_only=argmax_only,
-        )
+    def forward_batch(self, caches, input_ids, *, layers=None, **options):
+        """The backend's batched forward over at most the first `layers` layers; every other option passed on."""
+        return self.backend.forward_batch(caches, input_ids, layers=self._exit(layers), **options)
+
+    def _exit(self, layers: int | None) -> int:
+        """The layers a pass runs: those asked for, never past the early exit."""
+        return min(layers or self.layers, self.layers)
