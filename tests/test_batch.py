@@ -4,24 +4,14 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingConfig
 from specdec.speculation_config import SpeculationConfig
-from specdec.drafters.base import Budget, Draft, Drafter
+from specdec.drafters.base import Budget
 from specdec.drafters.models.draft_model import DraftModelDrafter
 from specdec.drafters.lookup.ngram import NgramDrafter
 from specdec.engine import SpecDecoder
-from specdec.errors import ConfigError
 from specdec.kernels import has_bf16_products
 from specdec.costs import CostModel
-from specdec.policy import DraftLengthPolicy, LengthPlan, plan_lengths
-from tiny import loaded, random_medusa_heads, tiny_llama
-
-
-def _prompts(n=12, vocab=64):
-    gen = torch.Generator().manual_seed(5)
-    out = []
-    for i in range(n):
-        p = torch.randint(0, vocab - 1, (2 + 3 * i,), generator=gen).tolist()
-        out.append(p + p[: len(p) // 2] if i % 2 else p)
-    return out
+from specdec.policy import DraftLengthPolicy, plan_lengths
+from tiny import loaded, ragged_prompts, random_medusa_heads, tiny_llama
 
 
 @pytest.mark.parametrize("backend,dtype", [("kernels", torch.float32), ("kernels", torch.bfloat16),
@@ -37,7 +27,7 @@ def test_batched_speculation_equals_each_sequence_alone(backend, dtype, kind):
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=30, ignore_eos=True)
     engine = decoder.batch_engine(max_batch=5)
-    prompts = _prompts()
+    prompts = ragged_prompts()
     want = [alone.generate_ids(p, config)[0] for p in prompts]
     got, queue = {}, list(enumerate(prompts))
     while queue or len(engine):
@@ -57,7 +47,7 @@ def test_requests_with_the_same_prompt_share_one_prefill(backend):
     target = loaded(model, backend)
     coupled = SpeculationConfig(num_speculative_tokens=4, sampling_verifier="coupled")  # seed-stable samples
     decoder = SpecDecoder(target, NgramDrafter(1, 3), coupled)
-    prompt, other = _prompts()[5], _prompts()[6]
+    prompt, other = ragged_prompts()[5], ragged_prompts()[6]
     configs = [GenerationConfig(max_new_tokens=20, ignore_eos=True)] + [
         GenerationConfig.create(max_new_tokens=20, ignore_eos=True, temperature=1.0, seed=s) for s in (1, 2)]
     scored = []
@@ -83,7 +73,7 @@ def test_a_shared_prefill_survives_its_lead_ending_at_once(first_length):
     target = loaded(model, "torch")
     decoder = SpecDecoder(target, NgramDrafter(1, 3), SpeculationConfig(num_speculative_tokens=3))
     alone = SpecDecoder(target, None)
-    prompt = _prompts()[7]
+    prompt = ragged_prompts()[7]
     configs = [GenerationConfig(max_new_tokens=first_length, ignore_eos=True)] + \
         [GenerationConfig(max_new_tokens=12, ignore_eos=True)] * 2
     engine = decoder.batch_engine(max_batch=4)
@@ -94,10 +84,10 @@ def test_a_shared_prefill_survives_its_lead_ending_at_once(first_length):
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
         if 3 not in got and len(engine) < 3:
-            engine.submit(3, _prompts()[8], configs[1])
+            engine.submit(3, ragged_prompts()[8], configs[1])
             got[3] = []
     assert [got[i] for i in range(3)] == [alone.generate_ids(prompt, c)[0] for c in configs]
-    assert got[3] == alone.generate_ids(_prompts()[8], configs[1])[0]
+    assert got[3] == alone.generate_ids(ragged_prompts()[8], configs[1])[0]
 
 
 def test_cancel_frees_the_slot_at_once():
@@ -113,48 +103,6 @@ def test_cancel_frees_the_slot_at_once():
     engine.submit("c", [7, 8], GenerationConfig(max_new_tokens=5, ignore_eos=True))
     events = engine.step()
     assert {e.request_id for e in events} == {"b", "c"}
-
-
-def test_a_batch_given_no_drafts_asks_the_policy_again_after_a_few_steps(monkeypatch):
-    """Where the policy gives a batch no drafts (large batches, where drafts do not pay), it is asked again after
-    IDLE_RECHECK steps at the same size, and at once when the batch's size changes."""
-    from specdec import drafting
-
-    asked = []
-
-    def no_drafts(policies, costs, caps, shared=None):
-        asked.append(len(policies))
-        return LengthPlan([0] * len(policies), policies, [None] * len(policies))
-
-    monkeypatch.setattr(drafting, "plan_lengths", no_drafts)
-    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
-    engine = SpecDecoder(loaded(model, "kernels"), NgramDrafter(1, 3)).batch_engine(max_batch=3)
-    for name in "abc":
-        engine.submit(name, [1, 2, 3], GenerationConfig(max_new_tokens=60, ignore_eos=True))
-    engine.step()  # the prefill
-    for _ in range(2 * (drafting.IDLE_RECHECK + 1)):
-        engine.step()
-    assert asked == [3, 3]
-    engine.cancel("a")
-    engine.step()
-    assert asked == [3, 3, 2]
-
-
-def test_a_batch_at_its_last_tokens_does_not_keep_the_next_batch_from_drafting():
-    """Requests at their last token have no room for drafts, so their batch's plan is empty; that says nothing of
-    whether drafts pay, and the batch that runs next at the same size drafts at once (drafting fixed, not adaptive)."""
-    model = tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2)
-    speculation = SpeculationConfig(num_speculative_tokens=2, adaptive=False)
-    engine = SpecDecoder(loaded(model, "kernels"), _RepeatDrafter([]), speculation).batch_engine(max_batch=2)
-    for name in "ab":
-        engine.submit(name, [1, 2, 3], GenerationConfig(max_new_tokens=2, ignore_eos=True))
-    engine.step()  # the prefill: one token each
-    engine.step()  # their last token: no room for drafts
-    assert not len(engine)
-    states = [engine.submit(name, [4, 5, 6], GenerationConfig(max_new_tokens=30, ignore_eos=True)) for name in "cd"]
-    engine.step()  # their prefill
-    engine.step()
-    assert all(s.metrics.drafted_tokens == 2 for s in states)
 
 
 def test_sampling_in_a_batch_is_reproducible_per_seed():
@@ -213,7 +161,7 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
     decoder = SpecDecoder(target, drafter, SpeculationConfig(num_speculative_tokens=4, adaptive=False))
     alone = SpecDecoder(target, None)
     config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    prompts = _prompts(4)
+    prompts = ragged_prompts(4)
     want = [alone.generate_ids(p, config)[0] for p in prompts]
     engine = decoder.batch_engine(max_batch=4)
     got, budgets, step = {}, [], 0  # budgets: (step, whether it allowed a tree) of every drafter call
@@ -238,61 +186,6 @@ def test_tree_drafts_when_alone_and_chains_in_a_batch_keep_greedy_output(monkeyp
     assert any(not tree for s, tree in budgets if s >= 7)  # batched: chains only
 
 
-class _RepeatDrafter(Drafter):
-    """Drafts k copies of the last token (every call drafts, whatever the acceptance) and logs each call's k in a
-    list its forks share."""
-
-    name = "repeat"
-
-    def __init__(self, calls: list[int]):
-        self.calls = calls
-
-    def propose(self, context: list[int], budget: Budget) -> Draft:
-        self.calls.append(budget.k)
-        return Draft(tokens=torch.tensor([context[-1]] * budget.k))
-
-    def fork(self) -> "_RepeatDrafter":
-        return _RepeatDrafter(self.calls)
-
-
-def _steps_with_limit(target, limit):
-    """Five sequences of different lengths decoded together, drafting 3 tokens a step (adaptive off, so only the
-    limit can stop drafts): per step (sequences verified, drafter calls, tokens drafted), and the states."""
-    calls: list[int] = []
-    speculation = SpeculationConfig(num_speculative_tokens=3, adaptive=False, max_batch_for_drafting=limit)
-    engine = SpecDecoder(target, _RepeatDrafter(calls), speculation).batch_engine(max_batch=5)
-    states = [engine.submit(i, p, GenerationConfig(max_new_tokens=n, ignore_eos=True))
-              for i, (p, n) in enumerate(zip(_prompts(5), (6, 10, 14, 30, 40)))]
-    rows = []
-    while len(engine):
-        running, before, drafted = len(engine.running), len(calls), sum(s.metrics.drafted_tokens for s in states)
-        engine.step()
-        rows.append((running, len(calls) - before, sum(s.metrics.drafted_tokens for s in states) - drafted))
-    return rows, states
-
-
-def test_no_drafts_while_the_batch_is_over_the_limit():
-    """With max_batch_for_drafting = 2, steps verifying 3 or more sequences call no drafter and draft nothing; once
-    sequences finish and 2 or fewer are left, drafting resumes; the tokens stay each sequence's plain greedy output."""
-    target = loaded(tiny_llama(seed=0, hidden=64, heads=4, kv_heads=2), "kernels")
-    unlimited, _ = _steps_with_limit(target, None)
-    assert any(calls and drafted for running, calls, drafted in unlimited if running > 2)  # without it, big steps draft
-    rows, states = _steps_with_limit(target, 2)
-    big = [(calls, drafted) for running, calls, drafted in rows if running > 2]
-    small = [(calls, drafted) for running, calls, drafted in rows if 0 < running <= 2]
-    assert len(big) >= 4 and all(calls == drafted == 0 for calls, drafted in big)
-    assert sum(drafted for _, drafted in small) > 0 and all(calls > 0 for calls, _ in small[:3])
-    plain = SpecDecoder(target, None)
-    for state in states:
-        assert state.generated == plain.generate_ids(state.tokens[: state.prompt_len], state.config)[0]
-
-
-@pytest.mark.parametrize("limit", [0, -3, 2.5, True, "4"])
-def test_max_batch_for_drafting_must_be_an_integer_of_at_least_one(limit):
-    with pytest.raises(ConfigError, match="max_batch_for_drafting must be an integer >= 1"):
-        SpeculationConfig(max_batch_for_drafting=limit)
-
-
 @pytest.mark.parametrize("p_min", [0.0, 0.3])
 def test_a_draft_model_drafts_a_batch_in_shared_passes_the_drafts_each_would_alone(p_min):
     """Greedy requests drafting with one draft model share each pass (one pass a drafted token, every request's
@@ -302,7 +195,7 @@ def test_a_draft_model_drafts_a_batch_in_shared_passes_the_drafts_each_would_alo
 
     draft = loaded(tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2), "kernels").backend
     root = DraftModelDrafter(draft, 64, p_min=p_min)
-    contexts = _prompts(5)[1:]
+    contexts = ragged_prompts(5)[1:]
     ks = [5, 2, 6, 4]
 
     def drafters():

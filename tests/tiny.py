@@ -253,3 +253,14 @@ def kernel_head(head):
     if problem:
         pytest.skip(f"the CPU kernels cannot run here: {problem}")
     return KernelEagleHead(head)
+
+
+def ragged_prompts(n: int = 12, vocab: int = 64) -> list[list[int]]:
+    """n prompts of 2, 5, 8, ... tokens (seeded), every other one ending with a repeat of its first half, so that
+    prompt lookup finds drafts in some and not in others."""
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for i in range(n):
+        p = torch.randint(0, vocab - 1, (2 + 3 * i,), generator=gen).tolist()
+        out.append(p + p[: len(p) // 2] if i % 2 else p)
+    return out
