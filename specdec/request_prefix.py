@@ -9,9 +9,9 @@ import torch
 
 
 def claim_prefix(prefix, request):
-    """For a Request: the cache of an earlier request that began as this prompt does, from the prefix cache (for a drafter that
-    reads features, one that kept its hidden states, handed on with the prefill's); None when there is none, or
-    when the request asks for every prompt row's logprobs."""
+    """For a Request: the cache of an earlier request that began as this prompt does, from the prefix cache (for a
+    drafter that reads features, one that kept its hidden states, handed on with the prefill's); None when there is
+    none, or when the request asks for every prompt row's logprobs."""
     if request.prefill_all_logits:
         return None
     claimed = prefix.claim(request.tokens, request.feature_layers if request.needs_features else None)

@@ -20,7 +20,7 @@ inline __attribute__((always_inline)) void half_offsets(const Q8Rows& x, int64_t
 // in registers, and four rows here ran 3-8% slower, 5-53% at eight). Arithmetic this light leaves the hardware's
 // prefetchers behind: two rows of Q4_1 8,192 x 2,048 from memory cost the sum of their reads and their arithmetic
 // in cache. So 4-bit streams are fetched kAheadChunks groups ahead. Against the tile of quantized_rows.h, products
-// from memory on Zen 3 ran 10-25% faster at two rows and 20-27% at three, every format; one row's tile ran 4-39%
+// from memory on Zen 3 ran 10-25% faster at two rows and 20-27% at three, every format; one row's tile ran 2-56%
 // slower with the same fetches (its own reads keep the memory busy), and 8-bit streams (four a block) gained
 // nothing from them.
 constexpr int64_t kAheadChunks = 4;
@@ -32,6 +32,14 @@ constexpr bool fetch_ahead() {
 #else
   return (MR == 2 || MR == 3) && q_bits(FMT) == 4;
 #endif
+}
+
+// A stream's group (chunk) fetched into L1, as the tile reads it kAheadChunks groups later
+template <int FMT>
+inline __attribute__((always_inline)) void prefetch_chunk(const uint8_t* chunk) {
+#pragma GCC unroll 12
+  for (int64_t line = 0; line < QLayout<FMT>::kChunkBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(chunk + line), _MM_HINT_T0);
 }
 
 // The outputs of the block's vectors [v0, v0 + NV) (NV of 2 or 4 vectors of 16 columns, v0 even) for MR rows of x

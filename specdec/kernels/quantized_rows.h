@@ -60,14 +60,6 @@ inline __attribute__((always_inline)) void prefetch_half_chunk(const uint8_t* ch
     _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * line), _MM_HINT_T1);
 }
 
-// A stream's group (chunk) fetched into L1, as the two-row tile reads it a few groups later (quantized.h)
-template <int FMT>
-inline __attribute__((always_inline)) void prefetch_chunk(const uint8_t* chunk) {
-#pragma GCC unroll 12
-  for (int64_t line = 0; line < QLayout<FMT>::kChunkBytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(chunk + line), _MM_HINT_T0);
-}
-
 // Where the stream after the one vector v reads begins: the block's next stream, or the next block's first (blocks
 // are contiguous); nullptr where nothing is fetched ahead (8-bit streams)
 template <int FMT>
