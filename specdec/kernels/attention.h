@@ -5,9 +5,9 @@
 // How far ahead the passes over the cache fetch on AVX2 builds: the keys' block two blocks on (scores), the value
 // row 32 keys on (value sums). A decoding step's keys and values come from memory (the weights' stream evicts them
 // between steps), and the loads waited on them: `perf` put half of score_rows' samples and two thirds of
-// accumulate_rows' on the instruction after a cache load. With the fetches, one-token passes over 16 sequences of 640
-// cached tokens ran 5-11% faster on a Zen 3, one sequence of 800 tokens 5-12%; the same bits (what is read and in
-// which order is unchanged). AVX-512 builds were not measured with them, so they keep none.
+// accumulate_rows' on the instruction after a cache load. With the fetches, one-token passes over 16 sequences of
+// 250-640 cached tokens ran 7-13% faster on a Zen 3, over one sequence of 800 tokens 5-12%, and the same bits (what is
+// read, and in which order, is unchanged). AVX-512 builds were not measured with them, so they fetch nothing.
 #ifdef SPECDEC_AVX512
 constexpr int64_t kScoreAheadBlocks = 0, kValueAheadRows = 0;
 #else
