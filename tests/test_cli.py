@@ -273,3 +273,17 @@ def test_an_unknown_argument_holding_a_line_separator_still_gives_one_line(capsy
     rc, _, err = run_cli(capsys, "generate", "the cat", "--model", str(tiny_folder), "--dtype", "float32",
                          "--no-such-flag \x1e\u2028\n")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "\\x1e" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("bench-serve", "--limit", "2", "--out", "x.json"),  # a prefix of --out-json
+        ("generate", "hi", "--max-new", "4"),  # a prefix of --max-new-tokens
+    ],
+)
+def test_an_option_given_by_a_prefix_of_its_name_is_refused(capsys, argv):
+    """argparse would take a unique prefix as the option it starts: an option must be spelled whole, so that a
+    guessed or mistyped one is an error rather than another option's meaning."""
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 2 and "unrecognized arguments" in err and len(err.strip().splitlines()) == 1, err

@@ -9,7 +9,13 @@ from ..errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+    """An ArgumentParser whose errors are one line on stderr and exit status 2, and which takes options only as
+    spelled: argparse would read `--out` as `--out-json` (a prefix of one option), so a mistyped or guessed option
+    would run with a meaning the user did not write."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
