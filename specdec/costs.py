@@ -11,7 +11,12 @@ import torch
 
 
 class CostModel:
-    """Seconds per target forward by tokens scored (verify(T)), and seconds per drafted token."""
+    """Seconds per target forward by tokens scored (verify(T)), and seconds per drafted token.
+
+    A pass over one sequence and a pass over S sequences with the same T tokens in all cost differently (each
+    sequence's attention reads its own cache; a server's batch holds longer contexts than the curve measured at
+    load), so passes over several sequences are kept apart, by S: a batch's draft lengths are planned against the
+    passes its size was seen to take, and one sequence's against its own curve, which no batch moves."""
 
     def __init__(self, verify_table: dict[int, float] | None = None, draft_per_token_s: float = 0.0):
         # Without measurements assume T tokens cost 1 + 0.03 (T - 1) single-token forwards.
@@ -19,6 +24,9 @@ class CostModel:
         self.table = dict(verify_table or {1: 1.0, 64: 1.0 + 0.03 * 63})
         self._curve: dict = {}  # the table made non-decreasing ("points": sorted (T, seconds)), and values read
         # from it by T; emptied on change
+        # passes over S > 1 sequences, by S: {T: seconds}, T the tokens of all of them (a batch's verify passes)
+        self.batch_tables: dict[int, dict[int, float]] = {}
+        self._batch_curves: dict[int, list[tuple[int, float]]] = {}  # each table made non-decreasing; emptied on change
         self.draft_per_token_s = draft_per_token_s
         self.cheapest_draft_s = draft_per_token_s  # the lowest per-token drafting cost measured
         self._drafted = False
@@ -29,15 +37,20 @@ class CostModel:
         """The view of one kind of drafter: the same verify curve (one table, which every pass updates) with
         that drafter's own drafting cost, so that drafters serving side by side do not mix their costs."""
         if name not in self._views:
-            view = copy.copy(self)  # shares `table`, `_curve` and `_views`; drafting figures are its own
+            view = copy.copy(self)  # shares the verify tables, their curves and `_views`; drafting figures are its own
             view.memory = AcceptanceMemory()  # and so is what its drafts were accepted at
             self._views[name] = view
         return self._views[name]
 
-    def verify_s(self, T: int) -> float:
-        """Seconds for a pass over T tokens: the measured table, made non-decreasing in T (a pass over more tokens
-        never costs less; a noisy spell at one size would otherwise make its neighbours look cheap or dear), and
-        interpolated linearly between sizes (extrapolated from the last two past the largest)."""
+    def verify_s(self, T: int, sequences: int = 1) -> float:
+        """Seconds for a pass over T tokens of `sequences` sequences. One sequence: the measured table, made
+        non-decreasing in T (a pass over more tokens never costs less; a noisy spell at one size would otherwise
+        make its neighbours look cheap or dear), and interpolated linearly between sizes (extrapolated from the last
+        two past the largest). Several: the passes seen over that many sequences, read the same way between the
+        sizes seen; past them, the nearest seen plus what the one-sequence curve adds between the two sizes (the
+        extra rows' products); none seen yet, the one-sequence curve."""
+        if sequences > 1 and self.batch_tables.get(sequences):
+            return self._batch_verify_s(T, sequences)
         if not self._curve:
             self._curve["points"] = non_decreasing(sorted(self.table.items()))
         seconds = self._curve.get(T)  # the policy asks for the same sizes many times a step
@@ -45,8 +58,20 @@ class CostModel:
             seconds = self._curve[T] = interpolate(self._curve["points"], T)
         return seconds
 
+    def _batch_verify_s(self, T: int, sequences: int) -> float:
+        points = self._batch_curves.get(sequences)
+        if points is None:
+            points = self._batch_curves[sequences] = non_decreasing(sorted(self.batch_tables[sequences].items()))
+        (first, at_first), (last, at_last) = points[0], points[-1]
+        if T > last:
+            return at_last + max(0.0, self.verify_s(T) - self.verify_s(last))
+        if T < first:
+            return max(at_first - max(0.0, self.verify_s(first) - self.verify_s(T)), 1e-9)
+        return interpolate(points, T)
+
     def _curve_changed(self) -> None:
         self._curve.clear()  # shared with every view, so theirs is rebuilt too
+        self._batch_curves.clear()
 
     def draft_s(self, k: int, cheapest: bool = False) -> float:
         """Seconds to draft k positions (a tree's cost is counted per level); cheapest: at the lowest cost measured."""
@@ -56,13 +81,14 @@ class CostModel:
         """Forgets the drafting cost (after a warm-up, whose first calls pay for allocations)."""
         self.draft_per_token_s, self.cheapest_draft_s, self._drafted = 0.0, 0.0, False
 
-    def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
-        """Moves the cost of a pass over T tokens towards `seconds`. A size seen for the first time starts from the
-        curve's value there, so one slow pass does not set it alone."""
-        old = self.table.get(T)
+    def observe_verify(self, T: int, seconds: float, weight: float = 0.1, sequences: int = 1) -> None:
+        """Moves the cost of a pass over T tokens of `sequences` sequences towards `seconds`. A size seen for the
+        first time starts from the estimate there (verify_s), so one slow pass does not set it alone."""
+        table = self.table if sequences <= 1 else self.batch_tables.setdefault(sequences, {})
+        old = table.get(T)
         if old is None and self.measured:
-            old = self.verify_s(T)
-        self.table[T] = seconds if old is None else (1 - weight) * old + weight * seconds
+            old = self.verify_s(T, sequences)
+        table[T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self._curve_changed()
 
     def observe_draft(self, k: int, seconds: float, weight: float = 0.2) -> None:

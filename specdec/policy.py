@@ -128,8 +128,9 @@ class DraftLengthPolicy:
         """Whether `length` drafts for one of `sequences` sequences verified together would raise the pass's
         tokens per second by PROBE_MARGIN, at the prior acceptance and the cheapest drafting cost measured."""
         gain = sum(self.prior**j for j in range(1, length + 1))
-        rate = (sequences + gain) / (self.costs.verify_s(sequences + length) + self.costs.draft_s(length, True))
-        return rate > (1.0 + PROBE_MARGIN) * sequences / self.costs.verify_s(sequences)
+        plain = self.costs.verify_s(sequences, sequences)
+        drafted = self.costs.verify_s(sequences + length, sequences) + self.costs.draft_s(length, True)
+        return (sequences + gain) / drafted > (1.0 + PROBE_MARGIN) * sequences / plain
 
     def observe(self, drafted: int, accepted: int, positions: int | None = None) -> None:
         """Records a step where `accepted` of `drafted` tokens were kept, `positions` deep (a tree's levels; a
@@ -169,8 +170,8 @@ def plan_lengths(
     caps: list[int],
     shared: list[SharedPasses | None] | None = None,
 ) -> LengthPlan:
-    """Draft lengths for sequences scored in one target pass (verify costs from `costs`, each sequence's
-    drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
+    """Draft lengths for sequences scored in one target pass (verify costs from `costs` for passes over that many
+    sequences, each sequence's drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
     drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes sequence i shares
     with the others of its group (the same 4-bit copy, draft model or head drafting for several greedy requests):
     its j-th draft then costs its solo cost per draft times what one more row adds to the group's j-th pass, not a
@@ -214,10 +215,12 @@ def plan_lengths(
         width[depth] += 1
         return per_draft * (passes.ratio(width[depth]) - passes.ratio(width[depth] - 1))
 
-    tokens = len(policies) + sum(ks)
+    sequences = len(policies)  # the pass's cost by its size: a batch's is not one sequence's (costs.CostModel)
+    tokens = sequences + sum(ks)
     drafting = sum(added_cost(i, depth) for i, k in enumerate(ks) for depth in range(k))  # fixed-length ones
-    expected = float(len(policies))  # + fixed-length sequences' gains, a constant for this choice
-    best_rate = expected / (costs.verify_s(tokens) + drafting) * (1.0 + BATCH_MARGIN if len(policies) > 1 else 1.0)
+    expected = float(sequences)  # + fixed-length sequences' gains, a constant for this choice
+    margin = 1.0 + BATCH_MARGIN if sequences > 1 else 1.0
+    best_rate = expected / (costs.verify_s(tokens, sequences) + drafting) * margin
     # each candidate's next draft token, by its gain (the likeliest first; on a tie, the later sequence)
     options = [(-acc[0], -i, 0) for i, _, acc in candidates]
     heapq.heapify(options)
@@ -233,7 +236,7 @@ def plan_lengths(
         tokens += 1
         drafting += added_cost(i, given)
         order.append(i)
-        rate = expected / (costs.verify_s(tokens) + drafting)
+        rate = expected / (costs.verify_s(tokens, sequences) + drafting)
         if rate > best_rate:
             best_rate, best_prefix = rate, len(order)
     for i in order[:best_prefix]:

@@ -153,7 +153,7 @@ class BatchEngine:
         if self.chunks is not None:
             self.chunks.observe_step(seconds)
         if any(r.drafter is not None for r in requests):  # the cost curve serves draft lengths only
-            self.costs.observe_verify(sum(len(x) for x in inputs), seconds)
+            self.costs.observe_verify(sum(len(x) for x in inputs), seconds, sequences=len(inputs))
         t1 = time.perf_counter()
         events += [
             self._outcome(rid, r, self._verify, r, draft, out.logits, out.hidden, layers, seconds)

@@ -126,3 +126,27 @@ def _always_right(batch: int, k_max: int, costs, drafted: int) -> list[DraftLeng
         for _ in range(30):
             policy.observe(drafted, drafted)
     return policies
+
+
+def test_a_batch_plans_against_the_passes_its_size_was_seen_to_take():
+    """Four sequences whose drafts are accepted half the time: on one sequence's curve (measured at load, short
+    contexts) their drafted rows look nearly free and they draft; once passes over four sequences were seen to grow
+    by 6 ms a drafted row (long caches, each row's attention), the same batch drafts nothing, and one sequence alone
+    still plans on its own curve."""
+    from specdec.policy import plan_lengths
+
+    costs = flat_costs()
+    for sequences, drafted in ((4, True), (1, True)):
+        policies = [DraftLengthPolicy(8, costs) for _ in range(sequences)]
+        for policy in policies:
+            for step in range(30):
+                policy.observe(1, step % 2)
+        assert any(plan_lengths(policies, costs, [8] * sequences).lengths) == drafted
+    for T in range(4, 13):
+        costs.observe_verify(T, 0.040 + 0.006 * (T - 4), weight=1.0, sequences=4)
+    for sequences, drafted in ((4, False), (1, True)):
+        policies = [DraftLengthPolicy(8, costs) for _ in range(sequences)]
+        for policy in policies:
+            for step in range(30):
+                policy.observe(1, step % 2)
+        assert any(plan_lengths(policies, costs, [8] * sequences).lengths) == drafted

@@ -92,3 +92,41 @@ def test_pass_timing_gives_each_size_its_own_cost_through_a_slow_spell(own, spel
 
     measured = time_by_size(run, lambda size: None, sizes, repeats=3, clock=lambda: now[0])
     assert measured == {size: own[size - 1] for size in sizes}
+
+
+def test_passes_over_several_sequences_are_kept_apart_from_one_sequences_curve():
+    """A batch's passes move the costs of passes over that many sequences only: one sequence's curve (and a batch of
+    another size, until its own passes are seen) reads as before."""
+    costs = flat_costs()
+    for _ in range(40):
+        costs.observe_verify(16, 0.060, sequences=16)  # 16 sequences, a token each: twice one sequence's 16 tokens
+    assert costs.verify_s(16) == 0.030 and costs.table == flat_costs().table
+    assert abs(costs.verify_s(16, sequences=16) - 0.060) < 1e-3
+    assert costs.verify_s(16, sequences=4) == 0.030  # no pass over 4 sequences seen: one sequence's curve
+
+
+def test_a_batch_past_the_sizes_seen_adds_what_one_sequences_curve_adds():
+    """Drafted rows past the batch sizes seen cost the seen pass plus the one-sequence curve's rise between the two
+    sizes (the extra rows' products), not the one-sequence curve's own level; between seen sizes, interpolated, and
+    never less as the pass grows."""
+    costs = flat_costs()
+    costs.observe_verify(16, 0.060, weight=1.0, sequences=16)
+    assert abs(costs.verify_s(32, sequences=16) - (0.060 + 0.045 - 0.030)) < 1e-12
+    costs.observe_verify(24, 0.070, weight=1.0, sequences=16)
+    assert abs(costs.verify_s(20, sequences=16) - 0.065) < 1e-12
+    costs.observe_verify(20, 0.050, weight=1.0, sequences=16)  # a fast spell below the 16-token pass pools with it
+    curve = [costs.verify_s(T, sequences=16) for T in range(16, 40)]
+    assert all(a <= b for a, b in zip(curve, curve[1:]))
+    views = costs.for_drafter("ngram")
+    assert views.verify_s(20, sequences=16) == costs.verify_s(20, sequences=16)  # one set of tables for every view
+
+
+@given(st.lists(st.tuples(st.integers(2, 8), st.integers(0, 12), st.floats(0.001, 1.0)), max_size=30))
+def test_a_batch_cost_never_falls_as_its_pass_grows(passes):
+    """Whatever passes were seen, for every batch size a pass over more tokens is estimated to cost no less."""
+    costs = flat_costs()
+    for sequences, extra, seconds in passes:
+        costs.observe_verify(sequences + extra, seconds, sequences=sequences)
+    for sequences in range(2, 9):
+        curve = [costs.verify_s(T, sequences) for T in range(sequences, sequences + 40)]
+        assert all(0 < a <= b for a, b in zip(curve, curve[1:]))
