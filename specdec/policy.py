@@ -171,11 +171,11 @@ def plan_lengths(
     shared: list[SharedPasses | None] | None = None,
 ) -> LengthPlan:
     """Draft lengths for sequences scored in one target pass (verify costs from `costs` for passes over that many
-    sequences, each sequence's drafting cost from its policy's), maximising expected tokens per second. A sequence without a policy (no
-    drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes sequence i shares
-    with the others of its group (the same 4-bit copy, draft model or head drafting for several greedy requests):
-    its j-th draft then costs its solo cost per draft times what one more row adds to the group's j-th pass, not a
-    pass of its own.
+    sequences, each sequence's drafting cost from its policy's), maximising expected tokens per second. A sequence
+    without a policy (no drafter) drafts nothing, but its token counts in the pass. shared[i]: the drafting passes
+    sequence i shares with the others of its group (the same 4-bit copy, draft model or head drafting for several
+    greedy requests): its j-th draft then costs its solo cost per draft times what one more row adds to the group's
+    j-th pass, not a pass of its own.
 
     Every sequence emits at least one token; giving sequence i its next draft token adds the chance
     that all its drafts up to there are accepted, and costs one more token in the shared pass plus the
