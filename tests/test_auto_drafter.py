@@ -28,7 +28,7 @@ VOCAB, HIDDEN = 64, 32
 class FixedCurve(CostModel):
     """A verify-cost curve as given, not moved by the passes timed here (the drafters' own costs are measured)."""
 
-    def observe_verify(self, T: int, seconds: float, weight: float = 0.1) -> None:
+    def observe_verify(self, T: int, seconds: float, weight: float = 0.1, sequences: int = 1) -> None:
         pass
 
 

@@ -119,7 +119,7 @@ def test_the_window_pauses_where_its_wide_passes_cannot_pay():
     from specdec.costs import CostModel
 
     class FixedCurve(CostModel):
-        def observe_verify(self, T, seconds, weight=0.1):
+        def observe_verify(self, T, seconds, weight=0.1, sequences=1):
             pass  # the table target's own timings would replace the curve
 
     target = bigram_target()
