@@ -24,7 +24,8 @@ from specdec import SpecdecError
 from specdec.benchmarks.prompts import BenchPrompt, load_prompts
 from specdec.benchmarks.runner import SpecdecMethod, machine_info, run_methods
 from specdec.benchmarks.tradeoff import method_name, summarize_tradeoff, tradeoff_chart
-from specdec.cli.common import acceptance_list, require_extra
+from specdec.cli.common import require_extra
+from specdec.cli.drafting_options import acceptance_list
 from specdec.speculation_config import SpeculationConfig
 from specdec.errors import ConfigError
 

@@ -8,15 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import DTYPES
-from .common import (
+from .common import add_graphs_option, check_minimums, require_extra
+from .drafting_options import (
     add_acceptance_option,
-    add_graphs_option,
     add_lookahead_options,
     add_tree_options,
-    check_minimums,
     draft_p_min,
     lookahead_options,
-    require_extra,
 )
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
-from .common import add_model_options, add_speculation_options, check_minimums, drafter_options, model_options
+from .common import add_model_options, check_minimums, model_options
+from .drafting_options import add_speculation_options, drafter_options
 
 PROMPTS = (  # the sampling tests continue the first
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..config import LOGPROBS_MODES, Constraint
 from ..errors import ConfigError
 
-from .common import add_acceptance_option, add_model_options, add_speculation_options, drafter_options, model_options
+from .common import add_model_options, model_options
+from .drafting_options import add_acceptance_option, add_speculation_options, drafter_options
 from .sampling_options import add_sampling_options, generation_config
 
 

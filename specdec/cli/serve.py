@@ -8,14 +8,8 @@ import sys
 from ..config import LOGPROBS_MODES
 from ..parent_process import exit_with_parent
 from ..prefill import parse_prefill_chunk
-from .common import (
-    add_acceptance_option,
-    add_model_options,
-    add_speculation_options,
-    check_minimums,
-    drafter_options,
-    model_options,
-)
+from .common import add_model_options, check_minimums, model_options
+from .drafting_options import add_acceptance_option, add_speculation_options, drafter_options
 
 
 def register(sub) -> None:
