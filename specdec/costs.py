@@ -69,9 +69,13 @@ class CostModel:
             return max(at_first - max(0.0, self.verify_s(first) - self.verify_s(T)), 1e-9)
         return interpolate(points, T)
 
-    def _curve_changed(self) -> None:
-        self._curve.clear()  # shared with every view, so theirs is rebuilt too
-        self._batch_curves.clear()
+    def _curve_changed(self, sequences: int) -> None:
+        """Drops the curve of the table that moved (shared with every view, so theirs is rebuilt too); a batch's
+        curve reads one sequence's live, so it outlives that curve's changes."""
+        if sequences <= 1:
+            self._curve.clear()
+        else:
+            self._batch_curves.pop(sequences, None)
 
     def draft_s(self, k: int, cheapest: bool = False) -> float:
         """Seconds to draft k positions (a tree's cost is counted per level); cheapest: at the lowest cost measured."""
@@ -89,7 +93,7 @@ class CostModel:
         if old is None and self.measured:
             old = self.verify_s(T, sequences)
         table[T] = seconds if old is None else (1 - weight) * old + weight * seconds
-        self._curve_changed()
+        self._curve_changed(sequences)
 
     def observe_draft(self, k: int, seconds: float, weight: float = 0.2) -> None:
         if k <= 0:
