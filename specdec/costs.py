@@ -152,7 +152,10 @@ def interpolate(points: list[tuple[int, float]], T: int) -> float:
         return points[0][1]
     j = min(max(bisect.bisect_left(points, (T,)), 1), len(points) - 1)  # the segment (j - 1, j) holding T
     (t0, v0), (t1, v1) = points[j - 1], points[j]
-    return max(v0 + (v1 - v0) * (T - t0) / (t1 - t0), 1e-9)
+    value = v0 + (v1 - v0) * (T - t0) / (t1 - t0)
+    if T < t1:  # within the segment: never past its ends (rounding can put it an ulp below v0)
+        value = min(max(value, v0), v1)
+    return max(value, 1e-9)
 
 
 def fade_position_counts(
