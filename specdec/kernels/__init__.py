@@ -165,7 +165,10 @@ def _build(isa: str):
 
     source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
     flags = build_flags(isa)
-    tag = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:12]
+    # the sources' folder too: torch's build files name the source by its path, so two installs of the same sources
+    # (a checkout and a venv) sharing one build folder would each rebuild it (a minute) whenever the other had run
+    where = str(SOURCE.parent.resolve()).encode()
+    tag = hashlib.sha256(source + " ".join(flags).encode() + b"\0" + where).hexdigest()[:12]
     build_dir = cache_root() / "kernels" / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     first = not any(build_dir.glob("*.so"))
