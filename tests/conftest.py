@@ -11,6 +11,19 @@ _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _workers)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def gguf_index_of_the_session(tmp_path_factory):
+    """GGUF loads keep what they parsed (models/gguf_index.py) in the session's own folder, not the user's cache:
+    a test's load parses its file unless an earlier load in the same worker did."""
+    from specdec.models import gguf_index
+
+    root = tmp_path_factory.mktemp("gguf-index")
+    original = gguf_index.index_root
+    gguf_index.index_root = lambda: root
+    yield root
+    gguf_index.index_root = original
+
+
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory) -> Path:
     """A local transformers model folder (random weights, word-level tokenizer)."""

@@ -43,9 +43,13 @@ def test_the_package_is_as_it_was_after_the_block_even_after_an_error(quantized_
     assert type(gguf.GGUFReader(str(quantized_file)).data) is np.memmap
 
 
-def test_a_load_parses_the_file_once(quantized_file, monkeypatch):
-    """specdec's reader for the tensors, transformers' config and its tokenizer: one parse for the three."""
+def test_a_load_parses_the_file_once(quantized_file, monkeypatch, tmp_path):
+    """specdec's reader for the tensors, transformers' config and its tokenizer: one parse for the three (a first
+    load: no earlier load's metadata in the cache; a later one parses nothing, test_gguf_index)."""
+    from specdec.models import gguf_index
     from specdec.models.loading import load_model
+
+    monkeypatch.setattr(gguf_index, "index_root", lambda: tmp_path / "gguf-index")
 
     parses = []
 
@@ -60,12 +64,15 @@ def test_a_load_parses_the_file_once(quantized_file, monkeypatch):
     assert parses == [str(quantized_file)]
 
 
-def test_a_load_frees_the_parsed_metadata_before_it_builds_the_model(quantized_file, monkeypatch):
+def test_a_load_frees_the_parsed_metadata_before_it_builds_the_model(quantized_file, monkeypatch, tmp_path):
     """Once the config and tokenizer exist, the reader's metadata fields (a vocabulary's hundreds of thousands of
     small arrays) are freed, before the model's long-lived objects are made (gguf_model.drop_parsed_metadata), so
-    that the heap's arenas they filled are handed back whole; the tensors stay readable."""
-    from specdec.models import gguf_model
+    that the heap's arenas they filled are handed back whole; the tensors stay readable. (A load that parses: no
+    earlier load's metadata in the cache, gguf_index.)"""
+    from specdec.models import gguf_index, gguf_model
     from specdec.models.loading import load_model
+
+    monkeypatch.setattr(gguf_index, "index_root", lambda: tmp_path / "gguf-index")
 
     readers, fields_when_built = [], []
 

@@ -1,11 +1,12 @@
 """A GGUF file run as it is: its quantized matrices kept in their formats on the CPU kernels, not dequantized.
 
 transformers reads the file's config and tokenizer, and its names for the tensors (the same map and tensor
-processors it uses to dequantize a file); the gguf package's reader maps the tensors' bytes. Matrices of the types
-in gguf_blocks.READERS become the kernels' quantized weights (exactly the file's values, products with activations
-rounded to int8 per group of 32: kernels/quantized.h); float tensors (F32, F16, BF16) stay floats; a matrix of
-any other type is dequantized to float32, with one line naming its type. The model object that transformers'
-callers read (config, generation settings) is a skeleton on the meta device: it holds no weights.
+processors it uses to dequantize a file); the gguf package's reader maps the tensors' bytes (on a later load of the
+same file, gguf_index maps them at the offsets the reader found). Matrices of the types in gguf_blocks.READERS
+become the kernels' quantized weights (exactly the file's values, products with activations rounded to int8 per
+group of 32: kernels/quantized.h); float tensors (F32, F16, BF16) stay floats; a matrix of any other type is
+dequantized to float32, with one line naming its type. The model object that transformers' callers read (config,
+generation settings) is a skeleton on the meta device: it holds no weights.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ def drop_parsed_metadata(reader) -> None:
     reader.fields.clear()
 
 
-def quantized_matrix_types(reader) -> set[str]:
-    """The types of the file's 2-D tensors that are neither float32, float16 nor bfloat16."""
-    return {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2 and t.tensor_type.name not in FLOAT_TYPES}
+def quantized_matrix_types(tensors) -> set[str]:
+    """The types of the file's 2-D tensors (the reader's, or gguf_index's) that are neither float32, float16 nor
+    bfloat16."""
+    return {t.tensor_type.name for t in tensors if len(t.shape) == 2 and t.tensor_type.name not in FLOAT_TYPES}
 
 
 def architecture_problem(config) -> str | None:
@@ -129,7 +131,7 @@ def gguf_names(model, arch: str) -> dict[str, str]:
     return names
 
 
-def read_state(reader, path: Path, model) -> dict:
+def read_state(tensors, path: Path, model) -> dict:
     """The file's tensors by transformers' names: floats as torch tensors (as transformers would load them, in
     float32 for norms and vectors), matrices of READERS' types as gguf_blocks.GGUFMatrix (views of the mapped
     file, read when the kernels pack them)."""
@@ -142,7 +144,7 @@ def read_state(reader, path: Path, model) -> dict:
     names = gguf_names(model, arch)
     state: dict = {}
     dequantized: set[str] = set()
-    for tensor in reader.tensors:
+    for tensor in tensors:
         hf_name = names.get(tensor.name)
         if hf_name is None:
             continue

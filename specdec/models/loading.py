@@ -139,34 +139,17 @@ def _load_quantized_gguf(
 ) -> LoadedModel | None:
     """A GGUF file's model on the CPU kernels with its quantized matrices as they are, or None where the kernels or
     the file's architecture do not allow it (then it loads dequantized)."""
-    from transformers import AutoConfig, AutoTokenizer
-
     from ..kernels import unavailable_reason
     from .family import fast_path_problem
-    from .gguf_model import (
-        architecture_problem,
-        drop_parsed_metadata,
-        open_gguf,
-        quantized_matrix_types,
-        read_state,
-        release_freed_memory,
-        skeleton,
-    )
+    from .gguf_model import architecture_problem, read_state, release_freed_memory, skeleton
     from .kernel_args import four_bit_problem
     from .kernel_llama import KernelLlama
 
-    with gguf_parsing(path.name):
-        reader = open_gguf(path)
-        if not quantized_matrix_types(reader):
-            return None  # a float file: transformers loads it as it is
-        _quiet_transformers()
-        kwargs = {"trust_remote_code": trust_remote_code, "gguf_file": path.name}
-        try:
-            config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-        except (OSError, ValueError, ImportError, KeyError) as exc:
-            raise _load_error(str(path.parent), path.name, exc) from None
-    drop_parsed_metadata(reader)
+    _quiet_transformers()
+    made = _gguf_metadata(path, trust_remote_code)
+    if made is None:
+        return None  # a float file: transformers loads it as it is
+    config, tokenizer, tensors = made
     problem = (
         unavailable_reason() or fast_path_problem(config) or four_bit_problem(config) or architecture_problem(config)
     )
@@ -174,7 +157,7 @@ def _load_quantized_gguf(
         print(f"specdec: {path.name} is dequantized to float: {problem}", file=sys.stderr)
         return None
     hf_model = skeleton(config)
-    state = read_state(reader, path, hf_model)
+    state = read_state(tensors, path, hf_model)
     info = model_info(spec, hf_model, tokenizer, torch.device("cpu"), torch.float32)
     if max_context:
         info = replace(info, max_context=min(max_context, info.max_context))
@@ -182,9 +165,36 @@ def _load_quantized_gguf(
         backend = KernelLlama(hf_model, info, slots=slots, max_context=max_context, state=state, bf16_cache=bf16_cache)
     except ValueError as exc:  # a scale that is not finite, found as the matrix is packed
         raise ModelLoadError(f"{path.name}: {first_line(exc)}") from None
-    del state, reader
+    del state, tensors
     release_freed_memory()
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
+
+
+def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any, list] | None:
+    """(config, tokenizer, tensors) of a GGUF file with quantized matrices, from specdec's cache where an earlier load
+    of the same file left them (gguf_index.py), else parsed by the gguf package's reader and converted by
+    transformers, and cached; None for a float file."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from . import gguf_index
+    from .gguf_model import drop_parsed_metadata, open_gguf, quantized_matrix_types
+
+    cached = gguf_index.load_cached(path)
+    if cached is not None:
+        return cached.config, cached.tokenizer, cached.tensors
+    with gguf_parsing(path.name):
+        reader = open_gguf(path)
+        if not quantized_matrix_types(reader.tensors):
+            return None
+        kwargs = {"trust_remote_code": trust_remote_code, "gguf_file": path.name}
+        try:
+            config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+        except (OSError, ValueError, ImportError, KeyError) as exc:
+            raise _load_error(str(path.parent), path.name, exc) from None
+    drop_parsed_metadata(reader)
+    gguf_index.store(path, config, tokenizer, reader.tensors)
+    return config, tokenizer, reader.tensors
 
 
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[Any, int]:
