@@ -129,3 +129,22 @@ def test_only_the_most_recently_used_entries_are_kept(tmp_path, cache, monkeypat
     parses = _parses(monkeypatch)
     load_model(str(paths[-1]), device="cpu")  # the newest is kept
     assert parses == []
+
+
+def test_a_tokenizer_that_does_not_read_back_the_same_is_not_cached(tmp_path, cache, monkeypatch):
+    """An entry is written only where the config and tokenizer read back from it encode, decode and template as
+    those the file made: here the read-back tokenizer has one more token, which changes an encoding."""
+    read_back = gguf_index._from_folder
+
+    def drifted(folder, path):
+        config, tokenizer = read_back(folder, path)
+        tokenizer.add_tokens(["Hello"])
+        return config, tokenizer
+
+    monkeypatch.setattr(gguf_index, "_from_folder", drifted)
+    path = _file(tmp_path / "m.gguf")
+    load_model(str(path), device="cpu")
+    assert not cache.exists() or not any((p / "index.json").exists() for p in cache.iterdir())
+    parses = _parses(monkeypatch)
+    load_model(str(path), device="cpu")
+    assert parses

@@ -7,10 +7,12 @@ token one several times that), and none of it changes until the file does. So th
 and the index of the file's tensors the reader found (name, GGML type, dims, and where its bytes lie); a later load
 of the same file reads those and maps the tensors' bytes at the recorded offsets, as the reader maps them.
 
-An entry is keyed by the file's real path, size, modification time and inode, and records the versions of the
-index, transformers and gguf that made it: a file changed or replaced, or a library upgraded, misses and is parsed
-again. An entry that cannot be read is a miss too, and is replaced; one that cannot be written is skipped (a
-read-only cache): the cache only saves time. The most recently used entries are kept (KEEP).
+An entry is written only where what it reads back is the same model: the same config, and a tokenizer that
+encodes, decodes and renders the chat template as the converted one does on a few probe texts. It is keyed by the
+file's real path, size, modification time and inode, and records the versions of the index, transformers and gguf
+that made it: a file changed or replaced, or a library upgraded, misses and is parsed again. An entry that cannot be
+read is a miss too, and is replaced; one that cannot be written is skipped (a read-only cache): the cache only saves
+time. The most recently used entries are kept (KEEP).
 """
 
 from __future__ import annotations
@@ -130,15 +132,49 @@ def store(path: Path, config, tokenizer, tensors) -> None:
     try:
         config.save_pretrained(str(building))
         tokenizer.save_pretrained(str(building))
-        index = {"file": identity, "versions": _versions(), "tensors": [_record(path, t) for t in tensors]}
-        write_text_atomic(building / "index.json", json.dumps(index))
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged entry of the same file
-        os.replace(building, folder)
-    except (OSError, ValueError, TypeError):
+        if _round_trip_problem(building, path, config, tokenizer) is None:
+            index = {"file": identity, "versions": _versions(), "tensors": [_record(path, t) for t in tensors]}
+            write_text_atomic(building / "index.json", json.dumps(index))
+            shutil.rmtree(folder, ignore_errors=True)  # a damaged entry of the same file
+            os.replace(building, folder)
+    except Exception:  # noqa: BLE001 (what cannot be cached is parsed again next time, never a failed load)
         pass
     finally:
         shutil.rmtree(building, ignore_errors=True)
     _prune(folder.parent)
+
+
+# texts whose encodings a saved tokenizer must reproduce: words, spaces and lines, digits, accents, CJK, emoji, and
+# the special tokens' own text (added at check time)
+_PROBES = [
+    "Hello, world! 12345 + 678 = 9,023.",
+    "  two  spaces\n\nnew lines\tand a tab ",
+    "naïve café Ünïcödé",
+    "漢字とかな、한국어",
+    "emoji 🙂👍🏽 and symbols <>&%$#@",
+]
+
+
+def _round_trip_problem(folder: Path, path: Path, config, tokenizer) -> str | None:
+    """What the config and tokenizer read back from `folder` do differently from those the file made, or None: an
+    entry is written only where they are the same model (its config, and its tokenizer's encodings, decodings,
+    special tokens and chat template on _PROBES)."""
+    again_config, again = _from_folder(folder, path)
+    if again_config.to_dict() != {**config.to_dict(), "_name_or_path": str(path.parent)}:
+        return "config"
+    texts = [*_PROBES, " ".join(str(t) for t in tokenizer.all_special_tokens)]
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        if again(text)["input_ids"] != ids or again.decode(ids) != tokenizer.decode(ids):
+            return f"tokenizer on {text!r}"
+    if again.all_special_ids != tokenizer.all_special_ids or len(again) != len(tokenizer):
+        return "special tokens"
+    if getattr(tokenizer, "chat_template", None):
+        chat = [{"role": "user", "content": _PROBES[0]}, {"role": "assistant", "content": _PROBES[2]}]
+        render = {"tokenize": False, "add_generation_prompt": True}
+        if again.apply_chat_template(chat, **render) != tokenizer.apply_chat_template(chat, **render):
+            return "chat template"
+    return None
 
 
 def _record(path: Path, tensor) -> dict:
