@@ -1,6 +1,8 @@
 """A quantized GGUF file's second load reads what its first one made of the metadata (models/gguf_index.py) and is
 the same model: the same config, the same tokenizer, the same tensors, so the same logits; a changed file, a
 damaged entry or a cache that cannot be written fall back to parsing the file."""
+import os
+
 import pytest
 import torch
 
@@ -107,6 +109,21 @@ def test_a_damaged_entry_is_parsed_again_and_replaced(tmp_path, cache, monkeypat
     parses.clear()
     load_model(str(path), device="cpu")
     assert parses == []
+
+
+def test_metadata_rewritten_in_place_with_the_same_size_and_times_is_parsed_again(tmp_path, cache, monkeypatch):
+    """A file whose metadata changed under the same path, size, inode and modification time (a rewrite within the
+    clock's resolution) misses: its bytes before the first tensor are the entry's digest."""
+    path = _file(tmp_path / "m.gguf")
+    load_model(str(path), device="cpu")
+    stat = os.stat(path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"general.architecture")
+    data[at : at + 7] = b"GENERAL"  # a metadata key renamed, nothing else moved
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert gguf_index.load_cached(path) is None
 
 
 def test_a_cache_that_cannot_be_written_leaves_loads_working(tmp_path, monkeypatch):

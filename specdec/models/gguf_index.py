@@ -10,7 +10,8 @@ of the same file reads those and maps the tensors' bytes at the recorded offsets
 An entry is written only where what it reads back is the same model: the same config, and a tokenizer that
 encodes, decodes and renders the chat template as the converted one does on a few probe texts. It is keyed by the
 file's real path, size, modification time and inode, and records the versions of the index, transformers and gguf
-that made it: a file changed or replaced, or a library upgraded, misses and is parsed again. An entry that cannot be
+that made it and a digest of the file's bytes before its first tensor (all the entry holds of it): a file changed
+or replaced, or a library upgraded, misses and is parsed again. An entry that cannot be
 read is a miss too, and is replaced; one that cannot be written is skipped (a read-only cache): the cache only saves
 time. The most recently used entries are kept (KEEP).
 """
@@ -66,6 +67,12 @@ def _identity(path: Path) -> dict:
     return {"path": os.path.realpath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
 
 
+def _metadata_digest(path: Path, count: int) -> str:
+    """sha256 of the file's first `count` bytes: all that an entry holds of it (a few MB: milliseconds)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(count)).hexdigest()
+
+
 def index_root() -> Path:
     """The folder of the entries."""
     return cache_root() / "gguf-index"
@@ -86,6 +93,8 @@ def load_cached(path: Path) -> CachedMetadata | None:
         index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
         if index["file"] != identity or index["versions"] != _versions():
             return None
+        if _metadata_digest(path, index["metadata_bytes"]) != index["metadata_sha256"]:
+            return None  # rewritten in place within the clock's resolution
         metadata = CachedMetadata(*_from_folder(folder, path), tensors=_mapped(path, index["tensors"]))
         os.utime(folder / "index.json")  # most recently used (_prune)
         return metadata
@@ -133,7 +142,15 @@ def store(path: Path, config, tokenizer, tensors) -> None:
         config.save_pretrained(str(building))
         tokenizer.save_pretrained(str(building))
         if _round_trip_problem(building, path, config, tokenizer) is None:
-            index = {"file": identity, "versions": _versions(), "tensors": [_record(path, t) for t in tensors]}
+            records = [_record(path, t) for t in tensors]
+            head = min(r["offset"] for r in records)  # the metadata and tensor infos, before the first tensor
+            index = {
+                "file": identity,
+                "versions": _versions(),
+                "metadata_bytes": head,
+                "metadata_sha256": _metadata_digest(path, head),
+                "tensors": records,
+            }
             write_text_atomic(building / "index.json", json.dumps(index))
             shutil.rmtree(folder, ignore_errors=True)  # a damaged entry of the same file
             os.replace(building, folder)
