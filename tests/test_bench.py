@@ -97,3 +97,19 @@ def test_fidelity_script_compares_variants_with_the_reference(tmp_path, tiny_fol
 
     assert compare([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == {"identical": 1, "prompts": 2, "mean_common_prefix": 2,
                                                                  "median_common_prefix": 2.0}
+
+
+def test_a_result_names_the_commit_its_code_came_from_even_after_the_checkout_moves(monkeypatch):
+    """The commit is read as the benchmarks' runner is imported: a commit made in the checkout while a long run goes
+    on (git reading another HEAD) does not rename the code that ran."""
+    import subprocess
+
+    from specdec.benchmarks import runner
+
+    before = runner.stamp()["commit"]
+
+    def moved_on(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 0, stdout="f" * 40 + "\n", stderr="")
+
+    monkeypatch.setattr(runner.subprocess, "run", moved_on)
+    assert runner.stamp()["commit"] == before != "f" * 40

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import lru_cache, reduce
 from pathlib import Path
 
 import torch
@@ -231,8 +231,11 @@ def drafting_cost(totals: GenerationMetrics, one_pass_s: float | None) -> dict:
     }
 
 
+@lru_cache(maxsize=1)
 def commit() -> str | None:
-    """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine)."""
+    """The checkout's commit (git), else SPECDEC_COMMIT (a copy of the tree with no .git, e.g. on a GPU machine):
+    read once, as this module is imported (below), so that a result names the code that ran, not a commit made in
+    the same checkout while a long benchmark was running."""
     try:
         done = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
@@ -242,6 +245,9 @@ def commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         pass
     return os.environ.get("SPECDEC_COMMIT") or None
+
+
+commit()
 
 
 def stamp() -> dict:
