@@ -165,3 +165,15 @@ def test_a_tokenizer_that_does_not_read_back_the_same_is_not_cached(tmp_path, ca
     parses = _parses(monkeypatch)
     load_model(str(path), device="cpu")
     assert parses
+
+
+def test_a_file_the_kernels_do_not_run_is_not_kept(tmp_path, cache, monkeypatch):
+    """A file loaded dequantized (here: its architecture said to be one the kernels do not map) leaves no entry:
+    transformers parses it for the dequantized load anyway."""
+    from specdec.models import gguf_model
+
+    monkeypatch.setattr(gguf_model, "architecture_problem", lambda config: "an architecture the test rules out")
+    path = _file(tmp_path / "m.gguf")
+    loaded = load_model(str(path), device="cpu")
+    assert not loaded.backend.quantized_weights  # dequantized: the float model of the file
+    assert not cache.exists() or not any(cache.iterdir())

@@ -140,6 +140,7 @@ def _load_quantized_gguf(
     """A GGUF file's model on the CPU kernels with its quantized matrices as they are, or None where the kernels or
     the file's architecture do not allow it (then it loads dequantized)."""
     from ..kernels import unavailable_reason
+    from . import gguf_index
     from .family import fast_path_problem
     from .gguf_model import architecture_problem, read_state, release_freed_memory, skeleton
     from .kernel_args import four_bit_problem
@@ -149,13 +150,15 @@ def _load_quantized_gguf(
     made = _gguf_metadata(path, trust_remote_code)
     if made is None:
         return None  # a float file: transformers loads it as it is
-    config, tokenizer, tensors = made
+    config, tokenizer, tensors, parsed = made
     problem = (
         unavailable_reason() or fast_path_problem(config) or four_bit_problem(config) or architecture_problem(config)
     )
     if problem:
         print(f"specdec: {path.name} is dequantized to float: {problem}", file=sys.stderr)
         return None
+    if parsed:  # kept for the next load of the file; a file the kernels do not run is not (it loads dequantized)
+        gguf_index.store(path, config, tokenizer, tensors)
     hf_model = skeleton(config)
     state = read_state(tensors, path, hf_model)
     info = model_info(spec, hf_model, tokenizer, torch.device("cpu"), torch.float32)
@@ -170,10 +173,10 @@ def _load_quantized_gguf(
     return LoadedModel(name=spec, hf_model=hf_model, tokenizer=tokenizer, backend=backend)
 
 
-def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any, list] | None:
-    """(config, tokenizer, tensors) of a GGUF file with quantized matrices, from specdec's cache where an earlier load
-    of the same file left them (gguf_index.py), else parsed by the gguf package's reader and converted by
-    transformers, and cached; None for a float file."""
+def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any, list, bool] | None:
+    """(config, tokenizer, tensors, parsed) of a GGUF file with quantized matrices, from specdec's cache where an
+    earlier load of the same file left them (gguf_index.py; parsed False), else parsed by the gguf package's reader
+    and converted by transformers (parsed True); None for a float file."""
     from transformers import AutoConfig, AutoTokenizer
 
     from . import gguf_index
@@ -181,7 +184,7 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any, list]
 
     cached = gguf_index.load_cached(path)
     if cached is not None:
-        return cached.config, cached.tokenizer, cached.tensors
+        return cached.config, cached.tokenizer, cached.tensors, False
     with gguf_parsing(path.name):
         reader = open_gguf(path)
         if not quantized_matrix_types(reader.tensors):
@@ -193,8 +196,7 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any, list]
         except (OSError, ValueError, ImportError, KeyError) as exc:
             raise _load_error(str(path.parent), path.name, exc) from None
     drop_parsed_metadata(reader)
-    gguf_index.store(path, config, tokenizer, reader.tensors)
-    return config, tokenizer, reader.tensors
+    return config, tokenizer, reader.tensors, True
 
 
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> tuple[Any, int]:
